@@ -1,0 +1,75 @@
+"""Dtypes, sentinels and the buffer layout: the one place that defines them.
+
+Everything that sizes, allocates or checks a plan buffer reads :data:`BUFFER_SPECS`;
+everything that validates an input reads the ``*_DTYPE`` constants below.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Tuple
+
+import torch
+
+# --- sentinels (see docs/contract.md) ---------------------------------------------
+PADDING_REQ_POOL_INDEX = 0
+"""``req_pool_indices[r] == 0`` marks row ``r`` as padding: it contributes nothing."""
+DUMMY_SLOT = 0
+"""Slot 0 is the dummy slot of padded tokens; also the value of an out-of-range read."""
+NO_SLOT = -1
+"""No seed (chain starts at the anchor), no predecessor (chain head), or skip."""
+UNCHECKED_TOKEN = -1
+"""Expected token meaning "do not check the token id of this entry"."""
+
+# --- input dtypes ------------------------------------------------------------------
+ROW_DTYPE = torch.int64
+"""``req_pool_indices``, ``prefix_lens``, ``extend_seq_lens``, valid lengths: ``[bs]``."""
+REQ_TO_TOKEN_DTYPE = torch.int32
+"""``req_to_token``: ``[rows, max_seq_len]``."""
+LUT_DTYPE = torch.int64
+"""``full_to_swa_index_mapping``: ``[lut_len]``."""
+TOKEN_POOL_DTYPE = torch.int32
+"""``req_to_verify_expected_tokens``: ``[pool_rows, pool_cols]``."""
+
+# --- output dtypes -----------------------------------------------------------------
+ENTRY_DTYPE = torch.int64
+"""Offsets, seeds and every verify entry."""
+COUNTER_DTYPE = torch.int32
+"""``write_num_valid_reqs``, ``verify_num_valid``, ``verify_enable`` and the status word."""
+
+MAX_CAPACITY = 2**31 - 1
+"""Counters are int32, so no capacity may exceed this."""
+
+SCAN_BLOCK = 1024
+"""Rows per program of the offsets scan; sizes the scan scratch (one sum per block)."""
+
+
+def scan_blocks(write_req_capacity: int) -> int:
+    """Number of scan blocks a batch of ``write_req_capacity`` rows can span."""
+    return max(1, -(-write_req_capacity // SCAN_BLOCK))
+
+
+# name -> (dtype, shape as a function of (write_req_capacity, verify_capacity), role)
+ShapeFn = Callable[[int, int], Tuple[int, ...]]
+BUFFER_SPECS: Dict[str, Tuple[torch.dtype, ShapeFn, str]] = {
+    # write plan (outputs)
+    "write_offsets": (ENTRY_DTYPE, lambda w, v: (w + 1,), "output"),
+    "write_seed_slot_indices": (ENTRY_DTYPE, lambda w, v: (w,), "output"),
+    "write_num_valid_reqs": (COUNTER_DTYPE, lambda w, v: (1,), "output"),
+    # verify plan (outputs)
+    "verify_slot_indices": (ENTRY_DTYPE, lambda w, v: (v,), "output"),
+    "verify_expected_tokens": (ENTRY_DTYPE, lambda w, v: (v,), "output"),
+    "verify_expected_positions": (ENTRY_DTYPE, lambda w, v: (v,), "output"),
+    "verify_prev_slot_indices": (ENTRY_DTYPE, lambda w, v: (v,), "output"),
+    "verify_num_valid": (COUNTER_DTYPE, lambda w, v: (1,), "output"),
+    "verify_enable": (COUNTER_DTYPE, lambda w, v: (1,), "output"),
+    # scratch: exclusive prefix sum of per-row verify counts, read by the entries stage
+    "verify_offsets": (ENTRY_DTYPE, lambda w, v: (w + 1,), "scratch"),
+    # scratch: per-block (write, verify) sums of the two-level scan
+    "scan_block_sums": (ENTRY_DTYPE, lambda w, v: (2, scan_blocks(w)), "scratch"),
+    # sticky out-of-range flags (PlanStatus), read and cleared by take_status()
+    "status": (COUNTER_DTYPE, lambda w, v: (1,), "status"),
+    # stand-in pointers passed to a kernel when the LUT or the token pool is absent
+    "dummy_int64": (ENTRY_DTYPE, lambda w, v: (1,), "scratch"),
+    "dummy_int32": (COUNTER_DTYPE, lambda w, v: (1,), "scratch"),
+}
+"""Every tensor a :class:`~kv_canary_buffers.PlanBuffers` owns, in field order."""

@@ -1,0 +1,190 @@
+"""``plan_reference``: the vectorized torch plan, the CPU path and the kernels' oracle.
+
+It follows ``docs/contract.md`` line by line, with no Python loop over rows or entries.
+It reads tensor data to size the verify entries and to check the tables, so on a GPU it
+synchronizes: it is an oracle and a CPU path, not something to capture in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .buffers import PlanBuffers
+from .layout import ENTRY_DTYPE, NO_SLOT, UNCHECKED_TOKEN
+from .validation import PlanArgs, validate_plan_args
+
+
+def _raise_first_bad(bad: torch.Tensor, argument: str, values: torch.Tensor, rule: str) -> None:
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"kv-canary: {argument}[{row}] = {int(values[row])} must be {rule} "
+            f"for active row {row} (data outside the tables)"
+        )
+
+
+def _translate(
+    slots: torch.Tensor,
+    lut: Optional[torch.Tensor],
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """``xlat`` of the contract: look up non-negative slots in the LUT, pass others."""
+    if lut is None:
+        return slots
+    looked_up = slots >= 0
+    bad = looked_up & (slots >= lut.shape[0])
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"kv-canary: slot {int(slots[i])} read by row {int(rows[i])} at position "
+            f"{int(positions[i])} must be < len(full_to_swa_index_mapping) = {lut.shape[0]}, "
+            "got a slot at or past it (data outside the tables)"
+        )
+    out = slots.clone()
+    out[looked_up] = lut[slots[looked_up]]
+    return out
+
+
+def _plan(args: PlanArgs, verify_capacity: int) -> dict:
+    """Compute every output; raise on data outside the tables; write nothing."""
+    rp, P, E = args.req_pool_indices, args.prefix_lens, args.extend_seq_lens
+    table = args.req_to_token
+    lut = args.full_to_swa_index_mapping
+    pool = args.req_to_verify_expected_tokens
+    valid_lens = args.req_to_verify_expected_tokens_valid_lens
+    window = args.swa_window_size
+    device = rp.device
+    bs = args.bs
+    rows, max_seq_len = table.shape
+
+    active = rp != 0
+    window_start = (P - window).clamp_min(0) if window > 0 else torch.zeros_like(P)
+    vcount = torch.where(active, (P - window_start).clamp_min(0), 0)
+    wcount = torch.where(active, E.clamp_min(0), 0)
+
+    _raise_first_bad(
+        active & ((rp < 0) | (rp >= rows)), "req_pool_indices", rp,
+        f"in [0, {rows}) = [0, req_to_token.shape[0])",
+    )
+    _raise_first_bad(
+        active & (P > max_seq_len), "prefix_lens", P,
+        f"<= req_to_token.shape[1] = {max_seq_len}",
+    )
+    if pool is not None:
+        assert valid_lens is not None
+        pool_rows, pool_cols = pool.shape
+        _raise_first_bad(
+            active & ((rp < 0) | (rp >= pool_rows)), "req_pool_indices", rp,
+            f"in [0, {pool_rows}) = [0, req_to_verify_expected_tokens.shape[0])",
+        )
+        _raise_first_bad(
+            active & (valid_lens > pool_cols), "req_to_verify_expected_tokens_valid_lens",
+            valid_lens, f"<= req_to_verify_expected_tokens.shape[1] = {pool_cols}",
+        )
+
+    write_offsets = torch.zeros(bs + 1, dtype=ENTRY_DTYPE, device=device)
+    torch.cumsum(wcount, 0, out=write_offsets[1:])
+
+    seeds = torch.full((bs,), NO_SLOT, dtype=ENTRY_DTYPE, device=device)
+    seed_rows = (active & (P > 0) & (wcount > 0)).nonzero().squeeze(1)
+    seed_pos = P[seed_rows] - 1
+    raw_seeds = table[rp[seed_rows], seed_pos].to(ENTRY_DTYPE)
+    seeds[seed_rows] = _translate(raw_seeds, lut, seed_rows, seed_pos)
+
+    verify_offsets = torch.zeros(bs + 1, dtype=ENTRY_DTYPE, device=device)
+    torch.cumsum(vcount, 0, out=verify_offsets[1:])
+    total = int(verify_offsets[-1])
+    out = {"write_offsets": write_offsets, "seeds": seeds, "total": total, "entries": None}
+    if total > verify_capacity:
+        return out  # overflow: no entry is written, and no entry's table is read
+
+    row = torch.repeat_interleave(torch.arange(bs, device=device), vcount, output_size=total)
+    pos = window_start[row] + torch.arange(total, device=device) - verify_offsets[row]
+    req = rp[row]
+    slots = _translate(table[req, pos].to(ENTRY_DTYPE), lut, row, pos)
+    has_prev = pos > 0
+    prev_raw = torch.where(has_prev, table[req, (pos - 1).clamp_min(0)].to(ENTRY_DTYPE), NO_SLOT)
+    prev = _translate(prev_raw, lut, row, pos - 1)
+    tokens = torch.full((total,), UNCHECKED_TOKEN, dtype=ENTRY_DTYPE, device=device)
+    if pool is not None:
+        assert valid_lens is not None
+        q = pos + args.kv_token_id_vs_position_offset
+        checked = (q >= 0) & (q < valid_lens[row])
+        tokens[checked] = pool[req[checked], q[checked]].to(ENTRY_DTYPE)
+    out["entries"] = (slots, tokens, pos, prev)
+    return out
+
+
+def plan_reference(
+    buffers: PlanBuffers,
+    *,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_seq_lens: torch.Tensor,
+    req_to_token: torch.Tensor,
+    swa_window_size: int = 0,
+    full_to_swa_index_mapping: Optional[torch.Tensor] = None,
+    req_to_verify_expected_tokens: Optional[torch.Tensor] = None,
+    req_to_verify_expected_tokens_valid_lens: Optional[torch.Tensor] = None,
+    kv_token_id_vs_position_offset: int = 0,
+) -> None:
+    """Fill ``buffers`` with the plan of one batch, exactly per ``docs/contract.md``.
+
+    Args:
+        buffers: the :class:`PlanBuffers` to fill; every other tensor must be on
+            ``buffers.device``.
+        req_pool_indices: int64 ``[bs]``; ``0`` marks a padding row. ``bs`` must be
+            ``<= buffers.write_req_capacity``.
+        prefix_lens: int64 ``[bs]``, tokens already in the KV cache per row (``P``).
+        extend_seq_lens: int64 ``[bs]``, tokens this step writes per row (``E``).
+        req_to_token: int32 ``[rows, max_seq_len]``, slot of each (request, position).
+        swa_window_size: ``W >= 0``; ``0`` is full attention, ``W > 0`` verifies only the
+            last ``W`` positions of the prefix and needs the LUT.
+        full_to_swa_index_mapping: optional int64 ``[lut_len]`` translating full-pool
+            slots to sliding-window-pool slots (negative slots pass through).
+        req_to_verify_expected_tokens: optional int32 ``[pool_rows, pool_cols]`` of
+            expected token ids, indexed by ``req_pool_indices``.
+        req_to_verify_expected_tokens_valid_lens: int64 ``[bs]``, required with the pool;
+            entries at ``pos + offset`` outside ``[0, valid_len)`` get token ``-1``.
+        kv_token_id_vs_position_offset: added to the position before the pool lookup.
+
+    Raises:
+        TypeError: ``buffers`` is not a :class:`PlanBuffers`, or an argument has the
+            wrong type.
+        ValueError: a host-side check failed, or an active row's data lies outside the
+            tables (the message names the row and the value). Nothing is written then.
+    """
+    args = validate_plan_args(
+        buffers,
+        req_pool_indices=req_pool_indices,
+        prefix_lens=prefix_lens,
+        extend_seq_lens=extend_seq_lens,
+        req_to_token=req_to_token,
+        swa_window_size=swa_window_size,
+        full_to_swa_index_mapping=full_to_swa_index_mapping,
+        req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
+        kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
+    )
+    plan = _plan(args, buffers.verify_capacity)
+
+    bs = args.bs
+    buffers.write_offsets[: bs + 1].copy_(plan["write_offsets"])
+    buffers.write_offsets[bs + 1 :].zero_()
+    buffers.write_seed_slot_indices[:bs].copy_(plan["seeds"])
+    buffers.write_num_valid_reqs.fill_(bs)
+    total = plan["total"]
+    if plan["entries"] is None:
+        buffers.verify_num_valid.fill_(buffers.verify_capacity)
+        buffers.verify_enable.fill_(0)
+        return
+    slots, tokens, positions, prev = plan["entries"]
+    buffers.verify_slot_indices[:total].copy_(slots)
+    buffers.verify_expected_tokens[:total].copy_(tokens)
+    buffers.verify_expected_positions[:total].copy_(positions)
+    buffers.verify_prev_slot_indices[:total].copy_(prev)
+    buffers.verify_num_valid.fill_(total)
+    buffers.verify_enable.fill_(1)
