@@ -1,0 +1,202 @@
+"""PlanBuffers: sizes by construction, evolve rejection, the tamper re-check, resize,
+generation, growth and the status word."""
+
+import attrs
+import pytest
+import torch
+
+from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference
+from kv_canary_buffers.layout import BUFFER_SPECS, SCAN_BLOCK
+
+OFFSETS_MSG = "kv-canary: write_offsets_len must equal write_req_capacity + 1, got {} and {}"
+
+
+def make(w=4, v=16, device="cpu"):
+    return PlanBuffers.allocate(write_req_capacity=w, verify_capacity=v, device=device)
+
+
+def test_allocate_sizes_every_tensor_by_construction():
+    b = make(w=5, v=7)
+    i64, i32 = torch.int64, torch.int32
+    expected = {
+        "write_offsets": (i64, (6,)),
+        "write_seed_slot_indices": (i64, (5,)),
+        "write_num_valid_reqs": (i32, (1,)),
+        "verify_slot_indices": (i64, (7,)),
+        "verify_expected_tokens": (i64, (7,)),
+        "verify_expected_positions": (i64, (7,)),
+        "verify_prev_slot_indices": (i64, (7,)),
+        "verify_num_valid": (i32, (1,)),
+        "verify_enable": (i32, (1,)),
+        "verify_offsets": (i64, (6,)),
+        "scan_block_sums": (i64, (2, 1)),
+        "status": (i32, (1,)),
+        "dummy_int64": (i64, (1,)),
+        "dummy_int32": (i32, (1,)),
+    }
+    assert set(expected) == set(BUFFER_SPECS)
+    for name, (dtype, shape) in expected.items():
+        t = getattr(b, name)
+        assert t.dtype == dtype and tuple(t.shape) == shape and t.is_contiguous(), name
+    assert (b.write_req_capacity, b.verify_capacity, b.generation) == (5, 7, 0)
+    assert b.device == torch.device("cpu")
+
+
+def test_scan_scratch_covers_every_block():
+    b = make(w=3 * SCAN_BLOCK + 1)
+    assert b.scan_block_sums.shape == (2, 4)
+
+
+@pytest.mark.parametrize("w, v", [(1, 1), (4, 16), (5000, 123457)])
+def test_allocation_bytes_equals_nbytes(w, v):
+    assert PlanBuffers.allocation_bytes(w, v) == make(w, v).nbytes
+    nb = -(-w // SCAN_BLOCK)
+    int64s = (w + 1) + w + 4 * v + (w + 1) + 2 * nb + 1
+    int32s = 3 + 1 + 1
+    assert PlanBuffers.allocation_bytes(w, v) == 8 * int64s + 4 * int32s
+
+
+@pytest.mark.parametrize("name", ["write_req_capacity", "verify_capacity"])
+@pytest.mark.parametrize("bad", [0, -1, 2**31])
+def test_capacity_out_of_range_raises_value_error(name, bad):
+    kwargs = {"write_req_capacity": 4, "verify_capacity": 4, name: bad}
+    with pytest.raises(ValueError, match=f"kv-canary: {name} must be in"):
+        PlanBuffers.allocate(device="cpu", **kwargs)
+    with pytest.raises(ValueError, match=name):
+        PlanBuffers.allocation_bytes(kwargs["write_req_capacity"], kwargs["verify_capacity"])
+
+
+def test_capacity_of_wrong_type_raises_type_error():
+    with pytest.raises(TypeError, match="write_req_capacity must be an int, got float"):
+        PlanBuffers.allocate(write_req_capacity=4.0, verify_capacity=4, device="cpu")
+    with pytest.raises(TypeError, match="verify_capacity must be an int, got bool"):
+        PlanBuffers.allocate(write_req_capacity=4, verify_capacity=True, device="cpu")
+
+
+def test_fields_cannot_be_rebound():
+    b = make()
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        b.write_offsets = torch.zeros(5, dtype=torch.int64)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        b.write_req_capacity = 8
+
+
+def test_evolve_with_capacity_sized_offsets_raises_the_exact_message():
+    b = make(w=4)
+    with pytest.raises(ValueError) as err:
+        attrs.evolve(b, write_offsets=torch.zeros(4, dtype=torch.int64))
+    assert str(err.value) == OFFSETS_MSG.format(4, 4)
+
+
+def test_evolve_capacity_without_new_tensors_is_rejected():
+    b = make(w=4)
+    with pytest.raises(ValueError) as err:
+        attrs.evolve(b, write_req_capacity=8)
+    assert str(err.value) == OFFSETS_MSG.format(5, 8)
+
+
+@pytest.mark.parametrize(
+    "field, tensor, match",
+    [
+        ("verify_slot_indices", torch.zeros(15, dtype=torch.int64),
+         r"PlanBuffers.verify_slot_indices must have shape \(16,\) .* got \(15,\)"),
+        ("verify_num_valid", torch.zeros(1, dtype=torch.int64),
+         "PlanBuffers.verify_num_valid must have dtype torch.int32, got torch.int64"),
+        ("write_seed_slot_indices", torch.zeros(8, dtype=torch.int64)[::2],
+         "PlanBuffers.write_seed_slot_indices must be contiguous"),
+        ("status", torch.zeros(1, dtype=torch.int32, device="meta"),
+         "PlanBuffers.status must be on device cpu .* got meta"),
+    ],
+)
+def test_evolve_rejects_wrong_shape_dtype_layout_device(field, tensor, match):
+    with pytest.raises(ValueError, match=match):
+        attrs.evolve(make(), **{field: tensor})
+
+
+def test_evolve_rejects_a_non_tensor_and_shared_storage():
+    b = make()
+    with pytest.raises(TypeError, match="PlanBuffers.status must be a torch.Tensor, got list"):
+        attrs.evolve(b, status=[0])
+    with pytest.raises(ValueError, match="must not share memory"):
+        attrs.evolve(b, verify_offsets=b.write_offsets)
+
+
+def test_tampered_field_is_caught_by_check_and_by_both_plan_paths():
+    from kv_canary_kernels import launch_plan
+
+    b = make(w=4)
+    object.__setattr__(b, "write_offsets", torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(ValueError) as err:
+        b.check()
+    assert str(err.value) == OFFSETS_MSG.format(4, 4)
+    kwargs = dict(
+        req_pool_indices=torch.zeros(1, dtype=torch.int64),
+        prefix_lens=torch.zeros(1, dtype=torch.int64),
+        extend_seq_lens=torch.zeros(1, dtype=torch.int64),
+        req_to_token=torch.zeros(2, 2, dtype=torch.int32),
+    )
+    for plan in (plan_reference, launch_plan):
+        with pytest.raises(ValueError) as err:
+            plan(b, **kwargs)
+        assert str(err.value) == OFFSETS_MSG.format(4, 4)
+
+
+def test_tampered_in_place_resize_is_caught():
+    b = make(w=4)
+    b.write_offsets.resize_(4)
+    with pytest.raises(ValueError, match="write_offsets_len must equal write_req_capacity"):
+        b.check()
+
+
+def test_resize_returns_new_generation_and_leaves_old_untouched():
+    b = make(w=4, v=16)
+    b.write_offsets.fill_(3)
+    bigger = b.resize(write_req_capacity=10)
+    assert bigger is not b
+    assert (bigger.write_req_capacity, bigger.verify_capacity, bigger.generation) == (10, 16, 1)
+    assert bigger.write_offsets.shape == (11,)
+    assert b.generation == 0 and b.write_offsets.tolist() == [3] * 5
+    b.check()
+    both = bigger.resize(verify_capacity=3)
+    assert (both.write_req_capacity, both.verify_capacity, both.generation) == (10, 3, 2)
+    with pytest.raises(ValueError, match="verify_capacity must be in"):
+        b.resize(verify_capacity=0)
+
+
+def test_ensure_capacity_returns_same_object_when_it_fits():
+    b = make(w=4, v=16)
+    assert b.ensure_capacity(write_reqs=4, verify_entries=16) is b
+    assert b.ensure_capacity() is b
+
+
+def test_ensure_capacity_grows_with_headroom():
+    b = make(w=4, v=16)
+    g = b.ensure_capacity(write_reqs=5)
+    assert (g.write_req_capacity, g.verify_capacity, g.generation) == (8, 16, 1)
+    g2 = g.ensure_capacity(write_reqs=3, verify_entries=100)
+    assert (g2.write_req_capacity, g2.verify_capacity, g2.generation) == (8, 100, 2)
+    assert g2.ensure_capacity(verify_entries=101).verify_capacity == 200
+    with pytest.raises(ValueError, match="verify_entries must be an int >= 0"):
+        b.ensure_capacity(verify_entries=-1)
+
+
+def test_take_status_returns_flags_and_clears_them():
+    b = make()
+    assert b.take_status() == PlanStatus.OK
+    b.status.fill_(int(PlanStatus.LUT_SLOT_OUT_OF_RANGE | PlanStatus.VALID_LEN_OUT_OF_RANGE))
+    flags = b.take_status()
+    assert flags == PlanStatus.LUT_SLOT_OUT_OF_RANGE | PlanStatus.VALID_LEN_OUT_OF_RANGE
+    assert int(b.status) == 0 and b.take_status() == PlanStatus.OK
+
+
+def test_status_bits_are_distinct_single_bits():
+    bits = [int(f) for f in PlanStatus if f != PlanStatus.OK]
+    assert len(bits) == 5 and len(set(bits)) == 5
+    assert all(b & (b - 1) == 0 for b in bits)
+
+
+def test_repr_is_short():
+    assert repr(make()) == (
+        "PlanBuffers(write_req_capacity=4, verify_capacity=16, device=device(type='cpu'), "
+        "generation=0)"
+    )
