@@ -25,6 +25,20 @@ def _raise_first_bad(bad: torch.Tensor, argument: str, values: torch.Tensor, rul
         )
 
 
+def _gather(
+    table: torch.Tensor, flat_index: torch.Tensor, mask: Optional[torch.Tensor], fill: int
+) -> torch.Tensor:
+    """``table.flatten()[flat_index]`` as int64 where ``mask`` (everywhere if None),
+    ``fill`` elsewhere. Flat ``torch.take`` is much faster on the CPU than 2-D advanced
+    indexing or boolean-mask indexing, and an unmasked lane's index is never read."""
+    if mask is None:
+        return torch.take(table, flat_index).to(ENTRY_DTYPE)
+    if table.numel() == 0:  # then no lane can be in mask: the callers checked the data
+        return torch.full_like(flat_index, fill)
+    values = torch.take(table, torch.where(mask, flat_index, 0)).to(ENTRY_DTYPE)
+    return torch.where(mask, values, fill)
+
+
 def _translate(
     slots: torch.Tensor,
     lut: Optional[torch.Tensor],
@@ -43,9 +57,9 @@ def _translate(
             f"{int(positions[i])} must be < len(full_to_swa_index_mapping) = {lut.shape[0]}, "
             "got a slot at or past it (data outside the tables)"
         )
-    out = slots.clone()
-    out[looked_up] = lut[slots[looked_up]]
-    return out
+    if lut.numel() == 0:  # nothing can be looked up: every slot is negative (checked above)
+        return slots
+    return torch.where(looked_up, torch.take(lut, slots.clamp_min(0)), slots)
 
 
 def _plan(args: PlanArgs, verify_capacity: int) -> dict:
@@ -88,11 +102,11 @@ def _plan(args: PlanArgs, verify_capacity: int) -> dict:
     write_offsets = torch.zeros(bs + 1, dtype=ENTRY_DTYPE, device=device)
     torch.cumsum(wcount, 0, out=write_offsets[1:])
 
-    seeds = torch.full((bs,), NO_SLOT, dtype=ENTRY_DTYPE, device=device)
-    seed_rows = (active & (P > 0) & (wcount > 0)).nonzero().squeeze(1)
-    seed_pos = P[seed_rows] - 1
-    raw_seeds = table[rp[seed_rows], seed_pos].to(ENTRY_DTYPE)
-    seeds[seed_rows] = _translate(raw_seeds, lut, seed_rows, seed_pos)
+    rows_idx = torch.arange(bs, device=device)
+    wants_seed = active & (P > 0) & (wcount > 0)
+    seed_pos = P - 1
+    raw_seeds = _gather(table, rp * max_seq_len + seed_pos, wants_seed, NO_SLOT)
+    seeds = torch.where(wants_seed, _translate(raw_seeds, lut, rows_idx, seed_pos), NO_SLOT)
 
     verify_offsets = torch.zeros(bs + 1, dtype=ENTRY_DTYPE, device=device)
     torch.cumsum(vcount, 0, out=verify_offsets[1:])
@@ -101,19 +115,27 @@ def _plan(args: PlanArgs, verify_capacity: int) -> dict:
     if total > verify_capacity:
         return out  # overflow: no entry is written, and no entry's table is read
 
-    row = torch.repeat_interleave(torch.arange(bs, device=device), vcount, output_size=total)
-    pos = window_start[row] + torch.arange(total, device=device) - verify_offsets[row]
-    req = rp[row]
-    slots = _translate(table[req, pos].to(ENTRY_DTYPE), lut, row, pos)
-    has_prev = pos > 0
-    prev_raw = torch.where(has_prev, table[req, (pos - 1).clamp_min(0)].to(ENTRY_DTYPE), NO_SLOT)
-    prev = _translate(prev_raw, lut, row, pos - 1)
-    tokens = torch.full((total,), UNCHECKED_TOKEN, dtype=ENTRY_DTYPE, device=device)
-    if pool is not None:
+    row = torch.repeat_interleave(rows_idx, vcount, output_size=total)
+    starts = verify_offsets[:-1]
+    pos = (window_start - starts).index_select(0, row) + torch.arange(total, device=device)
+    req = rp.index_select(0, row)
+    slots = _translate(_gather(table, req * max_seq_len + pos, None, 0), lut, row, pos)
+    # prev of an entry is the slot of the entry before it in the same row; a row's first
+    # entry reads its own predecessor (the real one at a window start, none at position 0).
+    prev = torch.empty_like(slots)
+    prev[1:] = slots[:-1]
+    has_entries = vcount > 0
+    head_pos = window_start - 1
+    head_raw = _gather(table, rp * max_seq_len + head_pos, has_entries & (head_pos >= 0), NO_SLOT)
+    head = _translate(head_raw, lut, rows_idx, head_pos)
+    prev[starts[has_entries]] = head[has_entries]
+    if pool is None:
+        tokens = torch.full((total,), UNCHECKED_TOKEN, dtype=ENTRY_DTYPE, device=device)
+    else:
         assert valid_lens is not None
         q = pos + args.kv_token_id_vs_position_offset
-        checked = (q >= 0) & (q < valid_lens[row])
-        tokens[checked] = pool[req[checked], q[checked]].to(ENTRY_DTYPE)
+        checked = (q >= 0) & (q < valid_lens.index_select(0, row))
+        tokens = _gather(pool, req * pool.shape[1] + q, checked, UNCHECKED_TOKEN)
     out["entries"] = (slots, tokens, pos, prev)
     return out
 

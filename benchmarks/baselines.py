@@ -1,0 +1,235 @@
+"""Implementations of the same plan that the benchmark compares against.
+
+- ``python_loop_plan``: the tests' plain-Python loop oracle, writing into the buffers
+  (the CPU baseline of ``plan_reference``).
+- ``torch_plan``: a torch-only plan with static shapes (one lane per verify-capacity
+  entry, rows found by ``searchsorted``), so it can be captured in a CUDA graph.
+- ``sglang_design_plan``: SGLang's design re-implemented here: a memset of the offsets,
+  a single-program offsets scan (one program, one lane per row, so bs <= 4096) and a
+  persistent entries kernel with a full binary search per entry. No bounds checks.
+
+All assume valid data (no entries outside the tables) and are benchmark baselines only.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from kv_canary_buffers import PlanBuffers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from oracle import loop_plan  # noqa: E402
+
+SGLANG_MAX_BS = 4096
+
+
+def python_loop_plan(buffers: PlanBuffers, **kwargs) -> None:
+    """The loop oracle, then its results copied into the buffers."""
+    out = loop_plan(
+        write_req_capacity=buffers.write_req_capacity,
+        verify_capacity=buffers.verify_capacity,
+        **kwargs,
+    )
+    bs = len(out["write_seed_slot_indices"])
+    buffers.write_offsets.copy_(torch.tensor(out["write_offsets"]))
+    buffers.write_seed_slot_indices[:bs].copy_(torch.tensor(out["write_seed_slot_indices"]))
+    buffers.write_num_valid_reqs.fill_(out["write_num_valid_reqs"])
+    if out["entries"]:
+        cols = torch.tensor(out["entries"]).t()
+        n = cols.shape[1]
+        for dst, col in zip(
+            (buffers.verify_slot_indices, buffers.verify_expected_tokens,
+             buffers.verify_expected_positions, buffers.verify_prev_slot_indices),
+            cols,
+        ):
+            dst[:n].copy_(col)
+    buffers.verify_num_valid.fill_(out["verify_num_valid"])
+    buffers.verify_enable.fill_(out["verify_enable"])
+
+
+def torch_plan(
+    buffers: PlanBuffers,
+    *,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_seq_lens: torch.Tensor,
+    req_to_token: torch.Tensor,
+    swa_window_size: int = 0,
+    full_to_swa_index_mapping: Optional[torch.Tensor] = None,
+    req_to_verify_expected_tokens: Optional[torch.Tensor] = None,
+    req_to_verify_expected_tokens_valid_lens: Optional[torch.Tensor] = None,
+    kv_token_id_vs_position_offset: int = 0,
+) -> None:
+    """Static-shape torch plan (capturable); needs bs >= 1 and valid data."""
+    rp, P, E = req_pool_indices, prefix_lens, extend_seq_lens
+    lut = full_to_swa_index_mapping
+    bs = rp.shape[0]
+    cols = req_to_token.shape[1]
+    W = swa_window_size
+    active = rp != 0
+    ws = (P - W).clamp_min(0) if W > 0 else torch.zeros_like(P)
+    vcount = torch.where(active, (P - ws).clamp_min(0), 0)
+    wcount = torch.where(active, E.clamp_min(0), 0)
+
+    def xlat(s: torch.Tensor) -> torch.Tensor:
+        if lut is None:
+            return s
+        return torch.where(s >= 0, lut[s.clamp(0, lut.shape[0] - 1)], s)
+
+    buffers.write_offsets.zero_()
+    torch.cumsum(wcount, 0, out=buffers.write_offsets[1 : bs + 1])
+    seed = xlat(req_to_token[rp, (P - 1).clamp(0, cols - 1)].long())
+    buffers.write_seed_slot_indices[:bs] = torch.where(active & (P > 0) & (wcount > 0), seed, -1)
+    buffers.write_num_valid_reqs.fill_(bs)
+
+    inclusive = torch.cumsum(vcount, 0)
+    total = inclusive[-1]
+    t = torch.arange(buffers.verify_capacity, device=rp.device)
+    row = torch.searchsorted(inclusive, t, right=True).clamp_max(bs - 1)
+    pos = ws[row] + t - (inclusive[row] - vcount[row])
+    r = rp[row]
+    slot = xlat(req_to_token[r, pos.clamp(0, cols - 1)].long())
+    prev = torch.where(pos > 0, xlat(req_to_token[r, (pos - 1).clamp(0, cols - 1)].long()), -1)
+    if req_to_verify_expected_tokens is not None:
+        pool = req_to_verify_expected_tokens
+        q = pos + kv_token_id_vs_position_offset
+        ok = (q >= 0) & (q < req_to_verify_expected_tokens_valid_lens[row])
+        token = torch.where(ok, pool[r, q.clamp(0, pool.shape[1] - 1)].long(), -1)
+    else:
+        token = torch.full_like(pos, -1)
+    enable = total <= buffers.verify_capacity
+    for dst, src in (
+        (buffers.verify_slot_indices, slot),
+        (buffers.verify_expected_tokens, token),
+        (buffers.verify_expected_positions, pos),
+        (buffers.verify_prev_slot_indices, prev),
+    ):
+        dst.copy_(torch.where(enable, src, dst))
+    buffers.verify_num_valid.copy_(torch.where(enable, total, buffers.verify_capacity))
+    buffers.verify_enable.copy_(enable)
+
+
+@triton.jit
+def _sgl_offsets_kernel(
+    rp_ptr, p_ptr, e_ptr, table_ptr, lut_ptr,
+    write_offsets_ptr, seed_ptr, nvr_ptr, voff_ptr, vnv_ptr, ven_ptr,
+    bs, verify_capacity, window, cols,
+    HAS_LUT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    rows = tl.arange(0, BLOCK)
+    m = rows < bs
+    rp = tl.load(rp_ptr + rows, mask=m, other=0)
+    P = tl.load(p_ptr + rows, mask=m, other=0)
+    E = tl.load(e_ptr + rows, mask=m, other=0)
+    active = m & (rp != 0)
+    ws = tl.where(window > 0, tl.maximum(P - window, 0), 0)
+    vcount = tl.where(active, tl.maximum(P - ws, 0), 0)
+    wcount = tl.where(active, tl.maximum(E, 0), 0)
+    tl.store(write_offsets_ptr + rows + 1, tl.cumsum(wcount, 0), mask=m)
+    tl.store(voff_ptr + rows + 1, tl.cumsum(vcount, 0), mask=m)
+    tl.store(voff_ptr, 0)
+    need = active & (P > 0) & (wcount > 0)
+    seed = tl.load(table_ptr + rp * cols + P - 1, mask=need, other=0).to(tl.int64)
+    if HAS_LUT:
+        seed = tl.where(seed >= 0, tl.load(lut_ptr + seed, mask=need & (seed >= 0), other=0), seed)
+    tl.store(seed_ptr + rows, tl.where(need, seed, -1), mask=m)
+    total = tl.sum(vcount, 0)
+    tl.store(nvr_ptr, bs)
+    tl.store(vnv_ptr, tl.where(total > verify_capacity, verify_capacity, total).to(tl.int32))
+    tl.store(ven_ptr, tl.where(total > verify_capacity, 0, 1).to(tl.int32))
+
+
+@triton.jit
+def _sgl_entries_kernel(
+    rp_ptr, p_ptr, table_ptr, lut_ptr, pool_ptr, vlen_ptr, voff_ptr, vnv_ptr, ven_ptr,
+    slot_ptr, tok_ptr, pos_ptr, prev_ptr,
+    bs, window, offset, cols, pool_cols, n_steps,
+    HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    total = tl.where(tl.load(ven_ptr) != 0, tl.load(vnv_ptr), 0)
+    for start in range(pid * BLOCK, total, nprog * BLOCK):
+        t = start + tl.arange(0, BLOCK)
+        m = t < total
+        lo = tl.zeros([BLOCK], tl.int32)
+        hi = lo + bs
+        for _ in range(n_steps):
+            mid = (lo + hi) // 2
+            right = tl.load(voff_ptr + mid, mask=mid < bs, other=0) <= t
+            lo = tl.where(right, mid, lo)
+            hi = tl.where(right, hi, mid)
+        row = lo
+        rp = tl.load(rp_ptr + row, mask=m, other=0)
+        P = tl.load(p_ptr + row, mask=m, other=0)
+        ws = tl.where(window > 0, tl.maximum(P - window, 0), 0)
+        pos = ws + t - tl.load(voff_ptr + row, mask=m, other=0)
+        slot = tl.load(table_ptr + rp * cols + pos, mask=m, other=0).to(tl.int64)
+        prev = tl.load(table_ptr + rp * cols + pos - 1, mask=m & (pos > 0), other=0).to(tl.int64)
+        if HAS_LUT:
+            slot = tl.where(slot >= 0, tl.load(lut_ptr + slot, mask=m & (slot >= 0), other=0), slot)
+            prev = tl.where(prev >= 0, tl.load(lut_ptr + prev, mask=m & (prev >= 0), other=0), prev)
+        prev = tl.where(pos > 0, prev, -1)
+        if HAS_POOL:
+            q = pos + offset
+            ok = m & (q >= 0) & (q < tl.load(vlen_ptr + row, mask=m, other=0))
+            tok = tl.load(pool_ptr + rp * pool_cols + q, mask=ok, other=-1).to(tl.int64)
+        else:
+            tok = tl.full([BLOCK], -1, tl.int64)
+        tl.store(slot_ptr + t, slot, mask=m)
+        tl.store(tok_ptr + t, tok, mask=m)
+        tl.store(pos_ptr + t, pos, mask=m)
+        tl.store(prev_ptr + t, prev, mask=m)
+
+
+def sglang_design_plan(
+    buffers: PlanBuffers,
+    *,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_seq_lens: torch.Tensor,
+    req_to_token: torch.Tensor,
+    swa_window_size: int = 0,
+    full_to_swa_index_mapping: Optional[torch.Tensor] = None,
+    req_to_verify_expected_tokens: Optional[torch.Tensor] = None,
+    req_to_verify_expected_tokens_valid_lens: Optional[torch.Tensor] = None,
+    kv_token_id_vs_position_offset: int = 0,
+) -> None:
+    """Memset + single-program scan + persistent entries kernel; bs <= 4096."""
+    bs = req_pool_indices.shape[0]
+    if bs > SGLANG_MAX_BS:
+        raise ValueError(f"the single-program scan handles bs <= {SGLANG_MAX_BS}, got {bs}")
+    lut = full_to_swa_index_mapping
+    pool = req_to_verify_expected_tokens
+    lut_t = lut if lut is not None else buffers.dummy_int64
+    pool_t = pool if pool is not None else buffers.dummy_int32
+    vlen_t = (
+        req_to_verify_expected_tokens_valid_lens
+        if req_to_verify_expected_tokens_valid_lens is not None
+        else buffers.dummy_int64
+    )
+    cols = req_to_token.shape[1]
+    buffers.write_offsets.zero_()  # the memset
+    _sgl_offsets_kernel[(1,)](
+        req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, lut_t,
+        buffers.write_offsets, buffers.write_seed_slot_indices, buffers.write_num_valid_reqs,
+        buffers.verify_offsets, buffers.verify_num_valid, buffers.verify_enable,
+        bs, buffers.verify_capacity, swa_window_size, cols,
+        HAS_LUT=lut is not None, BLOCK=max(16, triton.next_power_of_2(bs)), num_warps=8,
+    )
+    sms = torch.cuda.get_device_properties(req_pool_indices.device).multi_processor_count
+    _sgl_entries_kernel[(sms,)](
+        req_pool_indices, prefix_lens, req_to_token, lut_t, pool_t, vlen_t,
+        buffers.verify_offsets, buffers.verify_num_valid, buffers.verify_enable,
+        buffers.verify_slot_indices, buffers.verify_expected_tokens,
+        buffers.verify_expected_positions, buffers.verify_prev_slot_indices,
+        bs, swa_window_size, kv_token_id_vs_position_offset, cols,
+        pool.shape[1] if pool is not None else 0, max(1, bs).bit_length(),
+        HAS_LUT=lut is not None, HAS_POOL=pool is not None, BLOCK=1024, num_warps=4,
+    )

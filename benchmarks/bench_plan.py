@@ -1,0 +1,342 @@
+"""The benchmark entry point: every case of docs/performance.md, side by side in one run.
+
+    python benchmarks/bench_plan.py                 # CUDA if present, else the CPU cases
+    python benchmarks/bench_plan.py --device cpu    # plan_reference vs a Python loop
+
+CPU: time per ``plan_reference`` call against a plain-Python loop of the same plan
+(median over repeats, ``time.perf_counter``).
+CUDA: GPU time per plan (median over CUDA-graph replays timed with CUDA events) of
+``launch_plan``, a torch-only plan and SGLang's design, next to the bandwidth floor; host
+time per eager ``launch_plan`` against the bare dispatch of the same kernels; device
+allocations during 100 launches.
+
+Writes ``benchmarks/results/plan-<device>-<date>.csv`` (device, versions and date in every
+row) and, when matplotlib is installed, PNG plots into ``docs/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from kv_canary_buffers import PlanBuffers, plan_reference, validate_plan_args  # noqa: E402
+
+WINDOW = 128
+MEAN_PREFIX = 512
+GPU_BATCHES = (1, 64, 256, 4096, 65536)
+
+
+def make_batch(bs: int, *, window: int, pool: bool, device: str, seed: int = 0) -> Dict:
+    """All rows active, prefix uniform in [1, 2 * MEAN_PREFIX - 1], one new token each."""
+    g = torch.Generator().manual_seed(seed)
+    max_seq_len = 2 * MEAN_PREFIX + 8
+    rows = bs + 1
+    slots = torch.randperm(rows * max_seq_len, generator=g)[: rows * max_seq_len]
+    table = slots.reshape(rows, max_seq_len).to(torch.int32)
+    kwargs = dict(
+        req_pool_indices=torch.randperm(bs, generator=g) + 1,
+        prefix_lens=torch.randint(1, 2 * MEAN_PREFIX, (bs,), generator=g),
+        extend_seq_lens=torch.ones(bs, dtype=torch.int64),
+        req_to_token=table,
+        swa_window_size=window,
+    )
+    if window > 0:
+        kwargs["full_to_swa_index_mapping"] = torch.randperm(rows * max_seq_len, generator=g)
+    if pool:
+        kwargs["req_to_verify_expected_tokens"] = torch.randint(
+            0, 150_000, (rows, max_seq_len), generator=g, dtype=torch.int32
+        )
+        kwargs["req_to_verify_expected_tokens_valid_lens"] = kwargs["prefix_lens"] + 1
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+
+
+def verify_entries(kwargs: Dict) -> int:
+    P, W = kwargs["prefix_lens"], kwargs["swa_window_size"]
+    counts = P - (P - W).clamp_min(0) if W > 0 else P
+    return int(counts.clamp_min(0).sum())
+
+
+def plan_bytes(kwargs: Dict, entries: int) -> int:
+    """Bytes the plan must move: per row, read rp/P/E (and the valid length), write an
+    offset and a seed; per entry, read a slot (and a token, and a LUT value), write four
+    int64 values."""
+    bs = kwargs["req_pool_indices"].shape[0]
+    has_lut = kwargs.get("full_to_swa_index_mapping") is not None
+    has_pool = kwargs.get("req_to_verify_expected_tokens") is not None
+    per_row = 3 * 8 + 8 + 8 + (8 if has_pool else 0)
+    per_entry = 4 + 4 * 8 + (4 if has_pool else 0) + (8 if has_lut else 0)
+    return bs * per_row + entries * per_entry
+
+
+class Recorder:
+    def __init__(self, device_name: str):
+        self.rows: List[Dict] = []
+        self.meta = {
+            "device": device_name,
+            "torch": torch.__version__,
+            "triton": _triton_version(),
+            "python": platform.python_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        }
+
+    def add(self, section: str, impl: str, metric: str, value: float, **case) -> None:
+        row = {"section": section, "impl": impl, "metric": metric, "value": round(value, 4)}
+        row.update({k: case.get(k, "") for k in ("bs", "swa", "pool", "entries")})
+        row.update(self.meta)
+        self.rows.append(row)
+        print(f"{section:10s} {impl:22s} {metric:16s} {value:12.3f}  "
+              + " ".join(f"{k}={v}" for k, v in case.items()), flush=True)
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(self.rows[0]))
+            writer.writeheader()
+            writer.writerows(self.rows)
+        print(f"wrote {path}")
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+
+        return triton.__version__
+    except ImportError:
+        return "absent"
+
+
+# --- CPU --------------------------------------------------------------------------
+def bench_cpu(rec: Recorder, repeats: int) -> None:
+    from baselines import python_loop_plan
+
+    kwargs = make_batch(256, window=WINDOW, pool=True, device="cpu")
+    entries = verify_entries(kwargs)
+    case = dict(bs=256, swa=WINDOW, pool=1, entries=entries)
+    buffers = PlanBuffers.allocate(write_req_capacity=256, verify_capacity=entries, device="cpu")
+    for name, fn, reps in (
+        ("plan_reference", plan_reference, repeats * 10),
+        ("python_loop", python_loop_plan, repeats),
+    ):
+        fn(buffers, **kwargs)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn(buffers, **kwargs)
+            times.append(time.perf_counter() - t0)
+        rec.add("cpu", name, "us_per_call", statistics.median(times) * 1e6, **case)
+
+
+# --- CUDA -------------------------------------------------------------------------
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus written."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(25):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * nbytes / statistics.median(times[5:])
+
+
+def graph_time_us(fn: Callable[[], None], replays: int, plans_per_graph: int = 10) -> float:
+    """Median GPU time of one plan: a graph of ``plans_per_graph`` back-to-back plans,
+    each replay timed with CUDA events, divided by ``plans_per_graph``."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(plans_per_graph):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / plans_per_graph)
+    del graph
+    return statistics.median(times)
+
+
+def _same_plan(a: PlanBuffers, b: PlanBuffers, bs: int) -> bool:
+    n = int(a.verify_num_valid)
+    fields = ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
+              "verify_prev_slot_indices")
+    return (
+        torch.equal(a.write_offsets, b.write_offsets)
+        and torch.equal(a.write_seed_slot_indices[:bs], b.write_seed_slot_indices[:bs])
+        and int(a.verify_num_valid) == int(b.verify_num_valid)
+        and int(a.verify_enable) == int(b.verify_enable)
+        and all(torch.equal(getattr(a, f)[:n], getattr(b, f)[:n]) for f in fields)
+    )
+
+
+def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
+    from baselines import SGLANG_MAX_BS, sglang_design_plan, torch_plan
+    from kv_canary_kernels import dispatch_plan, launch_plan
+
+    bandwidth = copy_bandwidth()
+    rec.add("gpu", "d2d_copy", "GB_per_s", bandwidth / 1e9)
+
+    # GPU time per plan, all implementations side by side.
+    for window in (0, WINDOW):
+        for bs in batches:
+            kwargs = make_batch(bs, window=window, pool=True, device="cuda", seed=bs)
+            entries = verify_entries(kwargs)
+            case = dict(bs=bs, swa=window, pool=1, entries=entries)
+            ref = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=entries, device="cuda")
+            plan_reference(ref, **kwargs)
+            impls = {"launch_plan": launch_plan, "torch_only": torch_plan}
+            if bs <= SGLANG_MAX_BS:
+                impls["sglang_design"] = sglang_design_plan
+            for name, fn in impls.items():
+                buffers = PlanBuffers.allocate(
+                    write_req_capacity=bs, verify_capacity=entries, device="cuda"
+                )
+                fn(buffers, **kwargs)
+                if not _same_plan(buffers, ref, bs):
+                    raise AssertionError(f"{name} differs from plan_reference at bs={bs}")
+                us = graph_time_us(lambda: fn(buffers, **kwargs), replays)
+                rec.add("gpu_time", name, "us_per_plan", us, **case)
+                del buffers
+            floor = plan_bytes(kwargs, entries) / bandwidth * 1e6
+            rec.add("gpu_time", "bandwidth_floor", "us_per_plan", floor, **case)
+            del ref, kwargs
+            torch.cuda.empty_cache()
+
+    # Host time per eager call: launch_plan against the bare dispatch of the same kernels.
+    for bs in (1, 256, 4096):
+        kwargs = make_batch(bs, window=WINDOW, pool=True, device="cuda", seed=bs)
+        entries = verify_entries(kwargs)
+        case = dict(bs=bs, swa=WINDOW, pool=1, entries=entries)
+        buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=entries, device="cuda")
+        args = validate_plan_args(buffers, **kwargs)
+        variants = {
+            "launch_plan": lambda: launch_plan(buffers, **kwargs),
+            "bare_dispatch": lambda: dispatch_plan(buffers, args),
+        }
+        results: Dict[str, List[float]] = {k: [] for k in variants}
+        for fn in variants.values():
+            fn()
+        torch.cuda.synchronize()
+        for _ in range(7):  # interleave the variants so drift hits both alike
+            for name, fn in variants.items():
+                t0 = time.perf_counter()
+                for _ in range(host_calls):
+                    fn()
+                results[name].append((time.perf_counter() - t0) / host_calls * 1e6)
+                torch.cuda.synchronize()
+        for name, times in results.items():
+            rec.add("host", name, "us_per_call", statistics.median(times), **case)
+        ratio = statistics.median(results["launch_plan"]) / statistics.median(results["bare_dispatch"])
+        rec.add("host", "launch_over_bare", "ratio", ratio, **case)
+
+        # Device allocations during 100 launches after warm-up.
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_stats()["allocation.all.allocated"]
+        for _ in range(100):
+            launch_plan(buffers, **kwargs)
+        torch.cuda.synchronize()
+        after = torch.cuda.memory_stats()["allocation.all.allocated"]
+        rec.add("alloc", "launch_plan", "allocations_per_100", after - before, **case)
+
+
+# --- plots ------------------------------------------------------------------------
+def plot(rows: List[Dict], out_dir: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plots")
+        return
+    gpu = [r for r in rows if r["section"] == "gpu_time"]
+    if gpu:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+        for ax, swa in zip(axes, sorted({r["swa"] for r in gpu})):
+            for impl in ("launch_plan", "sglang_design", "torch_only", "bandwidth_floor"):
+                pts = sorted((r["bs"], r["value"]) for r in gpu if r["swa"] == swa and r["impl"] == impl)
+                if pts:
+                    style = "--" if impl == "bandwidth_floor" else "-o"
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=impl)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("batch size (rows), mean prefix 512, pool on")
+            ax.set_title("SWA off" if not swa else f"SWA on (W={swa}, LUT)")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].set_ylabel("GPU time per plan (us, median of graph replays)")
+        axes[0].legend()
+        fig.suptitle(f"kv-canary plan on {rows[0]['device']}")
+        fig.tight_layout()
+        fig.savefig(out_dir / "plan_gpu_time.png", dpi=110)
+        print(f"wrote {out_dir / 'plan_gpu_time.png'}")
+    host = [r for r in rows if r["section"] == "host" and r["metric"] == "us_per_call"]
+    if host:
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        bss = sorted({r["bs"] for r in host})
+        width = 0.38
+        for i, impl in enumerate(("bare_dispatch", "launch_plan")):
+            vals = [next(r["value"] for r in host if r["bs"] == b and r["impl"] == impl) for b in bss]
+            ax.bar([j + (i - 0.5) * width for j in range(len(bss))], vals, width, label=impl)
+        ax.set_xticks(range(len(bss)), [f"bs={b}" for b in bss])
+        ax.set_ylabel("host time per eager call (us, median)")
+        ax.set_title("Host overhead: validated launch vs bare dispatch")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / "plan_host_overhead.png", dpi=110)
+        print(f"wrote {out_dir / 'plan_host_overhead.png'}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller batches")
+    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--plots", type=Path, default=ROOT / "docs")
+    args = parser.parse_args(argv)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    name = torch.cuda.get_device_name() if device == "cuda" else (platform.processor() or "cpu")
+    rec = Recorder(name)
+    if device == "cpu":
+        bench_cpu(rec, repeats=2 if args.quick else 5)
+    else:
+        batches = GPU_BATCHES[:3] if args.quick else GPU_BATCHES
+        bench_gpu(rec, batches, replays=20 if args.quick else 100,
+                  host_calls=100 if args.quick else 1000)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    rec.write(args.results / f"plan-{device}-{stamp}.csv")
+    if device == "cuda" or os.environ.get("KV_CANARY_PLOT_CPU"):
+        plot(rec.rows, args.plots)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""Run the Triton plan on data outside the tables, for compute-sanitizer:
+
+    compute-sanitizer --tool memcheck python tests/gpu_memcheck.py
+
+Every out-of-range kind of tests/test_out_of_range.py, then a large batch whose rows all
+point past the tables. Prints the status word of each and checks it against the oracle;
+memcheck reports any read or write outside a tensor.
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kv_canary_buffers import PlanBuffers, PlanStatus  # noqa: E402
+from kv_canary_kernels import launch_plan  # noqa: E402
+
+from helpers import assert_matches_oracle  # noqa: E402
+from oracle import loop_plan  # noqa: E402
+from test_out_of_range import CASES, base  # noqa: E402
+
+
+def main() -> int:
+    dev = "cuda"
+    for name, (mutate, bit, _msg) in sorted(CASES.items()):
+        kwargs = base(dev)
+        mutate(kwargs)
+        buffers = PlanBuffers.allocate(write_req_capacity=4, verify_capacity=32, device=dev)
+        launch_plan(buffers, **kwargs)
+        expected = loop_plan(write_req_capacity=4, verify_capacity=32, pad_bad=True, **kwargs)
+        assert_matches_oracle(buffers, 3, expected)
+        flags = buffers.take_status()
+        assert flags == bit, (name, flags, bit)
+        print(f"{name:28s} status={flags!r}")
+
+    # 5000 rows, every kind at once, two-level scan and many entry blocks.
+    g = torch.Generator().manual_seed(0)
+    bs, rows, cols = 5000, 100, 64
+    kwargs = dict(
+        req_pool_indices=torch.randint(-3, rows + 3, (bs,), generator=g),
+        prefix_lens=torch.randint(0, cols + 20, (bs,), generator=g),
+        extend_seq_lens=torch.randint(0, 3, (bs,), generator=g),
+        req_to_token=torch.randint(-1, 4000, (rows, cols), generator=g).to(torch.int32),
+        swa_window_size=16,
+        full_to_swa_index_mapping=torch.randint(0, 10**6, (3000,), generator=g),
+        req_to_verify_expected_tokens=torch.randint(0, 9, (rows - 5, cols - 4), generator=g).to(torch.int32),
+        req_to_verify_expected_tokens_valid_lens=torch.randint(0, cols + 9, (bs,), generator=g),
+        kv_token_id_vs_position_offset=1,
+    )
+    expected = loop_plan(write_req_capacity=bs, verify_capacity=bs * 16, pad_bad=True, **kwargs)
+    kwargs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=bs * 16, device=dev)
+    launch_plan(buffers, **kwargs)
+    assert_matches_oracle(buffers, bs, expected)
+    flags = buffers.take_status()
+    assert flags == expected["flags"], (flags, expected["flags"])
+    assert flags == (PlanStatus.REQ_POOL_INDEX_OUT_OF_RANGE | PlanStatus.PREFIX_LEN_OUT_OF_RANGE
+                     | PlanStatus.LUT_SLOT_OUT_OF_RANGE | PlanStatus.POOL_ROW_OUT_OF_RANGE
+                     | PlanStatus.VALID_LEN_OUT_OF_RANGE)
+    print(f"{'all kinds, bs=5000':28s} status={flags!r} entries={int(buffers.verify_num_valid)}")
+    print("gpu_memcheck: all plans matched the padding oracle")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
