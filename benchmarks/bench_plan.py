@@ -266,6 +266,33 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
         rec.add("alloc", "launch_plan", "allocations_per_100", after - before, **case)
 
 
+def tune_gpu(rec: Recorder, replays: int) -> None:
+    """Sweep the launch constants of the entries stage (grid per SM, block, warps)."""
+    from kv_canary_kernels import launch, launch_plan
+
+    saved = (launch.ENTRY_PROGRAMS_PER_SM, launch.ENTRY_BLOCK, launch._ENTRIES_WARPS)
+    cases = [(bs, w) for bs in (64, 256, 4096, 65536) for w in (0, WINDOW)]
+    inputs = {c: make_batch(c[0], window=c[1], pool=True, device="cuda", seed=c[0]) for c in cases}
+    try:
+        for per_sm in (4, 8, 16, 32):
+            for block in (512, 1024, 2048):
+                for warps in (4, 8):
+                    launch.ENTRY_PROGRAMS_PER_SM, launch.ENTRY_BLOCK, launch._ENTRIES_WARPS = (
+                        per_sm, block, warps)
+                    launch._entry_program_cap.cache_clear()
+                    impl = f"sm{per_sm}_b{block}_w{warps}"
+                    for (bs, w), kwargs in inputs.items():
+                        entries = verify_entries(kwargs)
+                        buffers = PlanBuffers.allocate(
+                            write_req_capacity=bs, verify_capacity=entries, device="cuda")
+                        us = graph_time_us(lambda: launch_plan(buffers, **kwargs), replays)
+                        rec.add("tune", impl, "us_per_plan", us, bs=bs, swa=w, pool=1, entries=entries)
+                        del buffers
+    finally:
+        launch.ENTRY_PROGRAMS_PER_SM, launch.ENTRY_BLOCK, launch._ENTRIES_WARPS = saved
+        launch._entry_program_cap.cache_clear()
+
+
 # --- plots ------------------------------------------------------------------------
 def plot(rows: List[Dict], out_dir: Path) -> None:
     try:
@@ -317,6 +344,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller batches")
+    parser.add_argument("--tune", action="store_true", help="sweep the entries launch constants")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--plots", type=Path, default=ROOT / "docs")
     args = parser.parse_args(argv)
@@ -327,13 +355,15 @@ def main(argv=None) -> int:
     rec = Recorder(name)
     if device == "cpu":
         bench_cpu(rec, repeats=2 if args.quick else 5)
+    elif args.tune:
+        tune_gpu(rec, replays=30)
     else:
         batches = GPU_BATCHES[:3] if args.quick else GPU_BATCHES
         bench_gpu(rec, batches, replays=20 if args.quick else 100,
                   host_calls=100 if args.quick else 1000)
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     rec.write(args.results / f"plan-{device}-{stamp}.csv")
-    if device == "cuda" or os.environ.get("KV_CANARY_PLOT_CPU"):
+    if (device == "cuda" and not args.tune) or os.environ.get("KV_CANARY_PLOT_CPU"):
         plot(rec.rows, args.plots)
     return 0
 

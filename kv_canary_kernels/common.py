@@ -1,5 +1,5 @@
-"""Triton helpers shared by the offsets and entries stages, and the status bits as
-compile-time constants (their values come from ``kv_canary_buffers.PlanStatus``)."""
+"""Triton helpers shared by the plan kernels, and the status bits as compile-time
+constants (their values come from ``kv_canary_buffers.PlanStatus``)."""
 
 from __future__ import annotations
 
@@ -22,12 +22,16 @@ def window_start(prefix_len, window):
 
 
 @triton.jit
-def row_counts(req_pool_index, prefix_len, extend_len, in_batch, window):
-    """Per-row ``(active, verify count, write count)`` of the contract."""
-    active = in_batch & (req_pool_index != 0)
-    vcount = tl.where(active, tl.maximum(prefix_len - window_start(prefix_len, window), 0), 0)
-    wcount = tl.where(active, tl.maximum(extend_len, 0), 0)
-    return active, vcount, wcount
+def load_rows(req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window):
+    """Per-row inputs and the contract's ``(active, vcount, wcount)`` for ``rows``."""
+    in_batch = rows < bs
+    rp = tl.load(req_pool_indices_ptr + rows, mask=in_batch, other=0)
+    prefix = tl.load(prefix_lens_ptr + rows, mask=in_batch, other=0)
+    extend = tl.load(extend_seq_lens_ptr + rows, mask=in_batch, other=0)
+    active = in_batch & (rp != 0)
+    vcount = tl.where(active, tl.maximum(prefix - window_start(prefix, window), 0), 0)
+    wcount = tl.where(active, tl.maximum(extend, 0), 0)
+    return in_batch, rp, prefix, active, vcount, wcount
 
 
 @triton.jit
@@ -45,3 +49,98 @@ def translate(slot, lut_ptr, lut_len, mask):
 def any_bit(flags, bit: tl.constexpr):
     """``bit`` if any lane of the boolean ``flags`` is set, else 0 (int32 scalar)."""
     return tl.max(flags.to(tl.int32), 0) * bit
+
+
+@triton.jit
+def write_row_plan(
+    rows, in_batch, rp, prefix, active, vcount, wcount, w_before, w_total, v_total, owns_counters,
+    req_to_token_ptr, lut_ptr, valid_lens_ptr,
+    write_offsets_ptr, write_seed_ptr, write_num_valid_reqs_ptr,
+    verify_num_valid_ptr, verify_enable_ptr,
+    bs, write_capacity, verify_capacity, table_rows, table_cols, lut_len, pool_rows, pool_cols,
+    HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr,
+):
+    """The write plan of a block of ``rows``: offsets (the total at index ``bs``, zeros
+    after it within the block), seeds, the per-row status bits (returned), and the three
+    counters when ``owns_counters`` (the block holds index ``bs``)."""
+    w_excl = w_before + tl.cumsum(wcount, 0) - wcount
+    w_out = tl.where(in_batch, w_excl, tl.where(rows == bs, w_total, 0))
+    tl.store(write_offsets_ptr + rows, w_out, mask=rows <= write_capacity)
+
+    rp_ok = (rp >= 0) & (rp < table_rows)
+    wants_seed = active & (prefix > 0) & (wcount > 0)
+    seed_pos = prefix - 1
+    # A read that would leave the table is not made: the seed becomes slot 0, untranslated.
+    seed_read = wants_seed & rp_ok & (seed_pos < table_cols)
+    seed = tl.load(req_to_token_ptr + rp * table_cols + seed_pos, mask=seed_read, other=0)
+    seed = seed.to(tl.int64)
+    bits = any_bit(active & ~rp_ok, REQ_POOL_INDEX_BIT)
+    bits |= any_bit(active & (prefix > table_cols), PREFIX_LEN_BIT)
+    if HAS_LUT:
+        seed, bad_slot = translate(seed, lut_ptr, lut_len, seed_read)
+        bits |= any_bit(bad_slot, LUT_SLOT_BIT)
+    tl.store(write_seed_ptr + rows, tl.where(wants_seed, seed, -1), mask=in_batch)
+    if HAS_POOL:
+        valid_len = tl.load(valid_lens_ptr + rows, mask=in_batch, other=0)
+        bits |= any_bit(active & ((rp < 0) | (rp >= pool_rows)), POOL_ROW_BIT)
+        bits |= any_bit(active & (valid_len > pool_cols), VALID_LEN_BIT)
+
+    overflow = v_total > verify_capacity
+    tl.store(write_num_valid_reqs_ptr, bs, mask=owns_counters)
+    tl.store(
+        verify_num_valid_ptr,
+        tl.where(overflow, verify_capacity, v_total).to(tl.int32),
+        mask=owns_counters,
+    )
+    tl.store(verify_enable_ptr, tl.where(overflow, 0, 1).to(tl.int32), mask=owns_counters)
+    return bits
+
+
+@triton.jit
+def zero_offsets_tail(write_offsets_ptr, write_capacity, first_block, step, BLOCK: tl.constexpr):
+    """Zero ``write_offsets`` blocks ``first_block, first_block + step, ...`` up to
+    index ``write_capacity``: the tail a reused buffer must not keep."""
+    n_blocks = (write_capacity + BLOCK) // BLOCK
+    for block in range(first_block, n_blocks, step):
+        idx = block * BLOCK + tl.arange(0, BLOCK)
+        tl.store(write_offsets_ptr + idx, tl.zeros([BLOCK], tl.int64), mask=idx <= write_capacity)
+
+
+@triton.jit
+def write_entries(
+    entry, in_range, rp, pos, valid_len,
+    req_to_token_ptr, lut_ptr, token_pool_ptr,
+    slot_ptr, token_ptr, position_ptr, prev_slot_ptr,
+    token_offset, table_rows, table_cols, lut_len, pool_rows, pool_cols,
+    HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Slot, expected token, position and prev slot of each verify ``entry`` (lanes in
+    ``in_range``), given its row's ``rp``, position and valid length. Returns the LUT
+    status bit if a looked-up slot was out of range."""
+    rp_ok = (rp >= 0) & (rp < table_rows)
+    table_row = req_to_token_ptr + rp * table_cols
+    # Reads that would leave the table are not made: those slots become 0, untranslated.
+    slot_read = in_range & rp_ok & (pos < table_cols)
+    slot = tl.load(table_row + pos, mask=slot_read, other=0).to(tl.int64)
+    has_prev = pos > 0
+    prev_read = in_range & rp_ok & has_prev & (pos <= table_cols)
+    prev = tl.load(table_row + pos - 1, mask=prev_read, other=0).to(tl.int64)
+    bits = tl.full([], 0, tl.int32)
+    if HAS_LUT:
+        slot, bad_slot = translate(slot, lut_ptr, lut_len, slot_read)
+        prev, bad_prev = translate(prev, lut_ptr, lut_len, prev_read)
+        bits = any_bit(bad_slot | bad_prev, LUT_SLOT_BIT)
+    prev = tl.where(has_prev, prev, -1)
+    if HAS_POOL:
+        q = pos + token_offset
+        checked = in_range & (q >= 0) & (q < valid_len)
+        checked &= (q < pool_cols) & (rp >= 0) & (rp < pool_rows)
+        token = tl.load(token_pool_ptr + rp * pool_cols + q, mask=checked, other=-1)
+        token = token.to(tl.int64)
+    else:
+        token = tl.full([BLOCK], -1, tl.int64)
+    tl.store(slot_ptr + entry, slot, mask=in_range)
+    tl.store(token_ptr + entry, token, mask=in_range)
+    tl.store(position_ptr + entry, pos, mask=in_range)
+    tl.store(prev_slot_ptr + entry, prev, mask=in_range)
+    return bits

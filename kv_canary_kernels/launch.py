@@ -15,15 +15,18 @@ from kv_canary_buffers.validation import PlanArgs, validate_plan_args
 
 from .entries import plan_entries_kernel
 from .offsets import plan_offsets_kernel, scan_block_sums_kernel
+from .small_batch import plan_small_batch_kernel
 
 ENTRY_BLOCK = 1024
-"""Verify entries per program per step of the persistent entries loop."""
-ENTRY_PROGRAMS_PER_SM = 4
-"""Persistent entries grid: this many programs per multiprocessor (fewer if Cv is small)."""
+"""Verify entries per program per step of the entries loop."""
+ENTRY_PROGRAMS_PER_SM = 8
+"""Entries grid: up to this many programs per multiprocessor, each looping over blocks."""
 INTERPRETER_ENTRY_PROGRAMS = 2
 """Entries programs under the Triton interpreter, where each program costs host time."""
+SEARCH_FANOUT = 256
+"""Offsets sampled per level of the large path's row search (two levels to 65536 rows)."""
 _SUM_CHUNK = 1024
-_OFFSETS_WARPS = 8
+_SCAN_WARPS = 8
 _ENTRIES_WARPS = 4
 
 # Read once at import, as Triton does: the interpreter can't be switched on later.
@@ -48,10 +51,12 @@ def _entry_program_cap(device: torch.device) -> int:
 def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     """Launch the plan's kernels on validated arguments, with no check at all.
 
-    This is the bare dispatch that :func:`launch_plan` wraps; benchmarks use it to
-    measure the cost of validation. Everything else should call :func:`launch_plan`.
+    ``bs < SCAN_BLOCK``: one launch (:func:`plan_small_batch_kernel`). Otherwise three:
+    block sums, offsets, entries. This is the bare dispatch that :func:`launch_plan`
+    wraps; benchmarks use it to measure the cost of validation. Call :func:`launch_plan`.
     """
-    entry_programs = _entry_program_cap(buffers.device)
+    entry_grid = min(triton.cdiv(buffers.verify_capacity, ENTRY_BLOCK),
+                     _entry_program_cap(buffers.device))
     bs = args.bs
     table = args.req_to_token
     lut = args.full_to_swa_index_mapping
@@ -66,16 +71,31 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     pool_rows, pool_cols = pool.shape if has_pool else (0, 0)
     table_rows, table_cols = table.shape
     window = args.swa_window_size
-    sums = buffers.scan_block_sums
 
-    n_sum_blocks = 0
-    if bs >= SCAN_BLOCK:
-        n_sum_blocks = triton.cdiv(bs, SCAN_BLOCK)
-        scan_block_sums_kernel[(n_sum_blocks,)](
-            args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
-            bs, window, sums.shape[1],
-            BLOCK=SCAN_BLOCK, num_warps=_OFFSETS_WARPS,
+    if bs < SCAN_BLOCK:
+        plan_small_batch_kernel[(entry_grid,)](
+            args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table,
+            lut_t, pool_t, valid_t,
+            buffers.write_offsets, buffers.write_seed_slot_indices, buffers.write_num_valid_reqs,
+            buffers.verify_slot_indices, buffers.verify_expected_tokens,
+            buffers.verify_expected_positions, buffers.verify_prev_slot_indices,
+            buffers.verify_num_valid, buffers.verify_enable, buffers.status,
+            bs, buffers.write_req_capacity, buffers.verify_capacity, window,
+            args.kv_token_id_vs_position_offset, table_rows, table_cols, lut_len,
+            pool_rows, pool_cols,
+            HAS_LUT=has_lut, HAS_POOL=has_pool,
+            ROWS=SCAN_BLOCK, LOG2_ROWS=SCAN_BLOCK.bit_length() - 1, BLOCK=ENTRY_BLOCK,
+            num_warps=_ENTRIES_WARPS,
         )
+        return
+
+    sums = buffers.scan_block_sums
+    n_sum_blocks = triton.cdiv(bs, SCAN_BLOCK)
+    scan_block_sums_kernel[(n_sum_blocks,)](
+        args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
+        bs, window, sums.shape[1],
+        BLOCK=SCAN_BLOCK, num_warps=_SCAN_WARPS,
+    )
     plan_offsets_kernel[(triton.cdiv(bs + 1, SCAN_BLOCK),)](
         args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table,
         lut_t, valid_t, sums,
@@ -84,17 +104,17 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         bs, n_sum_blocks, sums.shape[1], buffers.write_req_capacity, buffers.verify_capacity,
         window, table_rows, table_cols, lut_len, pool_rows, pool_cols,
         HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=SCAN_BLOCK, SUM_CHUNK=_SUM_CHUNK,
-        num_warps=_OFFSETS_WARPS,
+        num_warps=_SCAN_WARPS,
     )
-    grid = min(triton.cdiv(buffers.verify_capacity, ENTRY_BLOCK), entry_programs)
-    plan_entries_kernel[(grid,)](
+    plan_entries_kernel[(entry_grid,)](
         args.req_pool_indices, args.prefix_lens, table, lut_t, pool_t, valid_t,
         buffers.verify_offsets, buffers.verify_num_valid, buffers.verify_enable,
         buffers.verify_slot_indices, buffers.verify_expected_tokens,
         buffers.verify_expected_positions, buffers.verify_prev_slot_indices, buffers.status,
         bs, window, args.kv_token_id_vs_position_offset, table_rows, table_cols, lut_len,
         pool_rows, pool_cols,
-        HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=ENTRY_BLOCK, num_warps=_ENTRIES_WARPS,
+        HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=ENTRY_BLOCK, FANOUT=SEARCH_FANOUT,
+        num_warps=_ENTRIES_WARPS,
     )
 
 
@@ -115,7 +135,8 @@ def launch_plan(
     :func:`kv_canary_buffers.plan_reference` (same arguments, shapes and dtypes).
 
     Runs the shared host-side validation and ``buffers.check()`` first, so a rejected
-    call writes nothing; then two or three kernel launches on the current stream. It
+    call writes nothing; then one kernel launch (``bs < 1024``) or three on the current
+    stream. It
     never allocates device memory, never syncs and is safe to capture in a CUDA graph
     (see :class:`kv_canary_buffers.GraphInputs`). Input data outside the tables is not
     read: the affected values become padding values and a :class:`PlanStatus` bit is set
