@@ -11,23 +11,14 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional, Tuple, Union
+from typing import Optional, Tuple
 
 import attrs
 import torch
 
+from .devices import DeviceLike, device_predicate, normalize_device
 from .layout import BUFFER_SPECS, MAX_CAPACITY
 from .status import PlanStatus
-
-DeviceLike = Union[str, torch.device, int]
-
-
-def _normalize_device(device: DeviceLike) -> torch.device:
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        # Tensors made on "cuda" report "cuda:<current>"; compare like with like.
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
 
 
 def _check_capacity(name: str, value: object) -> int:
@@ -99,7 +90,7 @@ class PlanBuffers:
 
     write_req_capacity: int = attrs.field(validator=_capacity_validator)
     verify_capacity: int = attrs.field(validator=_capacity_validator)
-    device: torch.device = attrs.field(converter=_normalize_device)
+    device: torch.device = attrs.field(converter=normalize_device)
     generation: int = attrs.field(default=0, validator=_generation_validator)
 
     write_offsets: torch.Tensor = _tensor_field()
@@ -139,7 +130,7 @@ class PlanBuffers:
     ) -> "PlanBuffers":
         w = _check_capacity("write_req_capacity", write_req_capacity)
         v = _check_capacity("verify_capacity", verify_capacity)
-        dev = _normalize_device(device)
+        dev = normalize_device(device)
         tensors = {
             name: torch.zeros(shape, dtype=dtype, device=dev)
             for name, dtype, shape in _expected_layout(w, v)
@@ -213,38 +204,45 @@ class PlanBuffers:
         """Re-check every tensor's shape, dtype, contiguity and device against the
         capacities. Reads no data and never syncs; both plan paths run it at every
         launch, so a tensor swapped in behind the frozen guard is caught."""
-        device = self.device
+        on_device = device_predicate(self.device)
         for name, dtype, shape in _expected_layout(self.write_req_capacity, self.verify_capacity):
             t = getattr(self, name)
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(
-                    f"kv-canary: PlanBuffers.{name} must be a torch.Tensor, got {type(t).__name__}"
-                )
-            if t.shape != shape:
-                if name == "write_offsets":
-                    got = t.shape[0] if t.dim() == 1 else t.numel()
-                    raise ValueError(
-                        "kv-canary: write_offsets_len must equal write_req_capacity + 1, "
-                        f"got {got} and {self.write_req_capacity}"
-                    )
+            if not (
+                isinstance(t, torch.Tensor)
+                and t.shape == shape
+                and t.dtype is dtype
+                and on_device(t)
+                and t.is_contiguous()
+            ):
+                self._raise_field_error(name, t, dtype, shape)
+
+    def _raise_field_error(
+        self, name: str, t: object, dtype: torch.dtype, shape: Tuple[int, ...]
+    ) -> None:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(
+                f"kv-canary: PlanBuffers.{name} must be a torch.Tensor, got {type(t).__name__}"
+            )
+        if t.shape != shape:
+            if name == "write_offsets":
+                got = t.shape[0] if t.dim() == 1 else t.numel()
                 raise ValueError(
-                    f"kv-canary: PlanBuffers.{name} must have shape {tuple(shape)} for "
-                    f"write_req_capacity={self.write_req_capacity}, "
-                    f"verify_capacity={self.verify_capacity}, got {tuple(t.shape)}"
+                    "kv-canary: write_offsets_len must equal write_req_capacity + 1, "
+                    f"got {got} and {self.write_req_capacity}"
                 )
-            if t.dtype != dtype:
-                raise ValueError(
-                    f"kv-canary: PlanBuffers.{name} must have dtype {dtype}, got {t.dtype}"
-                )
-            if t.device != device:
-                raise ValueError(
-                    f"kv-canary: PlanBuffers.{name} must be on device {device} "
-                    f"(PlanBuffers.device), got {t.device}"
-                )
-            if not t.is_contiguous():
-                raise ValueError(
-                    f"kv-canary: PlanBuffers.{name} must be contiguous, got strides {t.stride()}"
-                )
+            raise ValueError(
+                f"kv-canary: PlanBuffers.{name} must have shape {tuple(shape)} for "
+                f"write_req_capacity={self.write_req_capacity}, "
+                f"verify_capacity={self.verify_capacity}, got {tuple(t.shape)}"
+            )
+        if t.dtype != dtype:
+            raise ValueError(f"kv-canary: PlanBuffers.{name} must have dtype {dtype}, got {t.dtype}")
+        if not device_predicate(self.device)(t):
+            raise ValueError(
+                f"kv-canary: PlanBuffers.{name} must be on device {self.device} "
+                f"(PlanBuffers.device), got {t.device}"
+            )
+        raise ValueError(f"kv-canary: PlanBuffers.{name} must be contiguous, got strides {t.stride()}")
 
     def _check_no_overlap(self) -> None:
         spans = sorted(

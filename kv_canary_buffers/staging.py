@@ -16,7 +16,8 @@ from typing import Dict, Optional
 import attrs
 import torch
 
-from .buffers import DeviceLike, PlanBuffers, _check_capacity, _normalize_device
+from .buffers import PlanBuffers, _check_capacity
+from .devices import DeviceLike, normalize_device
 from .layout import PADDING_REQ_POOL_INDEX, ROW_DTYPE
 from .validation import check_row_tensor, check_tensor
 
@@ -38,7 +39,7 @@ class GraphInputs:
     def allocate(cls, *, capacity: int, device: DeviceLike) -> "GraphInputs":
         """Zeroed (all-padding) inputs for up to ``capacity`` rows on ``device``."""
         cap = _check_capacity("capacity", capacity)
-        dev = _normalize_device(device)
+        dev = normalize_device(device)
         zeros = [torch.zeros(cap, dtype=ROW_DTYPE, device=dev) for _ in range(4)]
         return cls(
             capacity=cap,

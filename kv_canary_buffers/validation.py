@@ -16,6 +16,7 @@ import attrs
 import torch
 
 from .buffers import PlanBuffers
+from .devices import device_predicate
 from .layout import LUT_DTYPE, REQ_TO_TOKEN_DTYPE, ROW_DTYPE, TOKEN_POOL_DTYPE
 
 
@@ -46,6 +47,14 @@ def check_tensor(
     name: str, t: object, dtype: torch.dtype, ndim: int, device: torch.device
 ) -> torch.Tensor:
     """Check one input tensor's type, dtype, rank, device and contiguity."""
+    if (
+        isinstance(t, torch.Tensor)
+        and t.dtype is dtype
+        and t.dim() == ndim
+        and device_predicate(device)(t)
+        and t.is_contiguous()
+    ):
+        return t
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"kv-canary: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype:
@@ -58,13 +67,11 @@ def check_tensor(
         raise ValueError(
             f"kv-canary: {name} must be {ndim}-D {shape}, got {t.dim()}-D shape {tuple(t.shape)}"
         )
-    if t.device != device:
+    if not device_predicate(device)(t):
         raise ValueError(
             f"kv-canary: {name} must be on the buffers' device {device}, got {t.device}"
         )
-    if not t.is_contiguous():
-        raise ValueError(f"kv-canary: {name} must be contiguous, got strides {t.stride()}")
-    return t
+    raise ValueError(f"kv-canary: {name} must be contiguous, got strides {t.stride()}")
 
 
 def check_row_tensor(name: str, t: object, bs: int, device: torch.device) -> torch.Tensor:

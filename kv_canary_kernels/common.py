@@ -108,15 +108,15 @@ def zero_offsets_tail(write_offsets_ptr, write_capacity, first_block, step, BLOC
 
 @triton.jit
 def write_entries(
-    entry, in_range, rp, pos, valid_len,
+    entry, in_range, row, rp, pos, valid_len,
     req_to_token_ptr, lut_ptr, token_pool_ptr,
     slot_ptr, token_ptr, position_ptr, prev_slot_ptr,
     token_offset, table_rows, table_cols, lut_len, pool_rows, pool_cols,
     HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr, BLOCK: tl.constexpr,
 ):
     """Slot, expected token, position and prev slot of each verify ``entry`` (lanes in
-    ``in_range``), given its row's ``rp``, position and valid length. Returns the LUT
-    status bit if a looked-up slot was out of range."""
+    ``in_range``), given its ``row`` and that row's ``rp``, position and valid length.
+    Returns the LUT status bit if a looked-up slot was out of range."""
     rp_ok = (rp >= 0) & (rp < table_rows)
     table_row = req_to_token_ptr + rp * table_cols
     # Reads that would leave the table are not made: those slots become 0, untranslated.
@@ -124,12 +124,20 @@ def write_entries(
     slot = tl.load(table_row + pos, mask=slot_read, other=0).to(tl.int64)
     has_prev = pos > 0
     prev_read = in_range & rp_ok & has_prev & (pos <= table_cols)
-    prev = tl.load(table_row + pos - 1, mask=prev_read, other=0).to(tl.int64)
     bits = tl.full([], 0, tl.int32)
     if HAS_LUT:
         slot, bad_slot = translate(slot, lut_ptr, lut_len, slot_read)
+        # LUT reads are random: where the lane to the left holds position pos - 1 of the
+        # same row, take its translated slot instead of reading the LUT a second time.
+        left = tl.maximum(tl.arange(0, BLOCK) - 1, 0)
+        from_left = (tl.arange(0, BLOCK) > 0) & (tl.gather(row, left, 0) == row)
+        prev_read &= ~from_left
+        prev = tl.load(table_row + pos - 1, mask=prev_read, other=0).to(tl.int64)
         prev, bad_prev = translate(prev, lut_ptr, lut_len, prev_read)
+        prev = tl.where(from_left, tl.gather(slot, left, 0), prev)
         bits = any_bit(bad_slot | bad_prev, LUT_SLOT_BIT)
+    else:
+        prev = tl.load(table_row + pos - 1, mask=prev_read, other=0).to(tl.int64)
     prev = tl.where(has_prev, prev, -1)
     if HAS_POOL:
         q = pos + token_offset

@@ -87,7 +87,7 @@ def plan_entries_kernel(
         else:
             valid_len = tl.zeros([BLOCK], tl.int64)
         bits |= write_entries(
-            entry, in_range, rp, pos, valid_len,
+            entry, in_range, row, rp, pos, valid_len,
             req_to_token_ptr, lut_ptr, token_pool_ptr,
             slot_ptr, token_ptr, position_ptr, prev_slot_ptr,
             token_offset, table_rows, table_cols, lut_len, pool_rows, pool_cols,

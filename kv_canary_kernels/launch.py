@@ -27,7 +27,7 @@ SEARCH_FANOUT = 256
 """Offsets sampled per level of the large path's row search (two levels to 65536 rows)."""
 _SUM_CHUNK = 1024
 _SCAN_WARPS = 8
-_ENTRIES_WARPS = 4
+_ENTRIES_WARPS = 8
 
 # Read once at import, as Triton does: the interpreter can't be switched on later.
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -73,18 +73,18 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     window = args.swa_window_size
 
     if bs < SCAN_BLOCK:
-        plan_small_batch_kernel[(entry_grid,)](
+        # program 0 writes the write plan, programs 1.. the verify entries
+        plan_small_batch_kernel[(1 + entry_grid,)](
             args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table,
             lut_t, pool_t, valid_t,
             buffers.write_offsets, buffers.write_seed_slot_indices, buffers.write_num_valid_reqs,
             buffers.verify_slot_indices, buffers.verify_expected_tokens,
             buffers.verify_expected_positions, buffers.verify_prev_slot_indices,
             buffers.verify_num_valid, buffers.verify_enable, buffers.status,
-            bs, buffers.write_req_capacity, buffers.verify_capacity, window,
-            args.kv_token_id_vs_position_offset, table_rows, table_cols, lut_len,
-            pool_rows, pool_cols,
-            HAS_LUT=has_lut, HAS_POOL=has_pool,
-            ROWS=SCAN_BLOCK, LOG2_ROWS=SCAN_BLOCK.bit_length() - 1, BLOCK=ENTRY_BLOCK,
+            bs, max(bs - 1, 0).bit_length(), buffers.write_req_capacity,
+            buffers.verify_capacity, window, args.kv_token_id_vs_position_offset,
+            table_rows, table_cols, lut_len, pool_rows, pool_cols,
+            HAS_LUT=has_lut, HAS_POOL=has_pool, ROWS=SCAN_BLOCK, BLOCK=ENTRY_BLOCK,
             num_warps=_ENTRIES_WARPS,
         )
         return

@@ -2,9 +2,10 @@
 
 Every program loads all ``bs`` rows (at most ``SCAN_BLOCK``, a few KB from L2) and scans
 them in registers, so no program waits for another: program 0 writes the write plan and
-the counters, and every program writes the verify entries of its blocks, finding each
+the counters, and programs ``1..`` write the verify entries of their blocks, finding each
 entry's row by a binary search over the verify offsets held in registers (``tl.gather``).
-One launch instead of two matters most here, where the plan is all latency.
+One launch instead of two, and the write plan beside the entries rather than before
+them, matter most here, where the plan is all latency.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import triton.language as tl
 from .common import load_rows, window_start, write_entries, write_row_plan, zero_offsets_tail
 
 _RUNTIME_INTS = [
-    "bs", "write_capacity", "verify_capacity", "window", "token_offset",
+    "bs", "search_steps", "write_capacity", "verify_capacity", "window", "token_offset",
     "table_rows", "table_cols", "lut_len", "pool_rows", "pool_cols",
 ]
 
@@ -30,10 +31,9 @@ def plan_small_batch_kernel(
     slot_ptr, token_ptr, position_ptr, prev_slot_ptr,
     verify_num_valid_ptr, verify_enable_ptr, status_ptr,
     # runtime sizes
-    bs, write_capacity, verify_capacity, window, token_offset,
+    bs, search_steps, write_capacity, verify_capacity, window, token_offset,
     table_rows, table_cols, lut_len, pool_rows, pool_cols,
-    HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr,
-    ROWS: tl.constexpr, LOG2_ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -43,7 +43,7 @@ def plan_small_batch_kernel(
     )
     w_total = tl.sum(wcount, 0)
     v_total = tl.sum(vcount, 0)
-    bits = tl.full([], 0, tl.int32)
+    zero_offsets_tail(write_offsets_ptr, write_capacity, 1 + pid, nprog, ROWS)
     if pid == 0:
         bits = write_row_plan(
             rows, in_batch, rp, prefix, active, vcount, wcount, 0, w_total, v_total, True,
@@ -53,31 +53,32 @@ def plan_small_batch_kernel(
             bs, write_capacity, verify_capacity, table_rows, table_cols, lut_len,
             pool_rows, pool_cols, HAS_LUT, HAS_POOL,
         )
-    zero_offsets_tail(write_offsets_ptr, write_capacity, 1 + pid, nprog, ROWS)
-
-    v_excl = tl.cumsum(vcount, 0) - vcount
-    first_pos = window_start(prefix, window) - v_excl  # pos of entry t in row r: first_pos[r] + t
-    if HAS_POOL:
-        valid_lens = tl.load(valid_lens_ptr + rows, mask=in_batch, other=0)
+        tl.atomic_or(status_ptr, bits, mask=bits != 0)
     else:
-        valid_lens = tl.zeros([ROWS], tl.int64)
-    total = tl.where(v_total <= verify_capacity, v_total, 0)  # overflow: no entry
-    for start in range(pid * BLOCK, total, nprog * BLOCK):
-        entry = start + tl.arange(0, BLOCK)
-        in_range = entry < total
-        lo = tl.zeros([BLOCK], tl.int32)
-        hi = lo + bs
-        for _ in tl.static_range(LOG2_ROWS):
-            mid = (lo + hi) // 2
-            go_right = tl.gather(v_excl, mid, 0) <= entry
-            lo = tl.where(go_right, mid, lo)
-            hi = tl.where(go_right, hi, mid)
-        bits |= write_entries(
-            entry, in_range, tl.gather(rp, lo, 0), tl.gather(first_pos, lo, 0) + entry,
-            tl.gather(valid_lens, lo, 0),
-            req_to_token_ptr, lut_ptr, token_pool_ptr,
-            slot_ptr, token_ptr, position_ptr, prev_slot_ptr,
-            token_offset, table_rows, table_cols, lut_len, pool_rows, pool_cols,
-            HAS_LUT, HAS_POOL, BLOCK,
-        )
-    tl.atomic_or(status_ptr, bits, mask=bits != 0)
+        v_excl = tl.cumsum(vcount, 0) - vcount
+        first_pos = window_start(prefix, window) - v_excl  # entry t of row r: first_pos[r] + t
+        if HAS_POOL:
+            valid_lens = tl.load(valid_lens_ptr + rows, mask=in_batch, other=0)
+        else:
+            valid_lens = tl.zeros([ROWS], tl.int64)
+        total = tl.where(v_total <= verify_capacity, v_total, 0)  # overflow: no entry
+        bits = tl.full([], 0, tl.int32)
+        for start in range((pid - 1) * BLOCK, total, (nprog - 1) * BLOCK):
+            entry = start + tl.arange(0, BLOCK)
+            in_range = entry < total
+            lo = tl.zeros([BLOCK], tl.int32)
+            hi = lo + bs
+            for _ in range(search_steps):
+                mid = (lo + hi) // 2
+                go_right = tl.gather(v_excl, mid, 0) <= entry
+                lo = tl.where(go_right, mid, lo)
+                hi = tl.where(go_right, hi, mid)
+            bits |= write_entries(
+                entry, in_range, lo, tl.gather(rp, lo, 0), tl.gather(first_pos, lo, 0) + entry,
+                tl.gather(valid_lens, lo, 0),
+                req_to_token_ptr, lut_ptr, token_pool_ptr,
+                slot_ptr, token_ptr, position_ptr, prev_slot_ptr,
+                token_offset, table_rows, table_cols, lut_len, pool_rows, pool_cols,
+                HAS_LUT, HAS_POOL, BLOCK,
+            )
+        tl.atomic_or(status_ptr, bits, mask=bits != 0)

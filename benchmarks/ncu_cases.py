@@ -1,0 +1,27 @@
+"""A few launch_plan calls for Nsight Compute, to see each kernel's own duration:
+
+    ncu --clock-control none --metrics gpu__time_duration.sum python benchmarks/ncu_cases.py
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench_plan import WINDOW, make_batch, verify_entries  # noqa: E402
+from kv_canary_buffers import PlanBuffers  # noqa: E402
+from kv_canary_kernels import launch_plan  # noqa: E402
+
+for bs in (1, 256, 4096, 65536):
+    for window in (0, WINDOW):
+        kwargs = make_batch(bs, window=window, pool=True, device="cuda", seed=bs)
+        buffers = PlanBuffers.allocate(
+            write_req_capacity=bs, verify_capacity=verify_entries(kwargs), device="cuda"
+        )
+        print(f"case bs={bs} swa={window}", flush=True)
+        for _ in range(2):
+            launch_plan(buffers, **kwargs)
+        torch.cuda.synchronize()
