@@ -274,9 +274,9 @@ def tune_gpu(rec: Recorder, replays: int) -> None:
     cases = [(bs, w) for bs in (64, 256, 4096, 65536) for w in (0, WINDOW)]
     inputs = {c: make_batch(c[0], window=c[1], pool=True, device="cuda", seed=c[0]) for c in cases}
     try:
-        for per_sm in (4, 8, 16, 32):
-            for block in (512, 1024, 2048):
-                for warps in (4, 8):
+        for per_sm in (8, 32, 64):
+            for block, warps in ((512, 4), (512, 8), (1024, 8), (1024, 16)):
+                if True:
                     launch.ENTRY_PROGRAMS_PER_SM, launch.ENTRY_BLOCK, launch._ENTRIES_WARPS = (
                         per_sm, block, warps)
                     launch._entry_program_cap.cache_clear()

@@ -10,9 +10,8 @@ expected and what was given.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
-import attrs
 import torch
 
 from .buffers import PlanBuffers
@@ -20,9 +19,11 @@ from .devices import device_predicate
 from .layout import LUT_DTYPE, REQ_TO_TOKEN_DTYPE, ROW_DTYPE, TOKEN_POOL_DTYPE
 
 
-@attrs.frozen(kw_only=True, eq=False)
-class PlanArgs:
-    """The validated arguments of one plan call, as both plan paths consume them."""
+class PlanArgs(NamedTuple):
+    """The validated arguments of one plan call, as both plan paths consume them.
+
+    A NamedTuple rather than an attrs class: it is built at every launch, and a tuple
+    is the cheapest immutable record to build."""
 
     bs: int
     req_pool_indices: torch.Tensor
@@ -43,15 +44,22 @@ _SHAPE_DOC = {
 }
 
 
+OnDevice = Callable[[torch.Tensor], bool]
+
+
 def check_tensor(
-    name: str, t: object, dtype: torch.dtype, ndim: int, device: torch.device
+    name: str, t: object, dtype: torch.dtype, ndim: int, device: torch.device,
+    on_device: Optional[OnDevice] = None,
 ) -> torch.Tensor:
-    """Check one input tensor's type, dtype, rank, device and contiguity."""
+    """Check one input tensor's type, dtype, rank, device and contiguity.
+    ``on_device`` is ``device_predicate(device)``, passed in when the caller has it."""
+    if on_device is None:
+        on_device = device_predicate(device)
     if (
         isinstance(t, torch.Tensor)
         and t.dtype is dtype
         and t.dim() == ndim
-        and device_predicate(device)(t)
+        and on_device(t)
         and t.is_contiguous()
     ):
         return t
@@ -67,16 +75,18 @@ def check_tensor(
         raise ValueError(
             f"kv-canary: {name} must be {ndim}-D {shape}, got {t.dim()}-D shape {tuple(t.shape)}"
         )
-    if not device_predicate(device)(t):
+    if not on_device(t):
         raise ValueError(
             f"kv-canary: {name} must be on the buffers' device {device}, got {t.device}"
         )
     raise ValueError(f"kv-canary: {name} must be contiguous, got strides {t.stride()}")
 
 
-def check_row_tensor(name: str, t: object, bs: int, device: torch.device) -> torch.Tensor:
+def check_row_tensor(
+    name: str, t: object, bs: int, device: torch.device, on_device: Optional[OnDevice] = None
+) -> torch.Tensor:
     """Check a per-row int64 ``[bs]`` input."""
-    check_tensor(name, t, ROW_DTYPE, 1, device)
+    check_tensor(name, t, ROW_DTYPE, 1, device, on_device)
     if t.shape[0] != bs:  # type: ignore[union-attr]
         raise ValueError(
             f"kv-canary: {name} must have length bs = len(req_pool_indices) = {bs}, "
@@ -125,20 +135,23 @@ def validate_plan_args(
     """
     bufs = check_buffers(buffers)
     device = bufs.device
-    check_tensor("req_pool_indices", req_pool_indices, ROW_DTYPE, 1, device)
+    on = device_predicate(device)
+    check_tensor("req_pool_indices", req_pool_indices, ROW_DTYPE, 1, device, on)
     bs = req_pool_indices.shape[0]
-    check_row_tensor("prefix_lens", prefix_lens, bs, device)
-    check_row_tensor("extend_seq_lens", extend_seq_lens, bs, device)
+    check_row_tensor("prefix_lens", prefix_lens, bs, device, on)
+    check_row_tensor("extend_seq_lens", extend_seq_lens, bs, device, on)
     if bs > bufs.write_req_capacity:
         raise ValueError(
             f"kv-canary: bs = len(req_pool_indices) must be <= write_req_capacity, got {bs} > "
             f"{bufs.write_req_capacity}; grow the buffers with PlanBuffers.resize() or "
             "PlanBuffers.ensure_capacity()"
         )
-    check_tensor("req_to_token", req_to_token, REQ_TO_TOKEN_DTYPE, 2, device)
+    check_tensor("req_to_token", req_to_token, REQ_TO_TOKEN_DTYPE, 2, device, on)
     window = check_int("swa_window_size", swa_window_size, minimum=0)
     if full_to_swa_index_mapping is not None:
-        check_tensor("full_to_swa_index_mapping", full_to_swa_index_mapping, LUT_DTYPE, 1, device)
+        check_tensor(
+            "full_to_swa_index_mapping", full_to_swa_index_mapping, LUT_DTYPE, 1, device, on
+        )
     elif window > 0:
         raise ValueError(
             f"kv-canary: full_to_swa_index_mapping must be given when swa_window_size > 0, "
@@ -147,13 +160,13 @@ def validate_plan_args(
     pool = req_to_verify_expected_tokens
     valid_lens = req_to_verify_expected_tokens_valid_lens
     if pool is not None:
-        check_tensor("req_to_verify_expected_tokens", pool, TOKEN_POOL_DTYPE, 2, device)
+        check_tensor("req_to_verify_expected_tokens", pool, TOKEN_POOL_DTYPE, 2, device, on)
         if valid_lens is None:
             raise ValueError(
                 "kv-canary: req_to_verify_expected_tokens_valid_lens must be given with "
                 "req_to_verify_expected_tokens, got None"
             )
-        check_row_tensor("req_to_verify_expected_tokens_valid_lens", valid_lens, bs, device)
+        check_row_tensor("req_to_verify_expected_tokens_valid_lens", valid_lens, bs, device, on)
     elif valid_lens is not None:
         raise ValueError(
             "kv-canary: req_to_verify_expected_tokens_valid_lens must be None when "
@@ -161,14 +174,6 @@ def validate_plan_args(
         )
     offset = check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset)
     return PlanArgs(
-        bs=bs,
-        req_pool_indices=req_pool_indices,
-        prefix_lens=prefix_lens,
-        extend_seq_lens=extend_seq_lens,
-        req_to_token=req_to_token,
-        swa_window_size=window,
-        full_to_swa_index_mapping=full_to_swa_index_mapping,
-        req_to_verify_expected_tokens=pool,
-        req_to_verify_expected_tokens_valid_lens=valid_lens,
-        kv_token_id_vs_position_offset=offset,
+        bs, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, window,
+        full_to_swa_index_mapping, pool, valid_lens, offset,
     )
