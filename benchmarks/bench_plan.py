@@ -267,18 +267,21 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
 
 
 def tune_gpu(rec: Recorder, replays: int) -> None:
-    """Sweep the launch constants of the entries stage (grid per SM, block, warps)."""
+    """Sweep the launch constants of the entries stage (grid per SM, block, warps); each
+    configuration sets all three entry-block constants to the same value."""
     from kv_canary_kernels import launch, launch_plan
 
-    saved = (launch.ENTRY_PROGRAMS_PER_SM, launch.ENTRY_BLOCK, launch._ENTRIES_WARPS)
+    names = ("ENTRY_PROGRAMS_PER_SM", "ENTRY_BLOCK", "LUT_ENTRY_BLOCK", "SMALL_ENTRY_BLOCK",
+             "_ENTRIES_WARPS")
+    saved = {n: getattr(launch, n) for n in names}
     cases = [(bs, w) for bs in (64, 256, 4096, 65536) for w in (0, WINDOW)]
     inputs = {c: make_batch(c[0], window=c[1], pool=True, device="cuda", seed=c[0]) for c in cases}
     try:
         for per_sm in (8, 32, 64):
             for block, warps in ((512, 4), (512, 8), (1024, 8), (1024, 16)):
                 if True:
-                    launch.ENTRY_PROGRAMS_PER_SM, launch.ENTRY_BLOCK, launch._ENTRIES_WARPS = (
-                        per_sm, block, warps)
+                    for name, value in zip(names, (per_sm, block, block, block, warps)):
+                        setattr(launch, name, value)
                     launch._entry_program_cap.cache_clear()
                     impl = f"sm{per_sm}_b{block}_w{warps}"
                     for (bs, w), kwargs in inputs.items():
@@ -289,7 +292,8 @@ def tune_gpu(rec: Recorder, replays: int) -> None:
                         rec.add("tune", impl, "us_per_plan", us, bs=bs, swa=w, pool=1, entries=entries)
                         del buffers
     finally:
-        launch.ENTRY_PROGRAMS_PER_SM, launch.ENTRY_BLOCK, launch._ENTRIES_WARPS = saved
+        for name, value in saved.items():
+            setattr(launch, name, value)
         launch._entry_program_cap.cache_clear()
 
 

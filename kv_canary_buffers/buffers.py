@@ -204,17 +204,29 @@ class PlanBuffers:
         """Re-check every tensor's shape, dtype, contiguity and device against the
         capacities. Reads no data and never syncs; both plan paths run it at every
         launch, so a tensor swapped in behind the frozen guard is caught."""
-        on_device = device_predicate(self.device)
-        for name, dtype, shape in _expected_layout(self.write_req_capacity, self.verify_capacity):
-            t = getattr(self, name)
-            if not (
-                isinstance(t, torch.Tensor)
-                and t.shape == shape
-                and t.dtype is dtype
-                and on_device(t)
-                and t.is_contiguous()
+        # Hot path (every launch): attribute reads only, no call per field beyond them.
+        device = self.device
+        on_cuda = device.type == "cuda"
+        index = device.index
+        on_device = device_predicate(device)
+        try:
+            for name, dtype, shape in _expected_layout(
+                self.write_req_capacity, self.verify_capacity
             ):
-                self._raise_field_error(name, t, dtype, shape)
+                t = getattr(self, name)
+                if not (
+                    t.shape == shape
+                    and t.dtype is dtype
+                    and ((t.is_cuda and t.get_device() == index) if on_cuda else on_device(t))
+                    and t.is_contiguous()
+                ):
+                    self._raise_field_error(name, t, dtype, shape)
+        except AttributeError:
+            for name, dtype, shape in _expected_layout(
+                self.write_req_capacity, self.verify_capacity
+            ):
+                self._raise_field_error(name, getattr(self, name), dtype, shape)
+            raise
 
     def _raise_field_error(
         self, name: str, t: object, dtype: torch.dtype, shape: Tuple[int, ...]
@@ -242,7 +254,10 @@ class PlanBuffers:
                 f"kv-canary: PlanBuffers.{name} must be on device {self.device} "
                 f"(PlanBuffers.device), got {t.device}"
             )
-        raise ValueError(f"kv-canary: PlanBuffers.{name} must be contiguous, got strides {t.stride()}")
+        if not t.is_contiguous():
+            raise ValueError(
+                f"kv-canary: PlanBuffers.{name} must be contiguous, got strides {t.stride()}"
+            )
 
     def _check_no_overlap(self) -> None:
         spans = sorted(

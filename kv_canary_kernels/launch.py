@@ -17,9 +17,15 @@ from .entries import plan_entries_kernel
 from .offsets import plan_offsets_kernel, scan_block_sums_kernel
 from .small_batch import plan_small_batch_kernel
 
+# Launch constants, chosen by `python benchmarks/bench_plan.py --tune` on an H200
+# (docs/performance.md): smaller blocks win where latency or random LUT reads dominate.
 ENTRY_BLOCK = 1024
-"""Verify entries per program per step of the entries loop."""
-ENTRY_PROGRAMS_PER_SM = 8
+"""Verify entries per block in the large path without a LUT."""
+LUT_ENTRY_BLOCK = 512
+"""Verify entries per block in the large path with a LUT."""
+SMALL_ENTRY_BLOCK = 512
+"""Verify entries per block in the small-batch path."""
+ENTRY_PROGRAMS_PER_SM = 32
 """Entries grid: up to this many programs per multiprocessor, each looping over blocks."""
 INTERPRETER_ENTRY_PROGRAMS = 2
 """Entries programs under the Triton interpreter, where each program costs host time."""
@@ -55,8 +61,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     block sums, offsets, entries. This is the bare dispatch that :func:`launch_plan`
     wraps; benchmarks use it to measure the cost of validation. Call :func:`launch_plan`.
     """
-    entry_grid = min(triton.cdiv(buffers.verify_capacity, ENTRY_BLOCK),
-                     _entry_program_cap(buffers.device))
+    program_cap = _entry_program_cap(buffers.device)
     bs = args.bs
     table = args.req_to_token
     lut = args.full_to_swa_index_mapping
@@ -74,6 +79,8 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
 
     if bs < SCAN_BLOCK:
         # program 0 writes the write plan, programs 1.. the verify entries
+        block = SMALL_ENTRY_BLOCK
+        entry_grid = min(triton.cdiv(buffers.verify_capacity, block), program_cap)
         plan_small_batch_kernel[(1 + entry_grid,)](
             args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table,
             lut_t, pool_t, valid_t,
@@ -84,7 +91,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             bs, max(bs - 1, 0).bit_length(), buffers.write_req_capacity,
             buffers.verify_capacity, window, args.kv_token_id_vs_position_offset,
             table_rows, table_cols, lut_len, pool_rows, pool_cols,
-            HAS_LUT=has_lut, HAS_POOL=has_pool, ROWS=SCAN_BLOCK, BLOCK=ENTRY_BLOCK,
+            HAS_LUT=has_lut, HAS_POOL=has_pool, ROWS=SCAN_BLOCK, BLOCK=block,
             num_warps=_ENTRIES_WARPS,
         )
         return
@@ -106,6 +113,8 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=SCAN_BLOCK, SUM_CHUNK=_SUM_CHUNK,
         num_warps=_SCAN_WARPS,
     )
+    block = LUT_ENTRY_BLOCK if has_lut else ENTRY_BLOCK
+    entry_grid = min(triton.cdiv(buffers.verify_capacity, block), program_cap)
     plan_entries_kernel[(entry_grid,)](
         args.req_pool_indices, args.prefix_lens, table, lut_t, pool_t, valid_t,
         buffers.verify_offsets, buffers.verify_num_valid, buffers.verify_enable,
@@ -113,7 +122,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         buffers.verify_expected_positions, buffers.verify_prev_slot_indices, buffers.status,
         bs, window, args.kv_token_id_vs_position_offset, table_rows, table_cols, lut_len,
         pool_rows, pool_cols,
-        HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=ENTRY_BLOCK, FANOUT=SEARCH_FANOUT,
+        HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=block, FANOUT=SEARCH_FANOUT,
         num_warps=_ENTRIES_WARPS,
     )
 
