@@ -151,3 +151,27 @@ def test_a_lookalike_buffers_class_is_rejected(plan, device):
 
     with pytest.raises(TypeError, match="got LookAlike"):
         plan(LookAlike(), **good_kwargs(device))
+
+
+def test_launch_plan_on_cpu_without_the_interpreter_names_plan_reference():
+    import subprocess
+    import sys
+    import os
+
+    code = (
+        "import torch\n"
+        "from kv_canary_buffers import PlanBuffers\n"
+        "from kv_canary_kernels import launch_plan\n"
+        "b = PlanBuffers.allocate(write_req_capacity=2, verify_capacity=4, device='cpu')\n"
+        "z = torch.zeros(1, dtype=torch.int64)\n"
+        "try:\n"
+        "    launch_plan(b, req_pool_indices=z, prefix_lens=z, extend_seq_lens=z,\n"
+        "                req_to_token=torch.zeros(1, 1, dtype=torch.int32))\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert "kv-canary: launch_plan needs a CUDA device for buffers.device, got cpu" in out.stdout
+    assert "kv_canary_buffers.plan_reference" in out.stdout
