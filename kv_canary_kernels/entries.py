@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from .common import window_start, write_entries
 
@@ -57,10 +58,12 @@ def plan_entries_kernel(
     # runtime sizes
     bs, window, token_offset, table_rows, table_cols, lut_len, pool_rows, pool_cols,
     HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr, BLOCK: tl.constexpr,
-    FANOUT: tl.constexpr,
+    FANOUT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
+    if USE_PDL:
+        gdc_wait()  # launched early: wait for the offsets kernel's results
     enabled = tl.load(verify_enable_ptr) != 0
     total = tl.where(enabled, tl.load(verify_num_valid_ptr), 0)
     bits = tl.full([], 0, tl.int32)

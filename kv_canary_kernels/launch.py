@@ -37,6 +37,10 @@ _ENTRIES_WARPS = 8
 
 # Read once at import, as Triton does: the interpreter can't be switched on later.
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Programmatic dependent launch (sm_90+): the offsets and entries kernels of the
+# large-batch path start while their predecessor finishes and wait for it on the device.
+USE_PDL = not INTERPRETING and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+_PDL_LAUNCH = {"launch_pdl": True} if USE_PDL else {}
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,7 +92,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             buffers.verify_slot_indices, buffers.verify_expected_tokens,
             buffers.verify_expected_positions, buffers.verify_prev_slot_indices,
             buffers.verify_num_valid, buffers.verify_enable, buffers.status,
-            bs, max(bs - 1, 0).bit_length(), buffers.write_req_capacity,
+            bs, buffers.write_req_capacity,
             buffers.verify_capacity, window, args.kv_token_id_vs_position_offset,
             table_rows, table_cols, lut_len, pool_rows, pool_cols,
             HAS_LUT=has_lut, HAS_POOL=has_pool, ROWS=SCAN_BLOCK, BLOCK=block,
@@ -101,7 +105,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     scan_block_sums_kernel[(n_sum_blocks,)](
         args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
         bs, window, sums.shape[1],
-        BLOCK=SCAN_BLOCK, num_warps=_SCAN_WARPS,
+        BLOCK=SCAN_BLOCK, USE_PDL=USE_PDL, num_warps=_SCAN_WARPS,
     )
     plan_offsets_kernel[(triton.cdiv(bs + 1, SCAN_BLOCK),)](
         args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table,
@@ -111,7 +115,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         bs, n_sum_blocks, sums.shape[1], buffers.write_req_capacity, buffers.verify_capacity,
         window, table_rows, table_cols, lut_len, pool_rows, pool_cols,
         HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=SCAN_BLOCK, SUM_CHUNK=_SUM_CHUNK,
-        num_warps=_SCAN_WARPS,
+        USE_PDL=USE_PDL, num_warps=_SCAN_WARPS, **_PDL_LAUNCH,
     )
     block = LUT_ENTRY_BLOCK if has_lut else ENTRY_BLOCK
     entry_grid = min(triton.cdiv(buffers.verify_capacity, block), program_cap)
@@ -123,7 +127,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         bs, window, args.kv_token_id_vs_position_offset, table_rows, table_cols, lut_len,
         pool_rows, pool_cols,
         HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=block, FANOUT=SEARCH_FANOUT,
-        num_warps=_ENTRIES_WARPS,
+        USE_PDL=USE_PDL, num_warps=_ENTRIES_WARPS, **_PDL_LAUNCH,
     )
 
 

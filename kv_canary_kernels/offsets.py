@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .common import load_rows, write_row_plan, zero_offsets_tail
 
@@ -23,9 +24,11 @@ _SUMS_RUNTIME_INTS = ["bs", "window", "sums_stride"]
 def scan_block_sums_kernel(
     req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, sums_ptr,
     bs, window, sums_stride,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """``sums[0, b]`` / ``sums[1, b]``: write / verify entries of the rows of block ``b``."""
+    if USE_PDL:
+        gdc_launch_dependents()  # let the offsets kernel start loading its rows now
     pid = tl.program_id(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     _in, _rp, _prefix, _active, vcount, wcount = load_rows(
@@ -53,7 +56,7 @@ def plan_offsets_kernel(
     bs, n_sum_blocks, sums_stride, write_capacity, verify_capacity, window,
     table_rows, table_cols, lut_len, pool_rows, pool_cols,
     HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr,
-    BLOCK: tl.constexpr, SUM_CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr, SUM_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -61,6 +64,11 @@ def plan_offsets_kernel(
     in_batch, rp, prefix, active, vcount, wcount = load_rows(
         req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window
     )
+    if USE_PDL:
+        # Launched early (programmatic dependent launch): the rows above are inputs, but
+        # the block sums are the previous kernel's output.
+        gdc_launch_dependents()
+        gdc_wait()
 
     # Sums of the blocks before this one, and of all blocks.
     w_before = tl.full([], 0, tl.int64)

@@ -3,7 +3,8 @@
 Every program loads all ``bs`` rows (at most ``SCAN_BLOCK``, a few KB from L2) and scans
 them in registers, so no program waits for another: program 0 writes the write plan and
 the counters, and programs ``1..`` write the verify entries of their blocks, finding each
-entry's row by a binary search over the verify offsets held in registers (``tl.gather``).
+entry's row by a binary search over the verify offsets held in registers (``tl.gather``),
+between the rows of the block's ends.
 One launch instead of two, and the write plan beside the entries rather than before
 them, matter most here, where the plan is all latency.
 """
@@ -16,7 +17,7 @@ import triton.language as tl
 from .common import load_rows, window_start, write_entries, write_row_plan, zero_offsets_tail
 
 _RUNTIME_INTS = [
-    "bs", "search_steps", "write_capacity", "verify_capacity", "window", "token_offset",
+    "bs", "write_capacity", "verify_capacity", "window", "token_offset",
     "table_rows", "table_cols", "lut_len", "pool_rows", "pool_cols",
 ]
 
@@ -31,7 +32,7 @@ def plan_small_batch_kernel(
     slot_ptr, token_ptr, position_ptr, prev_slot_ptr,
     verify_num_valid_ptr, verify_enable_ptr, status_ptr,
     # runtime sizes
-    bs, search_steps, write_capacity, verify_capacity, window, token_offset,
+    bs, write_capacity, verify_capacity, window, token_offset,
     table_rows, table_cols, lut_len, pool_rows, pool_cols,
     HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):
@@ -66,13 +67,20 @@ def plan_small_batch_kernel(
         for start in range((pid - 1) * BLOCK, total, (nprog - 1) * BLOCK):
             entry = start + tl.arange(0, BLOCK)
             in_range = entry < total
-            lo = tl.zeros([BLOCK], tl.int32)
-            hi = lo + bs
-            for _ in range(search_steps):
+            # Rows of the block's first and last entries, counted in registers; each lane
+            # then binary-searches between them (usually a few rows: one or two steps).
+            last = tl.minimum(start + BLOCK, total) - 1
+            first_row = tl.sum((in_batch & (v_excl <= start)).to(tl.int32), 0) - 1
+            last_row = tl.sum((in_batch & (v_excl <= last)).to(tl.int32), 0) - 1
+            lo = tl.zeros([BLOCK], tl.int32) + first_row
+            hi = tl.zeros([BLOCK], tl.int32) + last_row + 1
+            span = last_row - first_row
+            while span > 0:
                 mid = (lo + hi) // 2
                 go_right = tl.gather(v_excl, mid, 0) <= entry
                 lo = tl.where(go_right, mid, lo)
                 hi = tl.where(go_right, hi, mid)
+                span = span // 2
             bits |= write_entries(
                 entry, in_range, lo, tl.gather(rp, lo, 0), tl.gather(first_pos, lo, 0) + entry,
                 tl.gather(valid_lens, lo, 0),
