@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import Optional, Tuple
 
 import attrs
@@ -38,6 +39,10 @@ def _capacity_validator(_inst: object, attribute: attrs.Attribute, value: object
 def _generation_validator(_inst: object, attribute: attrs.Attribute, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"kv-canary: generation must be an int >= 0, got {value!r}")
+
+
+_FIELD_NAMES = tuple(BUFFER_SPECS)
+_get_fields = operator.attrgetter(*_FIELD_NAMES)  # one C call for all tensors
 
 
 @functools.lru_cache(maxsize=64)
@@ -208,12 +213,10 @@ class PlanBuffers:
         device = self.device
         on_cuda = device.type == "cuda"
         index = device.index
-        on_device = device_predicate(device)
+        on_device = None if on_cuda else device_predicate(device)
+        layout = _expected_layout(self.write_req_capacity, self.verify_capacity)
         try:
-            for name, dtype, shape in _expected_layout(
-                self.write_req_capacity, self.verify_capacity
-            ):
-                t = getattr(self, name)
+            for t, (name, dtype, shape) in zip(_get_fields(self), layout):
                 if not (
                     t.shape == shape
                     and t.dtype is dtype
@@ -222,10 +225,8 @@ class PlanBuffers:
                 ):
                     self._raise_field_error(name, t, dtype, shape)
         except AttributeError:
-            for name, dtype, shape in _expected_layout(
-                self.write_req_capacity, self.verify_capacity
-            ):
-                self._raise_field_error(name, getattr(self, name), dtype, shape)
+            for t, (name, dtype, shape) in zip(_get_fields(self), layout):
+                self._raise_field_error(name, t, dtype, shape)
             raise
 
     def _raise_field_error(

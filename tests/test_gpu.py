@@ -98,9 +98,10 @@ def test_no_device_allocation_after_warm_up():
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == start
 
 
+@pytest.mark.parametrize("capacity", [64, 1536])  # one-launch path; three-launch path (PDL)
 @pytest.mark.parametrize("window", [0, 64])
-def test_captured_plan_replays_any_batch_up_to_capacity(window):
-    capacity, rows, max_seq_len = 64, 65, 512
+def test_captured_plan_replays_any_batch_up_to_capacity(window, capacity):
+    rows, max_seq_len = capacity + 1, 512
     g = torch.Generator().manual_seed(window)
     tables = make_tables(g, rows=rows, max_seq_len=max_seq_len, n_slots=rows * max_seq_len,
                          lut=True, pool_cols=max_seq_len, device=DEV)
@@ -123,7 +124,7 @@ def test_captured_plan_replays_any_batch_up_to_capacity(window):
         launch_plan(buffers, **static)
 
     ref = PlanBuffers.allocate(write_req_capacity=capacity, verify_capacity=capacity * max_seq_len, device=DEV)
-    for step in range(40):
+    for step in range(25):
         n = int(torch.randint(0, capacity + 1, (1,), generator=g))
         rows_in = make_rows(g, bs=n, rows=rows, max_prefix=max_seq_len - 1,
                             pool_cols=max_seq_len, device=DEV)
