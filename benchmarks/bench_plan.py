@@ -267,30 +267,31 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
 
 
 def tune_gpu(rec: Recorder, replays: int) -> None:
-    """Sweep the launch constants of the entries stage (grid per SM, block, warps); each
-    configuration sets all three entry-block constants to the same value."""
+    """Sweep the launch constants of the entries stage (programs per SM, block, warps,
+    register cap); each configuration sets all three entry-block constants alike."""
     from kv_canary_kernels import launch, launch_plan
 
     names = ("ENTRY_PROGRAMS_PER_SM", "ENTRY_BLOCK", "LUT_ENTRY_BLOCK", "SMALL_ENTRY_BLOCK",
-             "_ENTRIES_WARPS")
+             "_ENTRIES_WARPS", "_ENTRIES_OPTIONS")
     saved = {n: getattr(launch, n) for n in names}
     cases = [(bs, w) for bs in (64, 256, 4096, 65536) for w in (0, WINDOW)]
     inputs = {c: make_batch(c[0], window=c[1], pool=True, device="cuda", seed=c[0]) for c in cases}
+    configs = [(32, 1024, 8, None), (32, 1024, 8, 40), (32, 1024, 8, 32), (32, 512, 8, None),
+               (32, 512, 8, 32), (32, 2048, 16, 32), (64, 1024, 8, 32)]
     try:
-        for per_sm in (8, 32, 64):
-            for block, warps in ((512, 4), (512, 8), (1024, 8), (1024, 16)):
-                if True:
-                    for name, value in zip(names, (per_sm, block, block, block, warps)):
-                        setattr(launch, name, value)
-                    launch._entry_program_cap.cache_clear()
-                    impl = f"sm{per_sm}_b{block}_w{warps}"
-                    for (bs, w), kwargs in inputs.items():
-                        entries = verify_entries(kwargs)
-                        buffers = PlanBuffers.allocate(
-                            write_req_capacity=bs, verify_capacity=entries, device="cuda")
-                        us = graph_time_us(lambda: launch_plan(buffers, **kwargs), replays)
-                        rec.add("tune", impl, "us_per_plan", us, bs=bs, swa=w, pool=1, entries=entries)
-                        del buffers
+        for per_sm, block, warps, maxnreg in configs:
+            options = {} if maxnreg is None else {"maxnreg": maxnreg}
+            for name, value in zip(names, (per_sm, block, block, block, warps, options)):
+                setattr(launch, name, value)
+            launch._entry_program_cap.cache_clear()
+            impl = f"sm{per_sm}_b{block}_w{warps}_r{maxnreg or 'auto'}"
+            for (bs, w), kwargs in inputs.items():
+                entries = verify_entries(kwargs)
+                buffers = PlanBuffers.allocate(
+                    write_req_capacity=bs, verify_capacity=entries, device="cuda")
+                us = graph_time_us(lambda: launch_plan(buffers, **kwargs), replays)
+                rec.add("tune", impl, "us_per_plan", us, bs=bs, swa=w, pool=1, entries=entries)
+                del buffers
     finally:
         for name, value in saved.items():
             setattr(launch, name, value)

@@ -31,6 +31,8 @@ INTERPRETER_ENTRY_PROGRAMS = 2
 """Entries programs under the Triton interpreter, where each program costs host time."""
 SEARCH_FANOUT = 256
 """Offsets sampled per level of the large path's row search (two levels to 65536 rows)."""
+_ENTRIES_OPTIONS: dict = {}
+"""Extra Triton launch options of the entries kernels (the tuning sweep sets ``maxnreg``)."""
 _SUM_CHUNK = 1024
 _SCAN_WARPS = 8
 _ENTRIES_WARPS = 8
@@ -96,7 +98,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             buffers.verify_capacity, window, args.kv_token_id_vs_position_offset,
             table_rows, table_cols, lut_len, pool_rows, pool_cols,
             HAS_LUT=has_lut, HAS_POOL=has_pool, ROWS=SCAN_BLOCK, BLOCK=block,
-            num_warps=_ENTRIES_WARPS,
+            num_warps=_ENTRIES_WARPS, **_ENTRIES_OPTIONS,
         )
         return
 
@@ -127,7 +129,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         bs, window, args.kv_token_id_vs_position_offset, table_rows, table_cols, lut_len,
         pool_rows, pool_cols,
         HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=block, FANOUT=SEARCH_FANOUT,
-        USE_PDL=USE_PDL, num_warps=_ENTRIES_WARPS, **_PDL_LAUNCH,
+        USE_PDL=USE_PDL, num_warps=_ENTRIES_WARPS, **_PDL_LAUNCH, **_ENTRIES_OPTIONS,
     )
 
 
