@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from kv_canary_buffers import PlanBuffers, plan_reference, validate_plan_args  # noqa: E402
+from kv_canary_buffers import PlanBuffers, plan_reference, plans_equal, validate_plan_args  # noqa: E402
 
 WINDOW = 128
 MEAN_PREFIX = 512
@@ -183,19 +183,6 @@ def graph_time_us(fn: Callable[[], None], replays: int, plans_per_graph: int = 1
     return statistics.median(times)
 
 
-def _same_plan(a: PlanBuffers, b: PlanBuffers, bs: int) -> bool:
-    n = int(a.verify_num_valid)
-    fields = ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
-              "verify_prev_slot_indices")
-    return (
-        torch.equal(a.write_offsets, b.write_offsets)
-        and torch.equal(a.write_seed_slot_indices[:bs], b.write_seed_slot_indices[:bs])
-        and int(a.verify_num_valid) == int(b.verify_num_valid)
-        and int(a.verify_enable) == int(b.verify_enable)
-        and all(torch.equal(getattr(a, f)[:n], getattr(b, f)[:n]) for f in fields)
-    )
-
-
 def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
     from baselines import SGLANG_MAX_BS, sglang_design_plan, torch_plan
     from kv_canary_kernels import dispatch_plan, launch_plan
@@ -219,7 +206,7 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
                     write_req_capacity=bs, verify_capacity=entries, device="cuda"
                 )
                 fn(buffers, **kwargs)
-                if not _same_plan(buffers, ref, bs):
+                if not plans_equal(buffers, ref, bs):
                     raise AssertionError(f"{name} differs from plan_reference at bs={bs}")
                 us = graph_time_us(lambda: fn(buffers, **kwargs), replays)
                 rec.add("gpu_time", name, "us_per_plan", us, **case)
@@ -283,7 +270,7 @@ def tune_gpu(rec: Recorder, replays: int) -> None:
             options = {} if maxnreg is None else {"maxnreg": maxnreg}
             for name, value in zip(names, (per_sm, block, block, block, warps, options)):
                 setattr(launch, name, value)
-            launch._entry_program_cap.cache_clear()
+            launch._device_config.cache_clear()
             impl = f"sm{per_sm}_b{block}_w{warps}_r{maxnreg or 'auto'}"
             for (bs, w), kwargs in inputs.items():
                 entries = verify_entries(kwargs)
@@ -295,7 +282,7 @@ def tune_gpu(rec: Recorder, replays: int) -> None:
     finally:
         for name, value in saved.items():
             setattr(launch, name, value)
-        launch._entry_program_cap.cache_clear()
+        launch._device_config.cache_clear()
 
 
 # --- plots ------------------------------------------------------------------------

@@ -26,14 +26,11 @@ import attrs
 import torch
 
 from .buffers import PlanBuffers
+from .compare import plans_equal
 from .reference import plan_reference
 from .staging import GraphInputs
 from .status import PlanStatus
 
-OUTPUT_FIELDS = (
-    "verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
-    "verify_prev_slot_indices",
-)
 CORRUPTIONS = ("req_pool_indices past the table", "prefix_lens past max_seq_len",
                "valid length past the token pool")
 
@@ -289,19 +286,8 @@ class Engine:
             same_row = pos[1:] == pos[:-1] + 1
             ok &= bool((prev[same_row] == b.verify_slot_indices[: total - 1][same_row]).all())
         plan_reference(group.oracle, **kwargs)
-        ok &= _same_plan(b, group.oracle, bs)
+        ok &= plans_equal(b, group.oracle, bs)
         self.stats.mismatches += not ok
-
-
-def _same_plan(a: PlanBuffers, b: PlanBuffers, bs: int) -> bool:
-    n = int(a.verify_num_valid) if int(a.verify_enable) else 0
-    return (
-        torch.equal(a.write_offsets, b.write_offsets)
-        and torch.equal(a.write_seed_slot_indices[:bs], b.write_seed_slot_indices[:bs])
-        and int(a.verify_num_valid) == int(b.verify_num_valid)
-        and int(a.verify_enable) == int(b.verify_enable)
-        and all(torch.equal(getattr(a, f)[:n], getattr(b, f)[:n]) for f in OUTPUT_FIELDS)
-    )
 
 
 def _flags_of(err: ValueError) -> PlanStatus:

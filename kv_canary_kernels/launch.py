@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Optional
+from typing import Dict, NamedTuple, Optional
 
 import torch
 import triton
@@ -39,16 +39,23 @@ _ENTRIES_WARPS = 8
 
 # Read once at import, as Triton does: the interpreter can't be switched on later.
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
-# Programmatic dependent launch (sm_90+): the offsets and entries kernels of the
-# large-batch path start while their predecessor finishes and wait for it on the device.
-USE_PDL = not INTERPRETING and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
-_PDL_LAUNCH = {"launch_pdl": True} if USE_PDL else {}
+
+
+class _DeviceConfig(NamedTuple):
+    program_cap: int
+    """Most entries programs: multiprocessors x ENTRY_PROGRAMS_PER_SM."""
+    use_pdl: bool
+    """Programmatic dependent launch (sm_90+): the offsets and entries kernels of the
+    large-batch path start while their predecessor finishes and wait for it on the
+    device."""
+    pdl_options: Dict[str, bool]
 
 
 @functools.lru_cache(maxsize=None)
-def _entry_program_cap(device: torch.device) -> int:
+def _device_config(device: torch.device) -> _DeviceConfig:
+    """Per-device launch settings, read once (the first launch on a device)."""
     if INTERPRETING:
-        return INTERPRETER_ENTRY_PROGRAMS
+        return _DeviceConfig(INTERPRETER_ENTRY_PROGRAMS, False, {})
     if device.type != "cuda":
         raise RuntimeError(
             f"kv-canary: launch_plan needs a CUDA device for buffers.device, got {device}; "
@@ -57,7 +64,12 @@ def _entry_program_cap(device: torch.device) -> int:
             "in Triton's interpreter"
         )
     props = torch.cuda.get_device_properties(device)
-    return props.multi_processor_count * ENTRY_PROGRAMS_PER_SM
+    use_pdl = props.major >= 9
+    return _DeviceConfig(
+        props.multi_processor_count * ENTRY_PROGRAMS_PER_SM,
+        use_pdl,
+        {"launch_pdl": True} if use_pdl else {},
+    )
 
 
 def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
@@ -67,7 +79,8 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     block sums, offsets, entries. This is the bare dispatch that :func:`launch_plan`
     wraps; benchmarks use it to measure the cost of validation. Call :func:`launch_plan`.
     """
-    program_cap = _entry_program_cap(buffers.device)
+    config = _device_config(buffers.device)
+    program_cap = config.program_cap
     bs = args.bs
     table = args.req_to_token
     lut = args.full_to_swa_index_mapping
@@ -107,7 +120,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     scan_block_sums_kernel[(n_sum_blocks,)](
         args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
         bs, window, sums.shape[1],
-        BLOCK=SCAN_BLOCK, USE_PDL=USE_PDL, num_warps=_SCAN_WARPS,
+        BLOCK=SCAN_BLOCK, USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS,
     )
     plan_offsets_kernel[(triton.cdiv(bs + 1, SCAN_BLOCK),)](
         args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table,
@@ -117,7 +130,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         bs, n_sum_blocks, sums.shape[1], buffers.write_req_capacity, buffers.verify_capacity,
         window, table_rows, table_cols, lut_len, pool_rows, pool_cols,
         HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=SCAN_BLOCK, SUM_CHUNK=_SUM_CHUNK,
-        USE_PDL=USE_PDL, num_warps=_SCAN_WARPS, **_PDL_LAUNCH,
+        USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS, **config.pdl_options,
     )
     block = LUT_ENTRY_BLOCK if has_lut else ENTRY_BLOCK
     entry_grid = min(triton.cdiv(buffers.verify_capacity, block), program_cap)
@@ -129,7 +142,8 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         bs, window, args.kv_token_id_vs_position_offset, table_rows, table_cols, lut_len,
         pool_rows, pool_cols,
         HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=block, FANOUT=SEARCH_FANOUT,
-        USE_PDL=USE_PDL, num_warps=_ENTRIES_WARPS, **_PDL_LAUNCH, **_ENTRIES_OPTIONS,
+        USE_PDL=config.use_pdl, num_warps=_ENTRIES_WARPS, **config.pdl_options,
+        **_ENTRIES_OPTIONS,
     )
 
 

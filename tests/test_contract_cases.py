@@ -205,3 +205,23 @@ def test_long_lived_buffer_reused_across_shrinking_batches(plan, device):
         assert int(buffers.write_num_valid_reqs) == bs
         assert int(buffers.verify_num_valid) == 2 * bs
         assert buffers.write_seed_slot_indices[:bs].tolist() == [16 * r + 1 for r in range(1, bs + 1)]
+
+
+def test_plans_equal_compares_the_specified_part_only(device):
+    from kv_canary_buffers import plan_reference, plans_equal
+
+    kwargs = dict(
+        req_pool_indices=i64([1, 0, 2], device), prefix_lens=i64([5, 99, 3], device),
+        extend_seq_lens=i64([1, 99, 1], device), req_to_token=lin_table(4, 16, device),
+    )
+    a = run(plan_reference, device, **kwargs)
+    b = run(plan_reference, device, **kwargs)
+    assert plans_equal(a, b, 3)
+    b.verify_slot_indices[8:].fill_(123)  # past verify_num_valid: unspecified
+    b.write_seed_slot_indices[3] = 5  # row >= bs: unspecified
+    assert plans_equal(a, b, 3)
+    b.verify_prev_slot_indices[7] += 1
+    assert not plans_equal(a, b, 3)
+    b.verify_prev_slot_indices[7] -= 1
+    b.write_offsets[4] = 1  # the tail must be zero
+    assert not plans_equal(a, b, 3)
