@@ -48,11 +48,13 @@ _get_fields = operator.attrgetter(*_FIELD_NAMES)  # one C call for all tensors
 @functools.lru_cache(maxsize=64)
 def _expected_layout(
     write_req_capacity: int, verify_capacity: int
-) -> Tuple[Tuple[str, torch.dtype, Tuple[int, ...]], ...]:
-    return tuple(
-        (name, dtype, shape_fn(write_req_capacity, verify_capacity))
-        for name, (dtype, shape_fn, _role) in BUFFER_SPECS.items()
-    )
+) -> Tuple[Tuple[str, torch.dtype, Tuple[int, ...], int], ...]:
+    """``(name, dtype, shape, nbytes)`` of every field, in field order."""
+    layout = []
+    for name, (dtype, shape_fn, _role) in BUFFER_SPECS.items():
+        shape = shape_fn(write_req_capacity, verify_capacity)
+        layout.append((name, dtype, shape, math.prod(shape) * dtype.itemsize))
+    return tuple(layout)
 
 
 def _tensor_field() -> "attrs.Attribute":
@@ -138,7 +140,7 @@ class PlanBuffers:
         dev = normalize_device(device)
         tensors = {
             name: torch.zeros(shape, dtype=dtype, device=dev)
-            for name, dtype, shape in _expected_layout(w, v)
+            for name, dtype, shape, _nbytes in _expected_layout(w, v)
         }
         return cls(
             write_req_capacity=w, verify_capacity=v, device=dev, generation=generation, **tensors
@@ -150,9 +152,7 @@ class PlanBuffers:
         :attr:`nbytes`), so an engine can budget memory before it allocates."""
         w = _check_capacity("write_req_capacity", write_req_capacity)
         v = _check_capacity("verify_capacity", verify_capacity)
-        return sum(
-            math.prod(shape) * dtype.itemsize for _name, dtype, shape in _expected_layout(w, v)
-        )
+        return sum(nbytes for _name, _dtype, _shape, nbytes in _expected_layout(w, v))
 
     @property
     def nbytes(self) -> int:
@@ -209,23 +209,27 @@ class PlanBuffers:
         """Re-check every tensor's shape, dtype, contiguity and device against the
         capacities. Reads no data and never syncs; both plan paths run it at every
         launch, so a tensor swapped in behind the frozen guard is caught."""
-        # Hot path (every launch): attribute reads only, no call per field beyond them.
+        # Hot path (every launch): cheap attribute reads only. With the dtype and the rank
+        # right, equal byte counts mean equal lengths, and `nbytes` is several times
+        # cheaper than building `t.shape`; only the one 2-D field compares its shape.
         device = self.device
         on_cuda = device.type == "cuda"
         index = device.index
         on_device = None if on_cuda else device_predicate(device)
         layout = _expected_layout(self.write_req_capacity, self.verify_capacity)
         try:
-            for t, (name, dtype, shape) in zip(_get_fields(self), layout):
+            for t, (name, dtype, shape, nbytes) in zip(_get_fields(self), layout):
                 if not (
-                    t.shape == shape
-                    and t.dtype is dtype
+                    t.dtype is dtype
+                    and t.nbytes == nbytes
+                    and t.ndim == len(shape)
+                    and (len(shape) == 1 or t.shape == shape)
                     and ((t.is_cuda and t.get_device() == index) if on_cuda else on_device(t))
                     and t.is_contiguous()
                 ):
                     self._raise_field_error(name, t, dtype, shape)
         except AttributeError:
-            for t, (name, dtype, shape) in zip(_get_fields(self), layout):
+            for t, (name, dtype, shape, _nbytes) in zip(_get_fields(self), layout):
                 self._raise_field_error(name, t, dtype, shape)
             raise
 

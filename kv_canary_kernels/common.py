@@ -46,6 +46,11 @@ def translate(slot, lut_ptr, lut_len, mask):
 
 
 @triton.jit
+def _bitwise_or(a, b):
+    return a | b
+
+
+@triton.jit
 def any_bit(flags, bit: tl.constexpr):
     """``bit`` if any lane of the boolean ``flags`` is set, else 0 (int32 scalar)."""
     return tl.max(flags.to(tl.int32), 0) * bit
@@ -74,16 +79,18 @@ def write_row_plan(
     seed_read = wants_seed & rp_ok & (seed_pos < table_cols)
     seed = tl.load(req_to_token_ptr + rp * table_cols + seed_pos, mask=seed_read, other=0)
     seed = seed.to(tl.int64)
-    bits = any_bit(active & ~rp_ok, REQ_POOL_INDEX_BIT)
-    bits |= any_bit(active & (prefix > table_cols), PREFIX_LEN_BIT)
+    # Per-lane flags, OR-reduced once at the end (one reduction, not one per kind).
+    flags = tl.where(active & ~rp_ok, REQ_POOL_INDEX_BIT, 0)
+    flags |= tl.where(active & (prefix > table_cols), PREFIX_LEN_BIT, 0)
     if HAS_LUT:
         seed, bad_slot = translate(seed, lut_ptr, lut_len, seed_read)
-        bits |= any_bit(bad_slot, LUT_SLOT_BIT)
+        flags |= tl.where(bad_slot, LUT_SLOT_BIT, 0)
     tl.store(write_seed_ptr + rows, tl.where(wants_seed, seed, -1), mask=in_batch)
     if HAS_POOL:
         valid_len = tl.load(valid_lens_ptr + rows, mask=in_batch, other=0)
-        bits |= any_bit(active & ((rp < 0) | (rp >= pool_rows)), POOL_ROW_BIT)
-        bits |= any_bit(active & (valid_len > pool_cols), VALID_LEN_BIT)
+        flags |= tl.where(active & ((rp < 0) | (rp >= pool_rows)), POOL_ROW_BIT, 0)
+        flags |= tl.where(active & (valid_len > pool_cols), VALID_LEN_BIT, 0)
+    bits = tl.reduce(flags, 0, _bitwise_or)
 
     overflow = v_total > verify_capacity
     tl.store(write_num_valid_reqs_ptr, bs, mask=owns_counters)
