@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import functools
 import os
 import platform
 import statistics
@@ -274,11 +275,10 @@ def tune_gpu(rec: Recorder, replays: int) -> None:
             impl = f"sm{per_sm}_b{block}_w{warps}_r{maxnreg or 'auto'}"
             for (bs, w), kwargs in inputs.items():
                 entries = verify_entries(kwargs)
-                buffers = PlanBuffers.allocate(
+                bufs = PlanBuffers.allocate(
                     write_req_capacity=bs, verify_capacity=entries, device="cuda")
-                us = graph_time_us(lambda: launch_plan(buffers, **kwargs), replays)
+                us = graph_time_us(functools.partial(launch_plan, bufs, **kwargs), replays)
                 rec.add("tune", impl, "us_per_plan", us, bs=bs, swa=w, pool=1, entries=entries)
-                del buffers
     finally:
         for name, value in saved.items():
             setattr(launch, name, value)

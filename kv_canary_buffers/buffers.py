@@ -249,7 +249,9 @@ class PlanBuffers:
                 f"verify_capacity={self.verify_capacity}, got {tuple(t.shape)}"
             )
         if t.dtype != dtype:
-            raise ValueError(f"kv-canary: PlanBuffers.{name} must have dtype {dtype}, got {t.dtype}")
+            raise ValueError(
+                f"kv-canary: PlanBuffers.{name} must have dtype {dtype}, got {t.dtype}"
+            )
         if not device_predicate(self.device)(t):
             raise ValueError(
                 f"kv-canary: PlanBuffers.{name} must be on device {self.device} "

@@ -85,7 +85,8 @@ def pick_planner(device: torch.device, choice: str):
         return "plan_reference (torch)", plan_reference
     if not can_triton:
         raise SystemExit(
-            "kv-canary demo: --planner kernels needs a CUDA device, or TRITON_INTERPRET=1 on the CPU"
+            "kv-canary demo: --planner kernels needs a CUDA device, "
+            "or TRITON_INTERPRET=1 on the CPU"
         )
     from kv_canary_kernels import launch_plan  # deferred: this package never needs Triton
 
@@ -107,8 +108,9 @@ class Engine:
         self.planner = planner
         self.use_graphs = use_graphs
         self.inject_corruption = inject_corruption
-        self.req_to_token = torch.zeros(self.rows, self.max_seq_len, dtype=torch.int32, device=device)
-        self.tokens = torch.zeros(self.rows, self.max_seq_len, dtype=torch.int32, device=device)
+        shape = (self.rows, self.max_seq_len)
+        self.req_to_token = torch.zeros(shape, dtype=torch.int32, device=device)
+        self.tokens = torch.zeros(shape, dtype=torch.int32, device=device)
         perm = torch.randperm(self.n_slots, generator=self.gen)
         self.free_slots: List[int] = [s for s in perm.tolist() if s != 0]  # slot 0: dummy
         self.free_rows = list(range(1, self.rows))
@@ -147,8 +149,9 @@ class Engine:
             extends.append(min(chunk, req.prompt_len + req.output_len - req.prefix))
         pad = (-len(batch)) % 4  # pad to a bucket, as graph-captured engines do
         rp = [r.row for r in batch] + [0] * pad
-        prefix = [r.prefix for r in batch] + [int(x) for x in torch.randint(-9, 10**6, (pad,), generator=self.gen)]
-        extend = extends + [int(x) for x in torch.randint(-9, 10**6, (pad,), generator=self.gen)]
+        garbage = lambda: torch.randint(-9, 10**6, (pad,), generator=self.gen).tolist()  # noqa: E731
+        prefix = [r.prefix for r in batch] + garbage()  # padding rows: any lengths at all
+        extend = extends + garbage()
         valid = [r.prefix for r in batch] + [0] * pad  # tokens known: the prefix
         corrupt = None
         if self.inject_corruption and index % 5 == 3 and batch:
@@ -169,8 +172,9 @@ class Engine:
         # the step's forward pass: write the new tokens' slots, then retire finished requests
         for req, n in zip(batch, extends):
             slots = [self.free_slots.pop() for _ in range(n)]
-            self.req_to_token[req.row, req.prefix : req.prefix + n] = torch.tensor(slots, dtype=torch.int32)
-            self.tokens[req.row, req.prefix : req.prefix + n] = torch.randint(
+            span = slice(req.prefix, req.prefix + n)
+            self.req_to_token[req.row, span] = torch.tensor(slots, dtype=torch.int32)
+            self.tokens[req.row, span] = torch.randint(
                 0, 32000, (n,), generator=self.gen, dtype=torch.int32).to(self.device)
             req.prefix += n
         for req in [r for r in self.running if r.done]:
@@ -243,7 +247,8 @@ class Engine:
             group.oracle = group.oracle.ensure_capacity(verify_entries=total)
             self.stats.resizes += 1
         self.stats.write_entries += int(group.buffers.write_offsets[bs])
-        self.stats.verify_entries += int(group.buffers.verify_num_valid) * int(group.buffers.verify_enable)
+        b = group.buffers
+        self.stats.verify_entries += int(b.verify_num_valid) * int(b.verify_enable)
 
     def _replay(self, group: Group, rows, valid_lens, tables) -> Dict[str, torch.Tensor]:
         """Fill the group's staging in place and replay its graph (capture it first, or
