@@ -22,6 +22,16 @@ def window_start(prefix_len, window):
 
 
 @triton.jit
+def load_valid_lens(valid_lens_ptr, rows, bs, HAS_POOL: tl.constexpr):
+    """Per-row valid lengths of the token pool (zeros without a pool)."""
+    if HAS_POOL:
+        valid_len = tl.load(valid_lens_ptr + rows, mask=rows < bs, other=0)
+    else:
+        valid_len = tl.zeros(rows.shape, tl.int64)
+    return valid_len
+
+
+@triton.jit
 def load_rows(req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window):
     """Per-row inputs and the contract's ``(active, vcount, wcount)`` for ``rows``."""
     in_batch = rows < bs
@@ -58,8 +68,9 @@ def any_bit(flags, bit: tl.constexpr):
 
 @triton.jit
 def write_row_plan(
-    rows, in_batch, rp, prefix, active, vcount, wcount, w_before, w_total, v_total, owns_counters,
-    req_to_token_ptr, lut_ptr, valid_lens_ptr,
+    rows, in_batch, rp, prefix, active, vcount, wcount, valid_len,
+    w_before, w_total, v_total, owns_counters,
+    req_to_token_ptr, lut_ptr,
     write_offsets_ptr, write_seed_ptr, write_num_valid_reqs_ptr,
     verify_num_valid_ptr, verify_enable_ptr,
     bs, write_capacity, verify_capacity, table_rows, table_cols, lut_len, pool_rows, pool_cols,
@@ -67,7 +78,8 @@ def write_row_plan(
 ):
     """The write plan of a block of ``rows``: offsets (the total at index ``bs``, zeros
     after it within the block), seeds, the per-row status bits (returned), and the three
-    counters when ``owns_counters`` (the block holds index ``bs``)."""
+    counters when ``owns_counters`` (the block holds index ``bs``). ``valid_len`` holds the
+    rows' valid lengths (loaded with the rows, so that no load waits on the scan)."""
     w_excl = w_before + tl.cumsum(wcount, 0) - wcount
     w_out = tl.where(in_batch, w_excl, tl.where(rows == bs, w_total, 0))
     tl.store(write_offsets_ptr + rows, w_out, mask=rows <= write_capacity)
@@ -87,7 +99,6 @@ def write_row_plan(
         flags |= tl.where(bad_slot, LUT_SLOT_BIT, 0)
     tl.store(write_seed_ptr + rows, tl.where(wants_seed, seed, -1), mask=in_batch)
     if HAS_POOL:
-        valid_len = tl.load(valid_lens_ptr + rows, mask=in_batch, other=0)
         flags |= tl.where(active & ((rp < 0) | (rp >= pool_rows)), POOL_ROW_BIT, 0)
         flags |= tl.where(active & (valid_len > pool_cols), VALID_LEN_BIT, 0)
     bits = tl.reduce(flags, 0, _bitwise_or)

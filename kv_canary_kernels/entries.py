@@ -75,11 +75,13 @@ def plan_entries_kernel(
         )
         lo = tl.zeros([BLOCK], tl.int32) + first_row
         hi = tl.zeros([BLOCK], tl.int32) + last_row + 1
-        while tl.max(hi - lo, 0) > 1:
+        span = last_row - first_row
+        while span > 0:  # bit_length(span) steps narrow every lane to one row
             mid = (lo + hi) // 2
             go_right = tl.load(verify_offsets_ptr + mid) <= entry
             lo = tl.where(go_right, mid, lo)
             hi = tl.where(go_right, hi, mid)
+            span = span // 2
         row = lo
 
         rp = tl.load(req_pool_indices_ptr + row)

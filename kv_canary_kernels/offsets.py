@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .common import load_rows, write_row_plan, zero_offsets_tail
+from .common import load_rows, load_valid_lens, write_row_plan, zero_offsets_tail
 
 # Every integer argument is a runtime value: a new bs, capacity or table shape must not
 # recompile, and Triton would otherwise specialise values equal to 1 (and divisibility).
@@ -64,6 +64,7 @@ def plan_offsets_kernel(
     in_batch, rp, prefix, active, vcount, wcount = load_rows(
         req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window
     )
+    valid_len = load_valid_lens(valid_lens_ptr, rows, bs, HAS_POOL)
     if USE_PDL:
         # Launched early (programmatic dependent launch): the rows above are inputs, but
         # the block sums are the previous kernel's output.
@@ -89,9 +90,9 @@ def plan_offsets_kernel(
     v_excl = v_before + tl.cumsum(vcount, 0) - vcount
     tl.store(verify_offsets_ptr + rows, tl.where(in_batch, v_excl, v_total), mask=rows <= bs)
     bits = write_row_plan(
-        rows, in_batch, rp, prefix, active, vcount, wcount, w_before, w_total, v_total,
-        pid == bs // BLOCK,
-        req_to_token_ptr, lut_ptr, valid_lens_ptr,
+        rows, in_batch, rp, prefix, active, vcount, wcount, valid_len,
+        w_before, w_total, v_total, pid == bs // BLOCK,
+        req_to_token_ptr, lut_ptr,
         write_offsets_ptr, write_seed_ptr, write_num_valid_reqs_ptr,
         verify_num_valid_ptr, verify_enable_ptr,
         bs, write_capacity, verify_capacity, table_rows, table_cols, lut_len,

@@ -14,7 +14,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import load_rows, window_start, write_entries, write_row_plan, zero_offsets_tail
+from .common import (
+    load_rows,
+    load_valid_lens,
+    window_start,
+    write_entries,
+    write_row_plan,
+    zero_offsets_tail,
+)
 
 _RUNTIME_INTS = [
     "bs", "write_capacity", "verify_capacity", "window", "token_offset",
@@ -42,13 +49,14 @@ def plan_small_batch_kernel(
     in_batch, rp, prefix, active, vcount, wcount = load_rows(
         req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window
     )
-    w_total = tl.sum(wcount, 0)
+    valid_lens = load_valid_lens(valid_lens_ptr, rows, bs, HAS_POOL)
     v_total = tl.sum(vcount, 0)
     zero_offsets_tail(write_offsets_ptr, write_capacity, 1 + pid, nprog, ROWS)
     if pid == 0:
         bits = write_row_plan(
-            rows, in_batch, rp, prefix, active, vcount, wcount, 0, w_total, v_total, True,
-            req_to_token_ptr, lut_ptr, valid_lens_ptr,
+            rows, in_batch, rp, prefix, active, vcount, wcount, valid_lens,
+            0, tl.sum(wcount, 0), v_total, True,
+            req_to_token_ptr, lut_ptr,
             write_offsets_ptr, write_seed_ptr, write_num_valid_reqs_ptr,
             verify_num_valid_ptr, verify_enable_ptr,
             bs, write_capacity, verify_capacity, table_rows, table_cols, lut_len,
@@ -58,20 +66,22 @@ def plan_small_batch_kernel(
     else:
         v_excl = tl.cumsum(vcount, 0) - vcount
         first_pos = window_start(prefix, window) - v_excl  # entry t of row r: first_pos[r] + t
-        if HAS_POOL:
-            valid_lens = tl.load(valid_lens_ptr + rows, mask=in_batch, other=0)
-        else:
-            valid_lens = tl.zeros([ROWS], tl.int64)
         total = tl.where(v_total <= verify_capacity, v_total, 0)  # overflow: no entry
         bits = tl.full([], 0, tl.int32)
         for start in range((pid - 1) * BLOCK, total, (nprog - 1) * BLOCK):
             entry = start + tl.arange(0, BLOCK)
             in_range = entry < total
-            # Rows of the block's first and last entries, counted in registers; each lane
-            # then binary-searches between them (usually a few rows: one or two steps).
+            # Rows of the block's first and last entries, counted in registers with one
+            # reduction (bs < 2**16: two 16-bit counts in one int32); each lane then
+            # binary-searches between them (usually a few rows: one or two steps).
             last = tl.minimum(start + BLOCK, total) - 1
-            first_row = tl.sum((in_batch & (v_excl <= start)).to(tl.int32), 0) - 1
-            last_row = tl.sum((in_batch & (v_excl <= last)).to(tl.int32), 0) - 1
+            counts = tl.sum(
+                (in_batch & (v_excl <= start)).to(tl.int32)
+                + ((in_batch & (v_excl <= last)).to(tl.int32) << 16),
+                0,
+            )
+            first_row = (counts & 0xFFFF) - 1
+            last_row = (counts >> 16) - 1
             lo = tl.zeros([BLOCK], tl.int32) + first_row
             hi = tl.zeros([BLOCK], tl.int32) + last_row + 1
             span = last_row - first_row
