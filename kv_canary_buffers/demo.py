@@ -317,6 +317,10 @@ def _progress(done: int, total: int) -> None:
 
 
 def run(argv: Optional[List[str]] = None) -> int:
+    """Run the demo with command-line arguments ``argv`` (``sys.argv[1:]`` when None).
+
+    Returns the exit status: 0, or 1 if any plan differed from ``plan_reference``.
+    """
     parser = argparse.ArgumentParser(
         prog="python -m kv_canary_buffers",
         description="Simulate a serving engine's KV pool and plan every step of its canary.",

@@ -96,6 +96,7 @@ def check_row_tensor(
 
 
 def check_int(name: str, value: object, *, minimum: Optional[int] = None) -> int:
+    """Check a Python int argument (bools are refused), optionally ``>= minimum``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"kv-canary: {name} must be an int, got {type(value).__name__} {value!r}")
     if minimum is not None and value < minimum:
