@@ -86,6 +86,17 @@ def check_row_tensor(
     name: str, t: object, bs: int, device: torch.device, on_device: Optional[OnDevice] = None
 ) -> torch.Tensor:
     """Check a per-row int64 ``[bs]`` input."""
+    if on_device is None:
+        on_device = device_predicate(device)
+    # Fast path (every launch): one shape read covers the rank and the length.
+    if (
+        isinstance(t, torch.Tensor)
+        and t.dtype is ROW_DTYPE
+        and t.shape == (bs,)
+        and on_device(t)
+        and t.is_contiguous()
+    ):
+        return t
     check_tensor(name, t, ROW_DTYPE, 1, device, on_device)
     if t.shape[0] != bs:  # type: ignore[union-attr]
         raise ValueError(
