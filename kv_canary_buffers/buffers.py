@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import attrs
 import torch
@@ -57,7 +57,7 @@ def _expected_layout(
     return tuple(layout)
 
 
-def _tensor_field() -> "attrs.Attribute":
+def _tensor_field() -> Any:
     return attrs.field(repr=False)
 
 
@@ -213,7 +213,7 @@ class PlanBuffers:
         device = self.device
         on_cuda = device.type == "cuda"
         index = device.index
-        on_device = None if on_cuda else device_predicate(device)
+        on_device = device_predicate(device)
         layout = _expected_layout(self.write_req_capacity, self.verify_capacity)
         try:
             for t, (name, dtype, shape, _nbytes) in zip(_get_fields(self), layout):

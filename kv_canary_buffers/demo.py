@@ -20,7 +20,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import attrs
 import torch
@@ -202,7 +202,7 @@ class Engine:
     def _plan_group(self, group: Group, rows: Dict[str, torch.Tensor], valid_lens: torch.Tensor,
                     corrupt: Optional[str], index: int) -> None:
         bs = rows["req_pool_indices"].shape[0]
-        tables = dict(
+        tables: Dict[str, Any] = dict(
             req_to_token=self.req_to_token, swa_window_size=group.window,
             full_to_swa_index_mapping=group.lut, req_to_verify_expected_tokens=self.tokens,
         )
@@ -210,6 +210,7 @@ class Engine:
         active = rows["req_pool_indices"] != 0
         ws = (P - group.window).clamp_min(0) if group.window else torch.zeros_like(P)
         total = int(torch.where(active, P - ws, 0).sum())
+        kwargs: Dict[str, Any]
         if self.use_graphs:
             kwargs = self._replay(group, rows, valid_lens, tables)
             bs = group.buffers.write_req_capacity
@@ -250,7 +251,7 @@ class Engine:
         b = group.buffers
         self.stats.verify_entries += int(b.verify_num_valid) * int(b.verify_enable)
 
-    def _replay(self, group: Group, rows, valid_lens, tables) -> Dict[str, torch.Tensor]:
+    def _replay(self, group: Group, rows, valid_lens, tables) -> Dict[str, Any]:
         """Fill the group's staging in place and replay its graph (capture it first, or
         again after a resize made a new generation)."""
         if group.staging is None or group.staging.capacity != group.buffers.write_req_capacity:
@@ -270,6 +271,7 @@ class Engine:
             self.stats.captures += 1
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        assert group.graph is not None
         group.graph.replay()
         end.record()
         end.synchronize()

@@ -97,13 +97,11 @@ def check_row_tensor(
         and t.is_contiguous()
     ):
         return t
-    check_tensor(name, t, ROW_DTYPE, 1, device, on_device)
-    if t.shape[0] != bs:  # type: ignore[union-attr]
-        raise ValueError(
-            f"kv-canary: {name} must have length bs = len(req_pool_indices) = {bs}, "
-            f"got {t.shape[0]}"  # type: ignore[union-attr]
-        )
-    return t  # type: ignore[return-value]
+    tensor = check_tensor(name, t, ROW_DTYPE, 1, device, on_device)
+    raise ValueError(
+        f"kv-canary: {name} must have length bs = len(req_pool_indices) = {bs}, "
+        f"got {tensor.shape[0]}"
+    )
 
 
 def check_int(name: str, value: object, *, minimum: Optional[int] = None) -> int:

@@ -91,8 +91,8 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     lut_t = lut if has_lut else buffers.dummy_int64
     pool_t = pool if has_pool else buffers.dummy_int32
     valid_t = valid_lens if valid_lens is not None else buffers.dummy_int64
-    lut_len = lut.shape[0] if has_lut else 0
-    pool_rows, pool_cols = pool.shape if has_pool else (0, 0)
+    lut_len = lut.shape[0] if lut is not None else 0
+    pool_rows, pool_cols = pool.shape if pool is not None else (0, 0)
     table_rows, table_cols = table.shape
     window = args.swa_window_size
 
