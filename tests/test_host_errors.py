@@ -67,6 +67,14 @@ CASES = {
         lambda k, d: k.update(req_to_verify_expected_tokens=torch.zeros(4, dtype=I32, device=d)),
         ValueError, r"req_to_verify_expected_tokens must be 2-D \[pool_rows, pool_cols\]",
     ),
+    "row tensor of wrong rank": (
+        lambda k, d: k.update(prefix_lens=torch.zeros(2, 1, dtype=I64, device=d)),
+        ValueError, r"kv-canary: prefix_lens must be 1-D \[bs\], got 2-D shape \(2, 1\)",
+    ),
+    "row tensor on another device": (
+        lambda k, d: k.update(extend_seq_lens=k["extend_seq_lens"].to("meta")),
+        ValueError, "kv-canary: extend_seq_lens must be on the buffers' device .*, got meta",
+    ),
     "lengths differ": (
         lambda k, d: k.update(prefix_lens=torch.zeros(3, dtype=I64, device=d)),
         ValueError,
