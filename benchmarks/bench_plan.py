@@ -3,6 +3,8 @@
     python benchmarks/bench_plan.py                 # every case: CPU, and GPU if present
     python benchmarks/bench_plan.py --device cpu    # only plan_reference vs a Python loop
     python benchmarks/bench_plan.py --tune          # sweep the entries launch constants
+    ncu --clock-control none --metrics gpu__time_duration.sum \
+        python benchmarks/bench_plan.py --profile-cases all    # per-kernel durations
 
 CPU: time per ``plan_reference`` call against a plain-Python loop of the same plan
 (median over repeats, ``time.perf_counter``).
@@ -286,6 +288,26 @@ def tune_gpu(rec: Recorder, replays: int) -> None:
         launch._device_config.cache_clear()
 
 
+def profile_cases(case: str) -> None:
+    """Two eager launch_plan calls per case and nothing else, for Nsight Compute.
+    ``case`` is ``all`` or ``BS,WINDOW``."""
+    from kv_canary_kernels import launch_plan
+
+    cases = [(bs, w) for bs in (1, 256, 4096, 65536) for w in (0, WINDOW)]
+    if case != "all":
+        bs, window = (int(x) for x in case.split(","))
+        cases = [(bs, window)]
+    for bs, window in cases:
+        kwargs = make_batch(bs, window=window, pool=True, device="cuda", seed=bs)
+        buffers = PlanBuffers.allocate(
+            write_req_capacity=bs, verify_capacity=verify_entries(kwargs), device="cuda"
+        )
+        print(f"case bs={bs} swa={window}", flush=True)
+        for _ in range(2):
+            launch_plan(buffers, **kwargs)
+        torch.cuda.synchronize()
+
+
 # --- plots ------------------------------------------------------------------------
 def plot(rows: List[Dict], out_dir: Path) -> None:
     try:
@@ -338,12 +360,17 @@ def main(argv=None) -> int:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller batches")
     parser.add_argument("--tune", action="store_true", help="sweep the entries launch constants")
+    parser.add_argument("--profile-cases", metavar="all|BS,WINDOW",
+                        help="only run launch_plan on the cases, for ncu; writes nothing")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--plots", type=Path, default=ROOT / "docs")
     args = parser.parse_args(argv)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.profile_cases:
+        profile_cases(args.profile_cases)
+        return 0
     name = torch.cuda.get_device_name() if device == "cuda" else (platform.processor() or "cpu")
     rec = Recorder(name)
     if args.tune:
