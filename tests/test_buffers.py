@@ -200,3 +200,17 @@ def test_repr_is_short():
         "PlanBuffers(write_req_capacity=4, verify_capacity=16, device=device(type='cpu'), "
         "generation=0)"
     )
+
+
+def test_the_buffers_package_never_imports_triton():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, kv_canary_buffers, kv_canary_buffers.demo\n"
+        "from kv_canary_buffers.demo import run\n"
+        "run(['--steps', '3', '--planner', 'reference'])\n"
+        "assert 'triton' not in sys.modules, 'triton was imported'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
