@@ -7,15 +7,11 @@ from typing import Any, Dict, Optional
 import torch
 
 from kv_canary_buffers import PlanBuffers
+from kv_canary_buffers.compare import VERIFY_ENTRY_FIELDS
 from kv_canary_buffers.layout import BUFFER_SPECS
 
 POISON = -7777
-ENTRY_FIELDS = (
-    "verify_slot_indices",
-    "verify_expected_tokens",
-    "verify_expected_positions",
-    "verify_prev_slot_indices",
-)
+ENTRY_FIELDS = VERIFY_ENTRY_FIELDS
 
 
 def poison(buffers: PlanBuffers) -> None:
