@@ -67,23 +67,37 @@ def any_bit(flags, bit: tl.constexpr):
 
 
 @triton.jit
-def write_row_plan(
-    rows, in_batch, rp, prefix, active, vcount, wcount, valid_len,
-    w_before, w_total, v_total, owns_counters,
-    req_to_token_ptr, lut_ptr,
-    write_offsets_ptr, write_seed_ptr, write_num_valid_reqs_ptr,
-    verify_num_valid_ptr, verify_enable_ptr,
-    bs, write_capacity, verify_capacity, table_rows, table_cols, lut_len, pool_rows, pool_cols,
-    HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr,
+def write_offsets_and_counters(
+    rows, in_batch, wcount, w_before, w_total, v_total, owns_counters,
+    write_offsets_ptr, write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr,
+    bs, write_capacity, verify_capacity,
 ):
-    """The write plan of a block of ``rows``: offsets (the total at index ``bs``, zeros
-    after it within the block), seeds, the per-row status bits (returned), and the three
-    counters when ``owns_counters`` (the block holds index ``bs``). ``valid_len`` holds the
-    rows' valid lengths (loaded with the rows, so that no load waits on the scan)."""
+    """``write_offsets`` of a block of ``rows`` (the total at index ``bs``, zeros after it
+    within the block) and, when ``owns_counters`` (the block holds index ``bs``), the three
+    counters. ``w_before``: write entries of the rows before the block."""
     w_excl = w_before + tl.cumsum(wcount, 0) - wcount
     w_out = tl.where(in_batch, w_excl, tl.where(rows == bs, w_total, 0))
     tl.store(write_offsets_ptr + rows, w_out, mask=rows <= write_capacity)
+    overflow = v_total > verify_capacity
+    tl.store(write_num_valid_reqs_ptr, bs, mask=owns_counters)
+    tl.store(
+        verify_num_valid_ptr,
+        tl.where(overflow, verify_capacity, v_total).to(tl.int32),
+        mask=owns_counters,
+    )
+    tl.store(verify_enable_ptr, tl.where(overflow, 0, 1).to(tl.int32), mask=owns_counters)
 
+
+@triton.jit
+def write_seeds(
+    rows, in_batch, rp, prefix, active, wcount, valid_len,
+    req_to_token_ptr, lut_ptr, write_seed_ptr,
+    table_rows, table_cols, lut_len, pool_rows, pool_cols,
+    HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr,
+):
+    """Seeds of a block of ``rows``, and the status bits of the rows' own values
+    (returned: req_pool_index, prefix_len, valid_len, pool row, and the seed's LUT slot).
+    ``valid_len`` holds the rows' valid lengths of the token pool (ignored without it)."""
     rp_ok = (rp >= 0) & (rp < table_rows)
     wants_seed = active & (prefix > 0) & (wcount > 0)
     seed_pos = prefix - 1
@@ -101,17 +115,7 @@ def write_row_plan(
     if HAS_POOL:
         flags |= tl.where(active & ((rp < 0) | (rp >= pool_rows)), POOL_ROW_BIT, 0)
         flags |= tl.where(active & (valid_len > pool_cols), VALID_LEN_BIT, 0)
-    bits = tl.reduce(flags, 0, _bitwise_or)
-
-    overflow = v_total > verify_capacity
-    tl.store(write_num_valid_reqs_ptr, bs, mask=owns_counters)
-    tl.store(
-        verify_num_valid_ptr,
-        tl.where(overflow, verify_capacity, v_total).to(tl.int32),
-        mask=owns_counters,
-    )
-    tl.store(verify_enable_ptr, tl.where(overflow, 0, 1).to(tl.int32), mask=owns_counters)
-    return bits
+    return tl.reduce(flags, 0, _bitwise_or)
 
 
 @triton.jit

@@ -1,11 +1,15 @@
-"""Entries stage of the large-batch path: one verify entry per lane.
+"""Entries stage of the large-batch path: one verify entry per lane, and the seeds.
 
-Program ``p`` handles entry blocks ``p, p + grid, ...`` below ``verify_num_valid`` (none
-when the offsets stage flagged an overflow, so skipping needs no host sync). The owning
-row of entry ``t`` is the last ``r < bs`` with ``verify_offsets[r] <= t``. The rows of a
-block's first and last entries are found by a ``FANOUT``-ary search (one vector load per
-level: two levels up to 65536 rows), then each lane binary-searches between them,
-usually one to three rows apart.
+Programs ``0 .. seed_programs - 1`` write the seeds and the rows' status bits of ``BLOCK``
+rows each: they need no scan, so they do not wait for the offsets stage and run beside it.
+The other programs handle entry blocks ``p, p + grid, ...`` below ``verify_num_valid``
+(none when the offsets stage flagged an overflow, so skipping needs no host sync).
+
+The owning row of entry ``t`` is the last ``r < bs`` with ``verify_offsets[r] <= t``. The row
+of a block's first entry is found by a ``FANOUT``-ary search (one vector load per level:
+two levels up to 65536 rows); the ``ROW_WINDOW`` rows from there are loaded in one go, and
+each lane finds its row among them in registers. A block that spans more rows (many short
+ones) falls back to a binary search in memory.
 """
 
 from __future__ import annotations
@@ -14,88 +18,122 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from .common import window_start, write_entries
+from .common import load_rows, load_valid_lens, window_start, write_entries, write_seeds
 
 _RUNTIME_INTS = [
-    "bs", "window", "token_offset", "table_rows", "table_cols", "lut_len",
+    "bs", "seed_programs", "window", "token_offset", "table_rows", "table_cols", "lut_len",
     "pool_rows", "pool_cols",
 ]
 
 
 @triton.jit
-def _find_rows(verify_offsets_ptr, key_a, key_b, bs, FANOUT: tl.constexpr):
-    """For two keys: the last row ``r < bs`` with ``verify_offsets[r] <= key``.
+def _find_row(verify_offsets_ptr, key, bs, FANOUT: tl.constexpr):
+    """The last row ``r < bs`` with ``verify_offsets[r] <= key``.
 
     Each level samples ``FANOUT`` offsets ``stride`` apart in the current span, counts
     those ``<= key``, and narrows the span to one stride."""
     lanes = tl.arange(0, FANOUT)
-    lo_a = tl.full([], 0, tl.int32)
-    lo_b = tl.full([], 0, tl.int32)
-    span = lo_a + bs
+    lo = tl.full([], 0, tl.int32)
+    span = lo + bs
     while span > 1:
         stride = (span + FANOUT - 1) // FANOUT
-        step = lanes * stride
-        idx_a = lo_a + step
-        idx_b = lo_b + step
-        ok_a = (step < span) & (idx_a < bs)
-        ok_b = (step < span) & (idx_b < bs)
-        val_a = tl.load(verify_offsets_ptr + idx_a, mask=ok_a, other=0)
-        val_b = tl.load(verify_offsets_ptr + idx_b, mask=ok_b, other=0)
-        lo_a += (tl.sum((ok_a & (val_a <= key_a)).to(tl.int32), 0) - 1) * stride
-        lo_b += (tl.sum((ok_b & (val_b <= key_b)).to(tl.int32), 0) - 1) * stride
+        idx = lo + lanes * stride
+        ok = (lanes * stride < span) & (idx < bs)
+        val = tl.load(verify_offsets_ptr + idx, mask=ok, other=0)
+        lo += (tl.sum((ok & (val <= key)).to(tl.int32), 0) - 1) * stride
         span = stride
-    return lo_a, lo_b
+    return lo
 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def plan_entries_kernel(
     # inputs
-    req_pool_indices_ptr, prefix_lens_ptr, req_to_token_ptr, lut_ptr,
+    req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, req_to_token_ptr, lut_ptr,
     token_pool_ptr, valid_lens_ptr,
     verify_offsets_ptr, verify_num_valid_ptr, verify_enable_ptr,
     # outputs
-    slot_ptr, token_ptr, position_ptr, prev_slot_ptr, status_ptr,
+    write_seed_ptr, slot_ptr, token_ptr, position_ptr, prev_slot_ptr, status_ptr,
     # runtime sizes
-    bs, window, token_offset, table_rows, table_cols, lut_len, pool_rows, pool_cols,
+    bs, seed_programs, window, token_offset, table_rows, table_cols, lut_len,
+    pool_rows, pool_cols,
     HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr, BLOCK: tl.constexpr,
-    FANOUT: tl.constexpr, USE_PDL: tl.constexpr,
+    ROW_WINDOW: tl.constexpr, FANOUT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    if USE_PDL:
-        gdc_wait()  # launched early: wait for the offsets kernel's results
-    enabled = tl.load(verify_enable_ptr) != 0
-    total = tl.where(enabled, tl.load(verify_num_valid_ptr), 0)
-    bits = tl.full([], 0, tl.int32)
-    for start in range(pid * BLOCK, total, nprog * BLOCK):
-        entry = start + tl.arange(0, BLOCK)
-        in_range = entry < total
-        first_row, last_row = _find_rows(
-            verify_offsets_ptr, start, tl.minimum(start + BLOCK, total) - 1, bs, FANOUT
+    if pid < seed_programs:
+        rows = pid * BLOCK + tl.arange(0, BLOCK)
+        in_batch, rp, prefix, active, _vcount, wcount = load_rows(
+            req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window
         )
-        lo = tl.zeros([BLOCK], tl.int32) + first_row
-        hi = tl.zeros([BLOCK], tl.int32) + last_row + 1
-        span = last_row - first_row
-        while span > 0:  # bit_length(span) steps narrow every lane to one row
-            mid = (lo + hi) // 2
-            go_right = tl.load(verify_offsets_ptr + mid) <= entry
-            lo = tl.where(go_right, mid, lo)
-            hi = tl.where(go_right, hi, mid)
-            span = span // 2
-        row = lo
-
-        rp = tl.load(req_pool_indices_ptr + row)
-        prefix = tl.load(prefix_lens_ptr + row)
-        pos = window_start(prefix, window) + (entry - tl.load(verify_offsets_ptr + row))
-        if HAS_POOL:
-            valid_len = tl.load(valid_lens_ptr + row)
-        else:
-            valid_len = tl.zeros([BLOCK], tl.int64)
-        bits |= write_entries(
-            entry, in_range, row, rp, pos, valid_len,
-            req_to_token_ptr, lut_ptr, token_pool_ptr,
-            slot_ptr, token_ptr, position_ptr, prev_slot_ptr,
-            token_offset, table_rows, table_cols, lut_len, pool_rows, pool_cols,
-            HAS_LUT, HAS_POOL, BLOCK,
+        bits = write_seeds(
+            rows, in_batch, rp, prefix, active, wcount,
+            load_valid_lens(valid_lens_ptr, rows, bs, HAS_POOL),
+            req_to_token_ptr, lut_ptr, write_seed_ptr,
+            table_rows, table_cols, lut_len, pool_rows, pool_cols, HAS_LUT, HAS_POOL,
         )
+    else:
+        if USE_PDL:
+            gdc_wait()  # launched early: wait for the offsets kernel's results
+        enabled = tl.load(verify_enable_ptr) != 0
+        total = tl.where(enabled, tl.load(verify_num_valid_ptr), 0)
+        step = (tl.num_programs(0) - seed_programs) * BLOCK
+        bits = tl.full([], 0, tl.int32)
+        for start in range((pid - seed_programs) * BLOCK, total, step):
+            entry = start + tl.arange(0, BLOCK)
+            in_range = entry < total
+            last = tl.minimum(start + BLOCK, total) - 1
+            first_row = _find_row(verify_offsets_ptr, start, bs, FANOUT)
+            # The rows from first_row on, in one load of each input.
+            w_rows = first_row + tl.arange(0, ROW_WINDOW)
+            w_valid = w_rows < bs
+            w_offsets = tl.load(verify_offsets_ptr + w_rows, mask=w_valid, other=last + 1)
+            n_rows = tl.sum((w_offsets <= last).to(tl.int32), 0)
+            if (n_rows < ROW_WINDOW) | (first_row + ROW_WINDOW >= bs):
+                # The window holds every row of the block: search it in registers.
+                w_rp = tl.load(req_pool_indices_ptr + w_rows, mask=w_valid, other=0)
+                w_prefix = tl.load(prefix_lens_ptr + w_rows, mask=w_valid, other=0)
+                w_base = window_start(w_prefix, window) - w_offsets  # pos = base + entry
+                k = tl.zeros([BLOCK], tl.int32)
+                hi = tl.zeros([BLOCK], tl.int32) + n_rows
+                span = n_rows - 1
+                while span > 0:  # bit_length(span) steps narrow every lane to one row
+                    mid = (k + hi) // 2
+                    go_right = tl.gather(w_offsets, mid, 0) <= entry
+                    k = tl.where(go_right, mid, k)
+                    hi = tl.where(go_right, hi, mid)
+                    span = span // 2
+                row = first_row + k
+                rp = tl.gather(w_rp, k, 0)
+                pos = tl.gather(w_base, k, 0) + entry
+                if HAS_POOL:
+                    w_valid_lens = tl.load(valid_lens_ptr + w_rows, mask=w_valid, other=0)
+                    valid_len = tl.gather(w_valid_lens, k, 0)
+                else:
+                    valid_len = tl.zeros([BLOCK], tl.int64)
+            else:
+                # Many short rows: binary search in memory between the block's end rows.
+                last_row = _find_row(verify_offsets_ptr, last, bs, FANOUT)
+                row = tl.zeros([BLOCK], tl.int32) + first_row
+                hi = tl.zeros([BLOCK], tl.int32) + last_row + 1
+                span = last_row - first_row
+                while span > 0:
+                    mid = (row + hi) // 2
+                    go_right = tl.load(verify_offsets_ptr + mid) <= entry
+                    row = tl.where(go_right, mid, row)
+                    hi = tl.where(go_right, hi, mid)
+                    span = span // 2
+                rp = tl.load(req_pool_indices_ptr + row)
+                prefix = tl.load(prefix_lens_ptr + row)
+                pos = window_start(prefix, window) + (entry - tl.load(verify_offsets_ptr + row))
+                if HAS_POOL:
+                    valid_len = tl.load(valid_lens_ptr + row)
+                else:
+                    valid_len = tl.zeros([BLOCK], tl.int64)
+            bits |= write_entries(
+                entry, in_range, row, rp, pos, valid_len,
+                req_to_token_ptr, lut_ptr, token_pool_ptr,
+                slot_ptr, token_ptr, position_ptr, prev_slot_ptr,
+                token_offset, table_rows, table_cols, lut_len, pool_rows, pool_cols,
+                HAS_LUT, HAS_POOL, BLOCK,
+            )
     tl.atomic_or(status_ptr, bits, mask=bits != 0)

@@ -27,10 +27,15 @@ SMALL_ENTRY_BLOCK = 512
 """Verify entries per block in the small-batch path."""
 ENTRY_PROGRAMS_PER_SM = 32
 """Entries grid: up to this many programs per multiprocessor, each looping over blocks."""
+SMALL_PROGRAMS_PER_SM = 32
+"""The same for the small-batch path, where each program first scans all the rows."""
 INTERPRETER_ENTRY_PROGRAMS = 2
 """Entries programs under the Triton interpreter, where each program costs host time."""
 SEARCH_FANOUT = 256
 """Offsets sampled per level of the large path's row search (two levels to 65536 rows)."""
+ROW_WINDOW = 32
+"""Rows loaded at once from a block's first row in the large path: a block whose entries
+span more rows searches memory instead of registers."""
 _ENTRIES_OPTIONS: dict = {}
 """Extra Triton launch options of the entries kernels (the tuning sweep sets ``maxnreg``)."""
 _SUM_CHUNK = 1024
@@ -44,6 +49,8 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 class _DeviceConfig(NamedTuple):
     program_cap: int
     """Most entries programs: multiprocessors x ENTRY_PROGRAMS_PER_SM."""
+    small_program_cap: int
+    """Most entries programs of the small-batch path: multiprocessors x SMALL_PROGRAMS_PER_SM."""
     use_pdl: bool
     """Programmatic dependent launch (sm_90+): the offsets and entries kernels of the
     large-batch path start while their predecessor finishes and wait for it on the
@@ -55,7 +62,7 @@ class _DeviceConfig(NamedTuple):
 def _device_config(device: torch.device) -> _DeviceConfig:
     """Per-device launch settings, read once (the first launch on a device)."""
     if INTERPRETING:
-        return _DeviceConfig(INTERPRETER_ENTRY_PROGRAMS, False, {})
+        return _DeviceConfig(INTERPRETER_ENTRY_PROGRAMS, INTERPRETER_ENTRY_PROGRAMS, False, {})
     if device.type != "cuda":
         raise RuntimeError(
             f"kv-canary: launch_plan needs a CUDA device for buffers.device, got {device}; "
@@ -67,6 +74,7 @@ def _device_config(device: torch.device) -> _DeviceConfig:
     use_pdl = props.major >= 9
     return _DeviceConfig(
         props.multi_processor_count * ENTRY_PROGRAMS_PER_SM,
+        props.multi_processor_count * SMALL_PROGRAMS_PER_SM,
         use_pdl,
         {"launch_pdl": True} if use_pdl else {},
     )
@@ -99,7 +107,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     if bs < SCAN_BLOCK:
         # program 0 writes the write plan, programs 1.. the verify entries
         block = SMALL_ENTRY_BLOCK
-        entry_grid = min(triton.cdiv(buffers.verify_capacity, block), program_cap)
+        entry_grid = min(triton.cdiv(buffers.verify_capacity, block), config.small_program_cap)
         plan_small_batch_kernel[(1 + entry_grid,)](
             args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table,
             lut_t, pool_t, valid_t,
@@ -123,27 +131,27 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         BLOCK=SCAN_BLOCK, USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS,
     )
     plan_offsets_kernel[(triton.cdiv(bs + 1, SCAN_BLOCK),)](
-        args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table,
-        lut_t, valid_t, sums,
-        buffers.write_offsets, buffers.write_seed_slot_indices, buffers.write_num_valid_reqs,
-        buffers.verify_offsets, buffers.verify_num_valid, buffers.verify_enable, buffers.status,
+        args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
+        buffers.write_offsets, buffers.write_num_valid_reqs,
+        buffers.verify_offsets, buffers.verify_num_valid, buffers.verify_enable,
         bs, n_sum_blocks, sums.shape[1], buffers.write_req_capacity, buffers.verify_capacity,
-        window, table_rows, table_cols, lut_len, pool_rows, pool_cols,
-        HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=SCAN_BLOCK, SUM_CHUNK=_SUM_CHUNK,
+        window, BLOCK=SCAN_BLOCK, SUM_CHUNK=_SUM_CHUNK,
         USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS, **config.pdl_options,
     )
     block = LUT_ENTRY_BLOCK if has_lut else ENTRY_BLOCK
+    seed_programs = triton.cdiv(bs, block)
     entry_grid = min(triton.cdiv(buffers.verify_capacity, block), program_cap)
-    plan_entries_kernel[(entry_grid,)](
-        args.req_pool_indices, args.prefix_lens, table, lut_t, pool_t, valid_t,
-        buffers.verify_offsets, buffers.verify_num_valid, buffers.verify_enable,
-        buffers.verify_slot_indices, buffers.verify_expected_tokens,
-        buffers.verify_expected_positions, buffers.verify_prev_slot_indices, buffers.status,
-        bs, window, args.kv_token_id_vs_position_offset, table_rows, table_cols, lut_len,
-        pool_rows, pool_cols,
-        HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=block, FANOUT=SEARCH_FANOUT,
-        USE_PDL=config.use_pdl, num_warps=_ENTRIES_WARPS, **config.pdl_options,
-        **_ENTRIES_OPTIONS,
+    plan_entries_kernel[(seed_programs + entry_grid,)](
+        args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table, lut_t, pool_t,
+        valid_t, buffers.verify_offsets, buffers.verify_num_valid, buffers.verify_enable,
+        buffers.write_seed_slot_indices, buffers.verify_slot_indices,
+        buffers.verify_expected_tokens, buffers.verify_expected_positions,
+        buffers.verify_prev_slot_indices, buffers.status,
+        bs, seed_programs, window, args.kv_token_id_vs_position_offset, table_rows,
+        table_cols, lut_len, pool_rows, pool_cols,
+        HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=block, ROW_WINDOW=ROW_WINDOW,
+        FANOUT=SEARCH_FANOUT, USE_PDL=config.use_pdl, num_warps=_ENTRIES_WARPS,
+        **config.pdl_options, **_ENTRIES_OPTIONS,
     )
 
 

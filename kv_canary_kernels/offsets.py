@@ -2,9 +2,10 @@
 
 :func:`scan_block_sums_kernel` writes each block's (write, verify) sums into
 ``PlanBuffers.scan_block_sums``; each program of :func:`plan_offsets_kernel` then adds the
-sums of the blocks before its own to a local scan and writes both prefix sums, the seeds
-and, in the program holding index ``bs``, the counters; the others zero the tail of
-``write_offsets``. No memset, no torch op between the kernels.
+sums of the blocks before its own to a local scan and writes both prefix sums and, in the
+program holding index ``bs``, the counters, and zeroes its share of the tail of
+``write_offsets``. No memset, no torch op between the kernels. The seeds and the rows'
+status bits need no scan: the entries kernel writes them, off this stage's critical path.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .common import load_rows, load_valid_lens, write_row_plan, zero_offsets_tail
+from .common import load_rows, write_offsets_and_counters, zero_offsets_tail
 
 # Every integer argument is a runtime value: a new bs, capacity or table shape must not
 # recompile, and Triton would otherwise specialise values equal to 1 (and divisibility).
@@ -40,31 +41,26 @@ def scan_block_sums_kernel(
 
 _OFFSETS_RUNTIME_INTS = [
     "bs", "n_sum_blocks", "sums_stride", "write_capacity", "verify_capacity", "window",
-    "table_rows", "table_cols", "lut_len", "pool_rows", "pool_cols",
 ]
 
 
 @triton.jit(do_not_specialize=_OFFSETS_RUNTIME_INTS)
 def plan_offsets_kernel(
     # inputs
-    req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, req_to_token_ptr,
-    lut_ptr, valid_lens_ptr, sums_ptr,
+    req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, sums_ptr,
     # outputs
-    write_offsets_ptr, write_seed_ptr, write_num_valid_reqs_ptr,
-    verify_offsets_ptr, verify_num_valid_ptr, verify_enable_ptr, status_ptr,
+    write_offsets_ptr, write_num_valid_reqs_ptr,
+    verify_offsets_ptr, verify_num_valid_ptr, verify_enable_ptr,
     # runtime sizes
     bs, n_sum_blocks, sums_stride, write_capacity, verify_capacity, window,
-    table_rows, table_cols, lut_len, pool_rows, pool_cols,
-    HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr,
     BLOCK: tl.constexpr, SUM_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
-    in_batch, rp, prefix, active, vcount, wcount = load_rows(
+    in_batch, _rp, _prefix, _active, vcount, wcount = load_rows(
         req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window
     )
-    valid_len = load_valid_lens(valid_lens_ptr, rows, bs, HAS_POOL)
     if USE_PDL:
         # Launched early (programmatic dependent launch): the rows above are inputs, but
         # the block sums are the previous kernel's output.
@@ -89,14 +85,9 @@ def plan_offsets_kernel(
 
     v_excl = v_before + tl.cumsum(vcount, 0) - vcount
     tl.store(verify_offsets_ptr + rows, tl.where(in_batch, v_excl, v_total), mask=rows <= bs)
-    bits = write_row_plan(
-        rows, in_batch, rp, prefix, active, vcount, wcount, valid_len,
-        w_before, w_total, v_total, pid == bs // BLOCK,
-        req_to_token_ptr, lut_ptr,
-        write_offsets_ptr, write_seed_ptr, write_num_valid_reqs_ptr,
-        verify_num_valid_ptr, verify_enable_ptr,
-        bs, write_capacity, verify_capacity, table_rows, table_cols, lut_len,
-        pool_rows, pool_cols, HAS_LUT, HAS_POOL,
+    write_offsets_and_counters(
+        rows, in_batch, wcount, w_before, w_total, v_total, pid == bs // BLOCK,
+        write_offsets_ptr, write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr,
+        bs, write_capacity, verify_capacity,
     )
-    tl.atomic_or(status_ptr, bits, mask=bits != 0)
     zero_offsets_tail(write_offsets_ptr, write_capacity, nprog + pid, nprog, BLOCK)

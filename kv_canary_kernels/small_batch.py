@@ -15,11 +15,11 @@ import triton
 import triton.language as tl
 
 from .common import (
-    load_rows,
     load_valid_lens,
     window_start,
     write_entries,
-    write_row_plan,
+    write_offsets_and_counters,
+    write_seeds,
     zero_offsets_tail,
 )
 
@@ -46,27 +46,36 @@ def plan_small_batch_kernel(
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, ROWS)
-    in_batch, rp, prefix, active, vcount, wcount = load_rows(
-        req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window
-    )
-    valid_lens = load_valid_lens(valid_lens_ptr, rows, bs, HAS_POOL)
+    in_batch = rows < bs
+    rp = tl.load(req_pool_indices_ptr + rows, mask=in_batch, other=0)
+    prefix = tl.load(prefix_lens_ptr + rows, mask=in_batch, other=0)
+    active = in_batch & (rp != 0)
+    first = window_start(prefix, window)
+    vcount = tl.where(active, tl.maximum(prefix - first, 0), 0)
     v_total = tl.sum(vcount, 0)
     zero_offsets_tail(write_offsets_ptr, write_capacity, 1 + pid, nprog, ROWS)
     if pid == 0:
-        bits = write_row_plan(
-            rows, in_batch, rp, prefix, active, vcount, wcount, valid_lens,
-            0, tl.sum(wcount, 0), v_total, True,
-            req_to_token_ptr, lut_ptr,
-            write_offsets_ptr, write_seed_ptr, write_num_valid_reqs_ptr,
-            verify_num_valid_ptr, verify_enable_ptr,
-            bs, write_capacity, verify_capacity, table_rows, table_cols, lut_len,
-            pool_rows, pool_cols, HAS_LUT, HAS_POOL,
+        extend = tl.load(extend_seq_lens_ptr + rows, mask=in_batch, other=0)
+        wcount = tl.where(active, tl.maximum(extend, 0), 0)
+        write_offsets_and_counters(
+            rows, in_batch, wcount, 0, tl.sum(wcount, 0), v_total, True,
+            write_offsets_ptr, write_num_valid_reqs_ptr, verify_num_valid_ptr,
+            verify_enable_ptr, bs, write_capacity, verify_capacity,
+        )
+        bits = write_seeds(
+            rows, in_batch, rp, prefix, active, wcount,
+            load_valid_lens(valid_lens_ptr, rows, bs, HAS_POOL),
+            req_to_token_ptr, lut_ptr, write_seed_ptr,
+            table_rows, table_cols, lut_len, pool_rows, pool_cols, HAS_LUT, HAS_POOL,
         )
         tl.atomic_or(status_ptr, bits, mask=bits != 0)
     else:
-        v_excl = tl.cumsum(vcount, 0) - vcount
-        first_pos = window_start(prefix, window) - v_excl  # entry t of row r: first_pos[r] + t
-        total = tl.where(v_total <= verify_capacity, v_total, 0)  # overflow: no entry
+        total = tl.where(v_total <= verify_capacity, v_total, 0).to(tl.int32)  # overflow: none
+        # int32 is exact wherever it is used: with no overflow every prefix sum is at
+        # most verify_capacity < 2**31 (and with one the loop below does not run).
+        count = vcount.to(tl.int32)
+        v_excl = tl.cumsum(count, 0) - count
+        first_pos = first - v_excl  # entry t of row r: first_pos[r] + t
         bits = tl.full([], 0, tl.int32)
         for start in range((pid - 1) * BLOCK, total, (nprog - 1) * BLOCK):
             entry = start + tl.arange(0, BLOCK)
@@ -91,9 +100,13 @@ def plan_small_batch_kernel(
                 lo = tl.where(go_right, mid, lo)
                 hi = tl.where(go_right, hi, mid)
                 span = span // 2
+            if HAS_POOL:
+                valid_len = tl.load(valid_lens_ptr + lo, mask=in_range, other=0)
+            else:
+                valid_len = tl.zeros([BLOCK], tl.int64)
             bits |= write_entries(
                 entry, in_range, lo, tl.gather(rp, lo, 0), tl.gather(first_pos, lo, 0) + entry,
-                tl.gather(valid_lens, lo, 0),
+                valid_len,
                 req_to_token_ptr, lut_ptr, token_pool_ptr,
                 slot_ptr, token_ptr, position_ptr, prev_slot_ptr,
                 token_offset, table_rows, table_cols, lut_len, pool_rows, pool_cols,

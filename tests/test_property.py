@@ -158,3 +158,52 @@ def test_kernels_equal_reference_on_multi_block_batches(bs, capacity):
     launch_plan(out, **kwargs)
     assert_buffers_equal(out, ref, bs)
     assert observed(out, bs)["verify_num_valid"] > 0
+
+
+@pytest.mark.parametrize("window", [0, 40])
+def test_large_path_finds_rows_in_registers_and_in_memory(window):
+    """Entry blocks whose rows fit the row window (searched in registers) and blocks of
+    many short rows (searched in memory), on both sides of an exactly full window."""
+    from kv_canary_kernels.launch import ENTRY_BLOCK, LUT_ENTRY_BLOCK, ROW_WINDOW
+
+    block = LUT_ENTRY_BLOCK if window else ENTRY_BLOCK
+    g = torch.Generator().manual_seed(window)
+    # SCAN_BLOCK rows of 2 entries (many rows a block), rows of block / ROW_WINDOW entries
+    # (blocks of exactly ROW_WINDOW rows, searched in memory), rows a little longer
+    # (blocks of ROW_WINDOW - 1 rows, a full search in registers), then rows longer than
+    # the window W (a few a block; each verifies its last W positions).
+    prefix = (
+        [2] * SCAN_BLOCK
+        + [block // ROW_WINDOW] * (2 * ROW_WINDOW)
+        + [block // (ROW_WINDOW - 1) + 1] * (2 * ROW_WINDOW)
+        + [100] * 300
+    )
+    counts = [min(p, window) if window else p for p in prefix]
+    bs, rows, cols = len(prefix), 8, max(prefix) + 2
+    kwargs = on_device(dict(
+        req_pool_indices=torch.randint(1, rows, (bs,), generator=g),
+        prefix_lens=torch.tensor(prefix),
+        extend_seq_lens=torch.randint(0, 3, (bs,), generator=g),
+        req_to_token=torch.randint(0, 5000, (rows, cols), generator=g).to(I32),
+        swa_window_size=window,
+        req_to_verify_expected_tokens=torch.randint(0, 1000, (rows, cols), generator=g).to(I32),
+        req_to_verify_expected_tokens_valid_lens=torch.randint(0, cols, (bs,), generator=g),
+    ))
+    if window:
+        kwargs["full_to_swa_index_mapping"] = torch.randint(0, 10**6, (5000,), device=DEVICE)
+    total = sum(counts)
+    assert bs >= SCAN_BLOCK  # the large path
+    # Rows spanned by each entry block, as the kernel sees them.
+    starts = torch.tensor([0] + counts).cumsum(0)[:-1]
+    spans = [int(((starts > b) & (starts < b + block)).sum()) + 1 for b in range(0, total, block)]
+    assert max(spans) > ROW_WINDOW and min(spans) < ROW_WINDOW / 2
+    assert ROW_WINDOW in spans and ROW_WINDOW - 1 in spans
+
+    ref = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=total, device=DEVICE)
+    out = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=total, device=DEVICE)
+    poison(ref)
+    poison(out)
+    plan_reference(ref, **kwargs)
+    launch_plan(out, **kwargs)
+    assert_buffers_equal(out, ref, bs)
+    assert observed(out, bs)["verify_num_valid"] == total
