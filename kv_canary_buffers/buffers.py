@@ -87,6 +87,8 @@ class PlanBuffers:
     verify_offsets              int64    ``[Cw + 1]``  scratch: prefix sum of verify counts
     scan_block_sums             int64    ``[2, nb]``   scratch: per-block sums of the scan,
                                                        ``nb = ceil(Cw / SCAN_BLOCK)``
+    verify_row_hints            int32    ``[nh]``      scratch: row of every 512th entry,
+                                                       ``nh = ceil(Cv / ROW_HINT_STRIDE)``
     status                      int32    ``[1]``       sticky :class:`PlanStatus` bits
     dummy_int64, dummy_int32    int64,   ``[1]``       stand-in kernel pointers for an absent
                                 int32                  LUT or token pool
@@ -111,6 +113,7 @@ class PlanBuffers:
     verify_enable: torch.Tensor = _tensor_field()
     verify_offsets: torch.Tensor = _tensor_field()
     scan_block_sums: torch.Tensor = _tensor_field()
+    verify_row_hints: torch.Tensor = _tensor_field()
     status: torch.Tensor = _tensor_field()
     dummy_int64: torch.Tensor = _tensor_field()
     dummy_int32: torch.Tensor = _tensor_field()

@@ -35,6 +35,8 @@ ENTRY_DTYPE = torch.int64
 """Offsets, seeds and every verify entry."""
 COUNTER_DTYPE = torch.int32
 """``write_num_valid_reqs``, ``verify_num_valid``, ``verify_enable`` and the status word."""
+ROW_INDEX_DTYPE = torch.int32
+"""Batch-row indices (the row hints): rows are below a capacity, so below ``2**31``."""
 
 MAX_CAPACITY = 2**31 - 1
 """Counters are int32, so no capacity may exceed this."""
@@ -43,9 +45,19 @@ SCAN_BLOCK = 1024
 """Rows per program of the offsets scan; sizes the scan scratch (one sum per block)."""
 
 
+ROW_HINT_STRIDE = 512
+"""Verify entries per row hint: the offsets stage records the row of every
+``ROW_HINT_STRIDE``-th entry, so that a block of entries finds its first row in one load."""
+
+
 def scan_blocks(write_req_capacity: int) -> int:
     """Number of scan blocks a batch of ``write_req_capacity`` rows can span."""
     return max(1, -(-write_req_capacity // SCAN_BLOCK))
+
+
+def row_hints(verify_capacity: int) -> int:
+    """Number of row hints: one per ``ROW_HINT_STRIDE`` verify entries."""
+    return max(1, -(-verify_capacity // ROW_HINT_STRIDE))
 
 
 # name -> (dtype, shape as a function of (write_req_capacity, verify_capacity), role)
@@ -66,6 +78,8 @@ BUFFER_SPECS: Dict[str, Tuple[torch.dtype, ShapeFn, str]] = {
     "verify_offsets": (ENTRY_DTYPE, lambda w, v: (w + 1,), "scratch"),
     # scratch: per-block (write, verify) sums of the two-level scan
     "scan_block_sums": (ENTRY_DTYPE, lambda w, v: (2, scan_blocks(w)), "scratch"),
+    # scratch: [h] = the row of verify entry h * ROW_HINT_STRIDE, read by the entries stage
+    "verify_row_hints": (ROW_INDEX_DTYPE, lambda w, v: (row_hints(v),), "scratch"),
     # sticky out-of-range flags (PlanStatus), read and cleared by take_status()
     "status": (COUNTER_DTYPE, lambda w, v: (1,), "status"),
     # stand-in pointers passed to a kernel when the LUT or the token pool is absent

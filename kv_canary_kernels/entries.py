@@ -6,10 +6,10 @@ The other programs handle entry blocks ``p, p + grid, ...`` below ``verify_num_v
 (none when the offsets stage flagged an overflow, so skipping needs no host sync).
 
 The owning row of entry ``t`` is the last ``r < bs`` with ``verify_offsets[r] <= t``. The row
-of a block's first entry is found by a ``FANOUT``-ary search (one vector load per level:
-two levels up to 65536 rows); the ``ROW_WINDOW`` rows from there are loaded in one go, and
-each lane finds its row among them in registers. A block that spans more rows (many short
-ones) falls back to a binary search in memory.
+of a block's first entry is the offsets stage's row hint (blocks start at multiples of
+``HINT_STRIDE``); the ``ROW_WINDOW`` rows from there are loaded in one go, and each lane
+finds its row among them in registers. A block that spans more rows (many short ones)
+falls back to a binary search in memory, up to the next block's hinted row.
 """
 
 from __future__ import annotations
@@ -26,39 +26,21 @@ _RUNTIME_INTS = [
 ]
 
 
-@triton.jit
-def _find_row(verify_offsets_ptr, key, bs, FANOUT: tl.constexpr):
-    """The last row ``r < bs`` with ``verify_offsets[r] <= key``.
-
-    Each level samples ``FANOUT`` offsets ``stride`` apart in the current span, counts
-    those ``<= key``, and narrows the span to one stride."""
-    lanes = tl.arange(0, FANOUT)
-    lo = tl.full([], 0, tl.int32)
-    span = lo + bs
-    while span > 1:
-        stride = (span + FANOUT - 1) // FANOUT
-        idx = lo + lanes * stride
-        ok = (lanes * stride < span) & (idx < bs)
-        val = tl.load(verify_offsets_ptr + idx, mask=ok, other=0)
-        lo += (tl.sum((ok & (val <= key)).to(tl.int32), 0) - 1) * stride
-        span = stride
-    return lo
-
-
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def plan_entries_kernel(
     # inputs
     req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, req_to_token_ptr, lut_ptr,
     token_pool_ptr, valid_lens_ptr,
-    verify_offsets_ptr, verify_num_valid_ptr, verify_enable_ptr,
+    verify_offsets_ptr, row_hints_ptr, verify_num_valid_ptr, verify_enable_ptr,
     # outputs
     write_seed_ptr, slot_ptr, token_ptr, position_ptr, prev_slot_ptr, status_ptr,
     # runtime sizes
     bs, seed_programs, window, token_offset, table_rows, table_cols, lut_len,
     pool_rows, pool_cols,
     HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr, BLOCK: tl.constexpr,
-    ROW_WINDOW: tl.constexpr, FANOUT: tl.constexpr, USE_PDL: tl.constexpr,
+    ROW_WINDOW: tl.constexpr, HINT_STRIDE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    tl.static_assert(BLOCK % HINT_STRIDE == 0)  # every block starts at a hinted entry
     pid = tl.program_id(0)
     if pid < seed_programs:
         rows = pid * BLOCK + tl.arange(0, BLOCK)
@@ -82,7 +64,7 @@ def plan_entries_kernel(
             entry = start + tl.arange(0, BLOCK)
             in_range = entry < total
             last = tl.minimum(start + BLOCK, total) - 1
-            first_row = _find_row(verify_offsets_ptr, start, bs, FANOUT)
+            first_row = tl.load(row_hints_ptr + start // HINT_STRIDE)
             # The rows from first_row on, in one load of each input.
             w_rows = first_row + tl.arange(0, ROW_WINDOW)
             w_valid = w_rows < bs
@@ -111,11 +93,14 @@ def plan_entries_kernel(
                 else:
                     valid_len = tl.zeros([BLOCK], tl.int64)
             else:
-                # Many short rows: binary search in memory between the block's end rows.
-                last_row = _find_row(verify_offsets_ptr, last, bs, FANOUT)
+                # Many short rows: binary search in memory, up to the next block's row.
+                next_start = start + BLOCK
+                next_row = tl.load(
+                    row_hints_ptr + next_start // HINT_STRIDE, mask=next_start < total, other=bs - 1
+                )
                 row = tl.zeros([BLOCK], tl.int32) + first_row
-                hi = tl.zeros([BLOCK], tl.int32) + last_row + 1
-                span = last_row - first_row
+                hi = tl.zeros([BLOCK], tl.int32) + next_row + 1
+                span = next_row - first_row
                 while span > 0:
                     mid = (row + hi) // 2
                     go_right = tl.load(verify_offsets_ptr + mid) <= entry

@@ -10,7 +10,7 @@ import torch
 import triton
 
 from kv_canary_buffers.buffers import PlanBuffers
-from kv_canary_buffers.layout import SCAN_BLOCK
+from kv_canary_buffers.layout import ROW_HINT_STRIDE, SCAN_BLOCK
 from kv_canary_buffers.validation import PlanArgs, validate_plan_args
 
 from .entries import plan_entries_kernel
@@ -20,9 +20,9 @@ from .small_batch import plan_small_batch_kernel
 # Launch constants, chosen by `python benchmarks/bench_plan.py --tune` on an H200
 # (docs/performance.md): smaller blocks win where latency or random LUT reads dominate.
 ENTRY_BLOCK = 1024
-"""Verify entries per block in the large path without a LUT."""
+"""Verify entries per block in the large path without a LUT (a multiple of ROW_HINT_STRIDE)."""
 LUT_ENTRY_BLOCK = 512
-"""Verify entries per block in the large path with a LUT."""
+"""Verify entries per block in the large path with a LUT (a multiple of ROW_HINT_STRIDE)."""
 SMALL_ENTRY_BLOCK = 512
 """Verify entries per block in the small-batch path."""
 ENTRY_PROGRAMS_PER_SM = 32
@@ -31,8 +31,6 @@ SMALL_PROGRAMS_PER_SM = 32
 """The same for the small-batch path, where each program first scans all the rows."""
 INTERPRETER_ENTRY_PROGRAMS = 2
 """Entries programs under the Triton interpreter, where each program costs host time."""
-SEARCH_FANOUT = 256
-"""Offsets sampled per level of the large path's row search (two levels to 65536 rows)."""
 ROW_WINDOW = 32
 """Rows loaded at once from a block's first row in the large path: a block whose entries
 span more rows searches memory instead of registers."""
@@ -133,9 +131,10 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     plan_offsets_kernel[(triton.cdiv(bs + 1, SCAN_BLOCK),)](
         args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
         buffers.write_offsets, buffers.write_num_valid_reqs,
-        buffers.verify_offsets, buffers.verify_num_valid, buffers.verify_enable,
+        buffers.verify_offsets, buffers.verify_row_hints, buffers.verify_num_valid,
+        buffers.verify_enable,
         bs, n_sum_blocks, sums.shape[1], buffers.write_req_capacity, buffers.verify_capacity,
-        window, BLOCK=SCAN_BLOCK, SUM_CHUNK=_SUM_CHUNK,
+        window, BLOCK=SCAN_BLOCK, SUM_CHUNK=_SUM_CHUNK, HINT_STRIDE=ROW_HINT_STRIDE,
         USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS, **config.pdl_options,
     )
     block = LUT_ENTRY_BLOCK if has_lut else ENTRY_BLOCK
@@ -143,14 +142,15 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     entry_grid = min(triton.cdiv(buffers.verify_capacity, block), program_cap)
     plan_entries_kernel[(seed_programs + entry_grid,)](
         args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table, lut_t, pool_t,
-        valid_t, buffers.verify_offsets, buffers.verify_num_valid, buffers.verify_enable,
+        valid_t, buffers.verify_offsets, buffers.verify_row_hints, buffers.verify_num_valid,
+        buffers.verify_enable,
         buffers.write_seed_slot_indices, buffers.verify_slot_indices,
         buffers.verify_expected_tokens, buffers.verify_expected_positions,
         buffers.verify_prev_slot_indices, buffers.status,
         bs, seed_programs, window, args.kv_token_id_vs_position_offset, table_rows,
         table_cols, lut_len, pool_rows, pool_cols,
         HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=block, ROW_WINDOW=ROW_WINDOW,
-        FANOUT=SEARCH_FANOUT, USE_PDL=config.use_pdl, num_warps=_ENTRIES_WARPS,
+        HINT_STRIDE=ROW_HINT_STRIDE, USE_PDL=config.use_pdl, num_warps=_ENTRIES_WARPS,
         **config.pdl_options, **_ENTRIES_OPTIONS,
     )
 

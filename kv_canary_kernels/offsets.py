@@ -44,16 +44,31 @@ _OFFSETS_RUNTIME_INTS = [
 ]
 
 
+@triton.jit
+def write_row_hints(row_hints_ptr, rows, v_excl, vcount, enabled, HINT_STRIDE: tl.constexpr):
+    """``row_hints[h]`` = the row holding verify entry ``h * HINT_STRIDE``, for every such
+    entry of ``rows`` (none when ``enabled`` is false: on overflow no entry exists).
+
+    Row ``r`` holds entries ``[v_excl, v_excl + vcount)``, so the hints it owns are
+    ``ceil(v_excl / S) .. ceil((v_excl + vcount) / S) - 1``: at most one for a row shorter
+    than the stride, so the loop runs once or twice unless a row is much longer."""
+    first = (v_excl + HINT_STRIDE - 1) // HINT_STRIDE
+    n_hints = tl.where(enabled, (v_excl + vcount + HINT_STRIDE - 1) // HINT_STRIDE - first, 0)
+    for k in range(0, tl.max(n_hints, 0)):
+        tl.store(row_hints_ptr + first + k, rows, mask=k < n_hints)
+
+
 @triton.jit(do_not_specialize=_OFFSETS_RUNTIME_INTS)
 def plan_offsets_kernel(
     # inputs
     req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, sums_ptr,
     # outputs
     write_offsets_ptr, write_num_valid_reqs_ptr,
-    verify_offsets_ptr, verify_num_valid_ptr, verify_enable_ptr,
+    verify_offsets_ptr, row_hints_ptr, verify_num_valid_ptr, verify_enable_ptr,
     # runtime sizes
     bs, n_sum_blocks, sums_stride, write_capacity, verify_capacity, window,
-    BLOCK: tl.constexpr, SUM_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK: tl.constexpr, SUM_CHUNK: tl.constexpr, HINT_STRIDE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -85,6 +100,9 @@ def plan_offsets_kernel(
 
     v_excl = v_before + tl.cumsum(vcount, 0) - vcount
     tl.store(verify_offsets_ptr + rows, tl.where(in_batch, v_excl, v_total), mask=rows <= bs)
+    write_row_hints(
+        row_hints_ptr, rows, v_excl, vcount, in_batch & (v_total <= verify_capacity), HINT_STRIDE
+    )
     write_offsets_and_counters(
         rows, in_batch, wcount, w_before, w_total, v_total, pid == bs // BLOCK,
         write_offsets_ptr, write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference
-from kv_canary_buffers.layout import BUFFER_SPECS, SCAN_BLOCK
+from kv_canary_buffers.layout import BUFFER_SPECS, ROW_HINT_STRIDE, SCAN_BLOCK
 
 OFFSETS_MSG = "kv-canary: write_offsets_len must equal write_req_capacity + 1, got {} and {}"
 
@@ -30,6 +30,7 @@ def test_allocate_sizes_every_tensor_by_construction():
         "verify_enable": (i32, (1,)),
         "verify_offsets": (i64, (6,)),
         "scan_block_sums": (i64, (2, 1)),
+        "verify_row_hints": (i32, (1,)),
         "status": (i32, (1,)),
         "dummy_int64": (i64, (1,)),
         "dummy_int32": (i32, (1,)),
@@ -47,12 +48,17 @@ def test_scan_scratch_covers_every_block():
     assert b.scan_block_sums.shape == (2, 4)
 
 
+def test_row_hints_cover_every_stride_of_verify_entries():
+    assert make(v=ROW_HINT_STRIDE).verify_row_hints.shape == (1,)
+    assert make(v=2 * ROW_HINT_STRIDE + 1).verify_row_hints.shape == (3,)
+
+
 @pytest.mark.parametrize("w, v", [(1, 1), (4, 16), (5000, 123457)])
 def test_allocation_bytes_equals_nbytes(w, v):
     assert PlanBuffers.allocation_bytes(w, v) == make(w, v).nbytes
     nb = -(-w // SCAN_BLOCK)
     int64s = (w + 1) + w + 4 * v + (w + 1) + 2 * nb + 1
-    int32s = 3 + 1 + 1
+    int32s = 3 + -(-v // ROW_HINT_STRIDE) + 1 + 1
     assert PlanBuffers.allocation_bytes(w, v) == 8 * int64s + 4 * int32s
 
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference
-from kv_canary_buffers.layout import SCAN_BLOCK
+from kv_canary_buffers.layout import ROW_HINT_STRIDE, SCAN_BLOCK
 from kv_canary_kernels import launch_plan
 
 from conftest import DEVICE
@@ -170,13 +170,16 @@ def test_large_path_finds_rows_in_registers_and_in_memory(window):
     g = torch.Generator().manual_seed(window)
     # SCAN_BLOCK rows of 2 entries (many rows a block), rows of block / ROW_WINDOW entries
     # (blocks of exactly ROW_WINDOW rows, searched in memory), rows a little longer
-    # (blocks of ROW_WINDOW - 1 rows, a full search in registers), then rows longer than
-    # the window W (a few a block; each verifies its last W positions).
+    # (blocks of ROW_WINDOW - 1 rows, a full search in registers), rows longer than the
+    # window W (a few a block; each verifies its last W positions), and without a window
+    # rows that hold several row hints (and blocks within one row).
     prefix = (
         [2] * SCAN_BLOCK
         + [block // ROW_WINDOW] * (2 * ROW_WINDOW)
         + [block // (ROW_WINDOW - 1) + 1] * (2 * ROW_WINDOW)
         + [100] * 300
+        + [5 * ROW_HINT_STRIDE + 3] * 3
+        + [100] * 10
     )
     counts = [min(p, window) if window else p for p in prefix]
     bs, rows, cols = len(prefix), 8, max(prefix) + 2
