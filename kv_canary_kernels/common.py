@@ -51,7 +51,12 @@ def translate(slot, lut_ptr, lut_len, mask):
     it becomes slot 0 and its lane is reported in the second result."""
     looked_up = mask & (slot >= 0)
     in_range = slot < lut_len
-    value = tl.load(lut_ptr + slot, mask=looked_up & in_range, other=0)
+    # The tables are re-read every step, while the outputs (often larger than L2) are
+    # written once per step: ask L2 to keep the tables (evict_last) and to let the
+    # streamed outputs go first (the .cs stores in write_entries).
+    value = tl.load(
+        lut_ptr + slot, mask=looked_up & in_range, other=0, eviction_policy="evict_last"
+    )
     return tl.where(looked_up, value, slot), looked_up & (slot >= lut_len)
 
 
@@ -143,7 +148,8 @@ def write_entries(
     table_row = req_to_token_ptr + rp * table_cols
     # Reads that would leave the table are not made: those slots become 0, untranslated.
     slot_read = in_range & rp_ok & (pos < table_cols)
-    slot = tl.load(table_row + pos, mask=slot_read, other=0).to(tl.int64)
+    slot = tl.load(table_row + pos, mask=slot_read, other=0, eviction_policy="evict_last")
+    slot = slot.to(tl.int64)
     has_prev = pos > 0
     prev_read = in_range & rp_ok & has_prev & (pos <= table_cols)
     bits = tl.full([], 0, tl.int32)
@@ -169,8 +175,9 @@ def write_entries(
         token = token.to(tl.int64)
     else:
         token = tl.full([BLOCK], -1, tl.int64)
-    tl.store(slot_ptr + entry, slot, mask=in_range)
-    tl.store(token_ptr + entry, token, mask=in_range)
-    tl.store(position_ptr + entry, pos, mask=in_range)
-    tl.store(prev_slot_ptr + entry, prev, mask=in_range)
+    # Streaming stores: see translate().
+    tl.store(slot_ptr + entry, slot, mask=in_range, cache_modifier=".cs")
+    tl.store(token_ptr + entry, token, mask=in_range, cache_modifier=".cs")
+    tl.store(position_ptr + entry, pos, mask=in_range, cache_modifier=".cs")
+    tl.store(prev_slot_ptr + entry, prev, mask=in_range, cache_modifier=".cs")
     return bits

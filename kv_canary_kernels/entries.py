@@ -64,7 +64,7 @@ def plan_entries_kernel(
             entry = start + tl.arange(0, BLOCK)
             in_range = entry < total
             last = tl.minimum(start + BLOCK, total) - 1
-            first_row = tl.load(row_hints_ptr + start // HINT_STRIDE)
+            first_row = tl.load(row_hints_ptr + start // HINT_STRIDE).to(tl.int32)
             # The rows from first_row on, in one load of each input.
             w_rows = first_row + tl.arange(0, ROW_WINDOW)
             w_valid = w_rows < bs
@@ -97,7 +97,7 @@ def plan_entries_kernel(
                 next_start = start + BLOCK
                 next_row = tl.load(
                     row_hints_ptr + next_start // HINT_STRIDE, mask=next_start < total, other=bs - 1
-                )
+                ).to(tl.int32)
                 row = tl.zeros([BLOCK], tl.int32) + first_row
                 hi = tl.zeros([BLOCK], tl.int32) + next_row + 1
                 span = next_row - first_row

@@ -23,12 +23,13 @@ ENTRY_BLOCK = 1024
 """Verify entries per block in the large path without a LUT (a multiple of ROW_HINT_STRIDE)."""
 LUT_ENTRY_BLOCK = 512
 """Verify entries per block in the large path with a LUT (a multiple of ROW_HINT_STRIDE)."""
-SMALL_ENTRY_BLOCK = 512
+SMALL_ENTRY_BLOCK = 256
 """Verify entries per block in the small-batch path."""
 ENTRY_PROGRAMS_PER_SM = 32
 """Entries grid: up to this many programs per multiprocessor, each looping over blocks."""
-SMALL_PROGRAMS_PER_SM = 32
-"""The same for the small-batch path, where each program first scans all the rows."""
+SMALL_PROGRAMS_PER_SM = 2
+"""The same for the small-batch path, where each program first scans all the rows: few
+programs (one wave) that loop over blocks beat many that each repeat the scan."""
 INTERPRETER_ENTRY_PROGRAMS = 2
 """Entries programs under the Triton interpreter, where each program costs host time."""
 ROW_WINDOW = 32
