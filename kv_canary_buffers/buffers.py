@@ -85,9 +85,8 @@ class PlanBuffers:
     verify_num_valid            int32    ``[1]``       entries written, or ``Cv`` on overflow
     verify_enable               int32    ``[1]``       1, or 0 when the entries overflowed
     verify_offsets              int64    ``[Cw + 1]``  scratch: prefix sum of verify counts
-    scan_block_sums             int64    ``[3, nb]``   scratch: per scan block, its sums and
-                                                       a published flag (look-back),
-                                                       ``nb = ceil((Cw + 1) / SCAN_BLOCK)``
+    scan_block_sums             int64    ``[2, nb]``   scratch: per-block sums of the scan,
+                                                       ``nb = ceil(Cw / SCAN_BLOCK)``
     verify_row_hints            int32    ``[nh]``      scratch: row of every 512th entry,
                                                        ``nh = ceil(Cv / ROW_HINT_STRIDE)``
     status                      int32    ``[1]``       sticky :class:`PlanStatus` bits

@@ -51,9 +51,8 @@ ROW_HINT_STRIDE = 512
 
 
 def scan_blocks(write_req_capacity: int) -> int:
-    """Scan blocks (offsets programs) of the largest batch: one per ``SCAN_BLOCK`` of its
-    ``write_req_capacity + 1`` offsets."""
-    return -(-(write_req_capacity + 1) // SCAN_BLOCK)
+    """Number of scan blocks a batch of ``write_req_capacity`` rows can span."""
+    return max(1, -(-write_req_capacity // SCAN_BLOCK))
 
 
 def row_hints(verify_capacity: int) -> int:
@@ -77,8 +76,8 @@ BUFFER_SPECS: Dict[str, Tuple[torch.dtype, ShapeFn, str]] = {
     "verify_enable": (COUNTER_DTYPE, lambda w, v: (1,), "output"),
     # scratch: exclusive prefix sum of per-row verify counts, read by the entries stage
     "verify_offsets": (ENTRY_DTYPE, lambda w, v: (w + 1,), "scratch"),
-    # scratch: per scan block, its (write, verify) sums and a published flag (look-back)
-    "scan_block_sums": (ENTRY_DTYPE, lambda w, v: (3, scan_blocks(w)), "scratch"),
+    # scratch: per-block (write, verify) sums of the two-level scan
+    "scan_block_sums": (ENTRY_DTYPE, lambda w, v: (2, scan_blocks(w)), "scratch"),
     # scratch: [h] = the row of verify entry h * ROW_HINT_STRIDE, read by the entries stage
     "verify_row_hints": (ROW_INDEX_DTYPE, lambda w, v: (row_hints(v),), "scratch"),
     # sticky out-of-range flags (PlanStatus), read and cleared by take_status()

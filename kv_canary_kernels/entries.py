@@ -21,7 +21,7 @@ from triton.language.extra.cuda import gdc_wait
 from .common import load_rows, load_valid_lens, window_start, write_entries, write_seeds
 
 _RUNTIME_INTS = [
-    "bs", "seed_programs", "scan_programs", "sums_stride", "window", "token_offset", "table_rows", "table_cols", "lut_len",
+    "bs", "seed_programs", "window", "token_offset", "table_rows", "table_cols", "lut_len",
     "pool_rows", "pool_cols",
 ]
 
@@ -31,11 +31,11 @@ def plan_entries_kernel(
     # inputs
     req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, req_to_token_ptr, lut_ptr,
     token_pool_ptr, valid_lens_ptr,
-    verify_offsets_ptr, row_hints_ptr, verify_num_valid_ptr, verify_enable_ptr, sums_ptr,
+    verify_offsets_ptr, row_hints_ptr, verify_num_valid_ptr, verify_enable_ptr,
     # outputs
     write_seed_ptr, slot_ptr, token_ptr, position_ptr, prev_slot_ptr, status_ptr,
     # runtime sizes
-    bs, seed_programs, scan_programs, sums_stride, window, token_offset, table_rows, table_cols, lut_len,
+    bs, seed_programs, window, token_offset, table_rows, table_cols, lut_len,
     pool_rows, pool_cols,
     HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr, BLOCK: tl.constexpr,
     ROW_WINDOW: tl.constexpr, HINT_STRIDE: tl.constexpr, USE_PDL: tl.constexpr,
@@ -56,15 +56,6 @@ def plan_entries_kernel(
     else:
         if USE_PDL:
             gdc_wait()  # launched early: wait for the offsets kernel's results
-        if pid == seed_programs:
-            # The offsets kernel is done: clear its published flags for the next plan.
-            for b in range(0, scan_programs, BLOCK):
-                blocks = b + tl.arange(0, BLOCK)
-                tl.store(
-                    sums_ptr + 2 * sums_stride + blocks,
-                    tl.zeros([BLOCK], tl.int64),
-                    mask=blocks < scan_programs,
-                )
         enabled = tl.load(verify_enable_ptr) != 0
         total = tl.where(enabled, tl.load(verify_num_valid_ptr), 0)
         step = (tl.num_programs(0) - seed_programs) * BLOCK

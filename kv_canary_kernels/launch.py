@@ -14,7 +14,7 @@ from kv_canary_buffers.layout import ROW_HINT_STRIDE, SCAN_BLOCK
 from kv_canary_buffers.validation import PlanArgs, validate_plan_args
 
 from .entries import plan_entries_kernel
-from .offsets import plan_offsets_kernel
+from .offsets import plan_offsets_kernel, scan_block_sums_kernel
 from .small_batch import plan_small_batch_kernel
 
 # Launch constants, chosen by `python benchmarks/bench_plan.py --tune` on an H200
@@ -82,8 +82,8 @@ def _device_config(device: torch.device) -> _DeviceConfig:
 def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     """Launch the plan's kernels on validated arguments, with no check at all.
 
-    ``bs < SCAN_BLOCK``: one launch (:func:`plan_small_batch_kernel`). Otherwise two:
-    offsets (a one-pass scan) and entries (with the seeds). This is the bare dispatch that :func:`launch_plan`
+    ``bs < SCAN_BLOCK``: one launch (:func:`plan_small_batch_kernel`). Otherwise three:
+    block sums, offsets, entries. This is the bare dispatch that :func:`launch_plan`
     wraps; benchmarks use it to measure the cost of validation. Call :func:`launch_plan`.
     """
     config = _device_config(buffers.device)
@@ -123,16 +123,20 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         return
 
     sums = buffers.scan_block_sums
-    scan_programs = triton.cdiv(bs + 1, SCAN_BLOCK)
-    plan_offsets_kernel[(scan_programs,)](
+    n_sum_blocks = triton.cdiv(bs, SCAN_BLOCK)
+    scan_block_sums_kernel[(n_sum_blocks,)](
+        args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
+        bs, window, sums.shape[1],
+        BLOCK=SCAN_BLOCK, USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS,
+    )
+    plan_offsets_kernel[(triton.cdiv(bs + 1, SCAN_BLOCK),)](
         args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
         buffers.write_offsets, buffers.write_num_valid_reqs,
         buffers.verify_offsets, buffers.verify_row_hints, buffers.verify_num_valid,
         buffers.verify_enable,
-        bs, sums.shape[1], buffers.verify_row_hints.shape[0], buffers.write_req_capacity,
-        buffers.verify_capacity, window,
-        BLOCK=SCAN_BLOCK, SUM_CHUNK=_SUM_CHUNK, HINT_STRIDE=ROW_HINT_STRIDE,
-        USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS,
+        bs, n_sum_blocks, sums.shape[1], buffers.write_req_capacity, buffers.verify_capacity,
+        window, BLOCK=SCAN_BLOCK, SUM_CHUNK=_SUM_CHUNK, HINT_STRIDE=ROW_HINT_STRIDE,
+        USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS, **config.pdl_options,
     )
     block = LUT_ENTRY_BLOCK if has_lut else ENTRY_BLOCK
     seed_programs = triton.cdiv(bs, block)
@@ -140,12 +144,11 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     plan_entries_kernel[(seed_programs + entry_grid,)](
         args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table, lut_t, pool_t,
         valid_t, buffers.verify_offsets, buffers.verify_row_hints, buffers.verify_num_valid,
-        buffers.verify_enable, sums,
+        buffers.verify_enable,
         buffers.write_seed_slot_indices, buffers.verify_slot_indices,
         buffers.verify_expected_tokens, buffers.verify_expected_positions,
         buffers.verify_prev_slot_indices, buffers.status,
-        bs, seed_programs, scan_programs, sums.shape[1], window,
-        args.kv_token_id_vs_position_offset, table_rows,
+        bs, seed_programs, window, args.kv_token_id_vs_position_offset, table_rows,
         table_cols, lut_len, pool_rows, pool_cols,
         HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=block, ROW_WINDOW=ROW_WINDOW,
         HINT_STRIDE=ROW_HINT_STRIDE, USE_PDL=config.use_pdl, num_warps=_ENTRIES_WARPS,
@@ -170,8 +173,9 @@ def launch_plan(
     :func:`kv_canary_buffers.plan_reference` (same arguments, shapes and dtypes).
 
     Runs the shared host-side validation and ``buffers.check()`` first, so a rejected
-    call writes nothing; then one kernel launch (``bs < 1024``) or two on the current
-    stream. It never allocates device memory, never syncs and is safe to capture in a CUDA graph
+    call writes nothing; then one kernel launch (``bs < 1024``) or three on the current
+    stream. It
+    never allocates device memory, never syncs and is safe to capture in a CUDA graph
     (see :class:`kv_canary_buffers.GraphInputs`). Input data outside the tables is not
     read: the affected values become padding values and a :class:`PlanStatus` bit is set
     in ``buffers.status`` (read it with ``buffers.take_status()``).

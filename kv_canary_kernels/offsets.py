@@ -1,45 +1,59 @@
-"""Offsets stage of the large-batch path (``bs >= SCAN_BLOCK``): a one-pass scan.
+"""Offsets stage of the large-batch path (``bs >= SCAN_BLOCK``): a two-level scan.
 
-Program ``b`` of :func:`plan_offsets_kernel` scans rows ``[b * BLOCK, (b + 1) * BLOCK)``:
-it publishes its block's (write, verify) sums in ``PlanBuffers.scan_block_sums``, adds the
-sums of the blocks before it as they appear (a look-back over published sums, so no
-separate block-sums launch), and writes both prefix sums, the row hints of the entries
-stage, its share of the zeroed tail of ``write_offsets`` and, in the program holding index
-``bs``, the counters. No memset, no torch op between the kernels. The entries kernel
-clears the published flags once it has read the offsets, ready for the next plan. The
-seeds and the rows' status bits need no scan: the entries kernel writes them too, off
-this stage's critical path.
+:func:`scan_block_sums_kernel` writes each block's (write, verify) sums into
+``PlanBuffers.scan_block_sums``; each program of :func:`plan_offsets_kernel` then adds the
+sums of the blocks before its own to a local scan and writes both prefix sums and, in the
+program holding index ``bs``, the counters, and zeroes its share of the tail of
+``write_offsets``. No memset, no torch op between the kernels. The seeds and the rows'
+status bits need no scan: the entries kernel writes them, off this stage's critical path.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .common import load_rows, write_offsets_and_counters, zero_offsets_tail
 
 # Every integer argument is a runtime value: a new bs, capacity or table shape must not
 # recompile, and Triton would otherwise specialise values equal to 1 (and divisibility).
+_SUMS_RUNTIME_INTS = ["bs", "window", "sums_stride"]
+
+
+@triton.jit(do_not_specialize=_SUMS_RUNTIME_INTS)
+def scan_block_sums_kernel(
+    req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, sums_ptr,
+    bs, window, sums_stride,
+    BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """``sums[0, b]`` / ``sums[1, b]``: write / verify entries of the rows of block ``b``."""
+    if USE_PDL:
+        gdc_launch_dependents()  # let the offsets kernel start loading its rows now
+    pid = tl.program_id(0)
+    rows = pid * BLOCK + tl.arange(0, BLOCK)
+    _in, _rp, _prefix, _active, vcount, wcount = load_rows(
+        req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window
+    )
+    tl.store(sums_ptr + pid, tl.sum(wcount, 0))
+    tl.store(sums_ptr + sums_stride + pid, tl.sum(vcount, 0))
+
+
 _OFFSETS_RUNTIME_INTS = [
-    "bs", "sums_stride", "n_row_hints", "write_capacity", "verify_capacity", "window",
+    "bs", "n_sum_blocks", "sums_stride", "write_capacity", "verify_capacity", "window",
 ]
 
 
 @triton.jit
-def write_row_hints(
-    row_hints_ptr, rows, v_excl, vcount, in_batch, n_row_hints, HINT_STRIDE: tl.constexpr
-):
+def write_row_hints(row_hints_ptr, rows, v_excl, vcount, enabled, HINT_STRIDE: tl.constexpr):
     """``row_hints[h]`` = the row holding verify entry ``h * HINT_STRIDE``, for every such
-    entry of ``rows`` below ``n_row_hints * HINT_STRIDE`` (the verify capacity, rounded up;
-    past it the plan overflows and no entry is written).
+    entry of ``rows`` (none when ``enabled`` is false: on overflow no entry exists).
 
     Row ``r`` holds entries ``[v_excl, v_excl + vcount)``, so the hints it owns are
     ``ceil(v_excl / S) .. ceil((v_excl + vcount) / S) - 1``: at most one for a row shorter
     than the stride, so the loop runs once or twice unless a row is much longer."""
     first = (v_excl + HINT_STRIDE - 1) // HINT_STRIDE
-    end = tl.minimum((v_excl + vcount + HINT_STRIDE - 1) // HINT_STRIDE, n_row_hints)
-    n_hints = tl.where(in_batch, tl.maximum(end - first, 0), 0)
+    n_hints = tl.where(enabled, (v_excl + vcount + HINT_STRIDE - 1) // HINT_STRIDE - first, 0)
     for k in range(0, tl.max(n_hints, 0)):
         tl.store(row_hints_ptr + first + k, rows, mask=k < n_hints)
 
@@ -47,14 +61,12 @@ def write_row_hints(
 @triton.jit(do_not_specialize=_OFFSETS_RUNTIME_INTS)
 def plan_offsets_kernel(
     # inputs
-    req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr,
-    # scratch: [0, b] / [1, b] write / verify entries of block b, [2, b] set once published
-    sums_ptr,
+    req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, sums_ptr,
     # outputs
     write_offsets_ptr, write_num_valid_reqs_ptr,
     verify_offsets_ptr, row_hints_ptr, verify_num_valid_ptr, verify_enable_ptr,
     # runtime sizes
-    bs, sums_stride, n_row_hints, write_capacity, verify_capacity, window,
+    bs, n_sum_blocks, sums_stride, write_capacity, verify_capacity, window,
     BLOCK: tl.constexpr, SUM_CHUNK: tl.constexpr, HINT_STRIDE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -64,40 +76,35 @@ def plan_offsets_kernel(
     in_batch, _rp, _prefix, _active, vcount, wcount = load_rows(
         req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window
     )
-    w_local = tl.sum(wcount, 0)
-    v_local = tl.sum(vcount, 0)
-    # Publish this block's sums, then its flag: the release orders the sums before it.
-    flags_ptr = sums_ptr + 2 * sums_stride
-    tl.store(sums_ptr + pid, w_local)
-    tl.store(sums_ptr + sums_stride + pid, v_local)
-    tl.debug_barrier()
-    tl.atomic_xchg(flags_ptr + pid, 1, sem="release")
     if USE_PDL:
-        gdc_launch_dependents()  # the entries kernel may start (its programs wait for us)
+        # Launched early (programmatic dependent launch): the rows above are inputs, but
+        # the block sums are the previous kernel's output.
+        gdc_launch_dependents()
+        gdc_wait()
 
-    # Look back: sum the blocks before this one as they publish. Blocks start in program
-    # order (as CUB's scans also assume), so every block waited on is running or done.
+    # Sums of the blocks before this one, and of all blocks.
     w_before = tl.full([], 0, tl.int64)
     v_before = tl.full([], 0, tl.int64)
-    for chunk in range(0, pid, SUM_CHUNK):
+    w_total = tl.full([], 0, tl.int64)
+    v_total = tl.full([], 0, tl.int64)
+    for chunk in range(0, n_sum_blocks, SUM_CHUNK):
         blocks = chunk + tl.arange(0, SUM_CHUNK)
+        valid = blocks < n_sum_blocks
+        w_sums = tl.load(sums_ptr + blocks, mask=valid, other=0)
+        v_sums = tl.load(sums_ptr + sums_stride + blocks, mask=valid, other=0)
         before = blocks < pid
-        waiting = tl.full([], 1, tl.int32)
-        while waiting > 0:  # spin until every block before this one has published
-            ready = tl.atomic_add(flags_ptr + blocks, 0, mask=before, sem="acquire")
-            waiting = tl.sum((before & (ready == 0)).to(tl.int32), 0)
-        w_sums = tl.load(sums_ptr + blocks, mask=before, other=0, volatile=True)
-        v_sums = tl.load(sums_ptr + sums_stride + blocks, mask=before, other=0, volatile=True)
-        w_before += tl.sum(w_sums, 0)
-        v_before += tl.sum(v_sums, 0)
+        w_before += tl.sum(tl.where(before, w_sums, 0), 0)
+        v_before += tl.sum(tl.where(before, v_sums, 0), 0)
+        w_total += tl.sum(w_sums, 0)
+        v_total += tl.sum(v_sums, 0)
 
-    # Only the program holding index bs needs the totals, and it holds the last rows.
-    v_total = v_before + v_local
     v_excl = v_before + tl.cumsum(vcount, 0) - vcount
     tl.store(verify_offsets_ptr + rows, tl.where(in_batch, v_excl, v_total), mask=rows <= bs)
-    write_row_hints(row_hints_ptr, rows, v_excl, vcount, in_batch, n_row_hints, HINT_STRIDE)
+    write_row_hints(
+        row_hints_ptr, rows, v_excl, vcount, in_batch & (v_total <= verify_capacity), HINT_STRIDE
+    )
     write_offsets_and_counters(
-        rows, in_batch, wcount, w_before, w_before + w_local, v_total, pid == bs // BLOCK,
+        rows, in_batch, wcount, w_before, w_total, v_total, pid == bs // BLOCK,
         write_offsets_ptr, write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr,
         bs, write_capacity, verify_capacity,
     )

@@ -29,7 +29,7 @@ def test_allocate_sizes_every_tensor_by_construction():
         "verify_num_valid": (i32, (1,)),
         "verify_enable": (i32, (1,)),
         "verify_offsets": (i64, (6,)),
-        "scan_block_sums": (i64, (3, 1)),
+        "scan_block_sums": (i64, (2, 1)),
         "verify_row_hints": (i32, (1,)),
         "status": (i32, (1,)),
         "dummy_int64": (i64, (1,)),
@@ -44,10 +44,8 @@ def test_allocate_sizes_every_tensor_by_construction():
 
 
 def test_scan_scratch_covers_every_block():
-    # one column per offsets program: the write_req_capacity + 1 offsets, in SCAN_BLOCKs
-    assert make(w=SCAN_BLOCK - 1).scan_block_sums.shape == (3, 1)
-    assert make(w=SCAN_BLOCK).scan_block_sums.shape == (3, 2)
-    assert make(w=3 * SCAN_BLOCK + 1).scan_block_sums.shape == (3, 4)
+    b = make(w=3 * SCAN_BLOCK + 1)
+    assert b.scan_block_sums.shape == (2, 4)
 
 
 def test_row_hints_cover_every_stride_of_verify_entries():
@@ -58,8 +56,8 @@ def test_row_hints_cover_every_stride_of_verify_entries():
 @pytest.mark.parametrize("w, v", [(1, 1), (4, 16), (5000, 123457)])
 def test_allocation_bytes_equals_nbytes(w, v):
     assert PlanBuffers.allocation_bytes(w, v) == make(w, v).nbytes
-    nb = -(-(w + 1) // SCAN_BLOCK)
-    int64s = (w + 1) + w + 4 * v + (w + 1) + 3 * nb + 1
+    nb = -(-w // SCAN_BLOCK)
+    int64s = (w + 1) + w + 4 * v + (w + 1) + 2 * nb + 1
     int32s = 3 + -(-v // ROW_HINT_STRIDE) + 1 + 1
     assert PlanBuffers.allocation_bytes(w, v) == 8 * int64s + 4 * int32s
 

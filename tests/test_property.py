@@ -210,26 +210,3 @@ def test_large_path_finds_rows_in_registers_and_in_memory(window):
     launch_plan(out, **kwargs)
     assert_buffers_equal(out, ref, bs)
     assert observed(out, bs)["verify_num_valid"] == total
-
-
-def test_large_path_reuses_its_scan_scratch_across_plans():
-    """The look-back flags are cleared by each plan for the next one, on batches that grow
-    and shrink across the same buffers (stale flags would let a block skip its wait)."""
-    capacity = 3 * SCAN_BLOCK + 5
-    out = PlanBuffers.allocate(write_req_capacity=capacity, verify_capacity=9000, device=DEVICE)
-    ref = PlanBuffers.allocate(write_req_capacity=capacity, verify_capacity=9000, device=DEVICE)
-    for seed, bs in enumerate([capacity, SCAN_BLOCK + 1, 2 * SCAN_BLOCK, capacity]):
-        g = torch.Generator().manual_seed(seed)
-        rp = torch.randint(1, 16, (bs,), generator=g)
-        rp[torch.rand(bs, generator=g) < 0.8] = 0
-        kwargs = on_device(dict(
-            req_pool_indices=rp,
-            prefix_lens=torch.randint(0, 9, (bs,), generator=g),
-            extend_seq_lens=torch.randint(0, 3, (bs,), generator=g),
-            req_to_token=torch.randint(0, 100, (16, 8), generator=g).to(I32),
-        ))
-        poison(out)
-        launch_plan(out, **kwargs)
-        plan_reference(ref, **kwargs)
-        assert_buffers_equal(out, ref, bs)
-        assert (out.scan_block_sums[2] == 0).all()
