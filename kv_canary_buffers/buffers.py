@@ -86,7 +86,7 @@ class PlanBuffers:
     verify_enable               int32    ``[1]``       1, or 0 when the entries overflowed
     verify_offsets              int64    ``[Cw + 1]``  scratch: prefix sum of verify counts
     scan_block_sums             int64    ``[2, nb]``   scratch: per-block sums of the scan,
-                                                       ``nb = ceil(Cw / SCAN_BLOCK)``
+                                                       ``nb = ceil(Cw / OFFSETS_BLOCK)``
     verify_row_hints            int32    ``[nh]``      scratch: row of every 512th entry,
                                                        ``nh = ceil(Cv / ROW_HINT_STRIDE)``
     status                      int32    ``[1]``       sticky :class:`PlanStatus` bits

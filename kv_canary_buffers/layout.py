@@ -42,8 +42,12 @@ MAX_CAPACITY = 2**31 - 1
 """Counters are int32, so no capacity may exceed this."""
 
 SCAN_BLOCK = 1024
-"""Rows per program of the offsets scan; sizes the scan scratch (one sum per block)."""
+"""Batches of fewer rows take the one-launch path, whose programs each scan all the rows
+in registers; larger ones take the two-level scan."""
 
+OFFSETS_BLOCK = 256
+"""Rows per program of the two-level scan (many short programs: the scan is latency);
+sizes the scan scratch (one sum per block)."""
 
 ROW_HINT_STRIDE = 512
 """Verify entries per row hint: the offsets stage records the row of every
@@ -52,7 +56,7 @@ ROW_HINT_STRIDE = 512
 
 def scan_blocks(write_req_capacity: int) -> int:
     """Number of scan blocks a batch of ``write_req_capacity`` rows can span."""
-    return max(1, -(-write_req_capacity // SCAN_BLOCK))
+    return max(1, -(-write_req_capacity // OFFSETS_BLOCK))
 
 
 def row_hints(verify_capacity: int) -> int:

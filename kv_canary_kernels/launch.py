@@ -10,7 +10,7 @@ import torch
 import triton
 
 from kv_canary_buffers.buffers import PlanBuffers
-from kv_canary_buffers.layout import ROW_HINT_STRIDE, SCAN_BLOCK
+from kv_canary_buffers.layout import OFFSETS_BLOCK, ROW_HINT_STRIDE, SCAN_BLOCK
 from kv_canary_buffers.validation import PlanArgs, validate_plan_args
 
 from .entries import plan_entries_kernel
@@ -123,19 +123,19 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         return
 
     sums = buffers.scan_block_sums
-    n_sum_blocks = triton.cdiv(bs, SCAN_BLOCK)
+    n_sum_blocks = triton.cdiv(bs, OFFSETS_BLOCK)
     scan_block_sums_kernel[(n_sum_blocks,)](
         args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
         bs, window, sums.shape[1],
-        BLOCK=SCAN_BLOCK, USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS,
+        BLOCK=OFFSETS_BLOCK, USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS,
     )
-    plan_offsets_kernel[(triton.cdiv(bs + 1, SCAN_BLOCK),)](
+    plan_offsets_kernel[(triton.cdiv(bs + 1, OFFSETS_BLOCK),)](
         args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
         buffers.write_offsets, buffers.write_num_valid_reqs,
         buffers.verify_offsets, buffers.verify_row_hints, buffers.verify_num_valid,
         buffers.verify_enable,
         bs, n_sum_blocks, sums.shape[1], buffers.write_req_capacity, buffers.verify_capacity,
-        window, BLOCK=SCAN_BLOCK, SUM_CHUNK=_SUM_CHUNK, HINT_STRIDE=ROW_HINT_STRIDE,
+        window, BLOCK=OFFSETS_BLOCK, SUM_CHUNK=_SUM_CHUNK, HINT_STRIDE=ROW_HINT_STRIDE,
         USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS, **config.pdl_options,
     )
     block = LUT_ENTRY_BLOCK if has_lut else ENTRY_BLOCK

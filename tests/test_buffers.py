@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference
-from kv_canary_buffers.layout import BUFFER_SPECS, ROW_HINT_STRIDE, SCAN_BLOCK
+from kv_canary_buffers.layout import BUFFER_SPECS, OFFSETS_BLOCK, ROW_HINT_STRIDE
 
 OFFSETS_MSG = "kv-canary: write_offsets_len must equal write_req_capacity + 1, got {} and {}"
 
@@ -44,7 +44,7 @@ def test_allocate_sizes_every_tensor_by_construction():
 
 
 def test_scan_scratch_covers_every_block():
-    b = make(w=3 * SCAN_BLOCK + 1)
+    b = make(w=3 * OFFSETS_BLOCK + 1)
     assert b.scan_block_sums.shape == (2, 4)
 
 
@@ -56,7 +56,7 @@ def test_row_hints_cover_every_stride_of_verify_entries():
 @pytest.mark.parametrize("w, v", [(1, 1), (4, 16), (5000, 123457)])
 def test_allocation_bytes_equals_nbytes(w, v):
     assert PlanBuffers.allocation_bytes(w, v) == make(w, v).nbytes
-    nb = -(-w // SCAN_BLOCK)
+    nb = -(-w // OFFSETS_BLOCK)
     int64s = (w + 1) + w + 4 * v + (w + 1) + 2 * nb + 1
     int32s = 3 + -(-v // ROW_HINT_STRIDE) + 1 + 1
     assert PlanBuffers.allocation_bytes(w, v) == 8 * int64s + 4 * int32s

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference
-from kv_canary_buffers.layout import ROW_HINT_STRIDE, SCAN_BLOCK
+from kv_canary_buffers.layout import OFFSETS_BLOCK, ROW_HINT_STRIDE, SCAN_BLOCK
 from kv_canary_kernels import launch_plan
 
 from conftest import DEVICE
@@ -128,9 +128,10 @@ def test_kernels_pad_and_flag_data_outside_the_tables(case):
 @pytest.mark.parametrize(
     "bs, capacity",
     [
-        (SCAN_BLOCK - 1, SCAN_BLOCK),  # largest single-block batch
-        (SCAN_BLOCK, SCAN_BLOCK),  # index bs opens a block of its own
-        (SCAN_BLOCK + 1, 3 * SCAN_BLOCK),  # two blocks, capacity tail spans blocks
+        (SCAN_BLOCK - 1, SCAN_BLOCK),  # largest one-launch batch
+        (SCAN_BLOCK, SCAN_BLOCK),  # smallest two-level one; index bs opens a scan block
+        (SCAN_BLOCK + 1, 3 * SCAN_BLOCK),  # capacity tail spans scan blocks
+        (SCAN_BLOCK + OFFSETS_BLOCK, SCAN_BLOCK + OFFSETS_BLOCK),  # bs opens a scan block
         (4097, 4097),  # past SGLang's 4096-row single-program scan
         (5000, 9000),
         (4 * SCAN_BLOCK, 4 * SCAN_BLOCK),
