@@ -257,25 +257,35 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
         rec.add("alloc", "launch_plan", "allocations_per_100", after - before, **case)
 
 
+TUNE_CONFIGS = [
+    {},  # the defaults of kv_canary_kernels/launch.py
+    {"SMALL_ENTRY_BLOCK": 512},
+    {"SMALL_PROGRAMS_PER_SM": 32},
+    {"ENTRY_BLOCK": 512},
+    {"LUT_ENTRY_BLOCK": 1024},
+    {"ENTRY_PROGRAMS_PER_SM": 4},
+    {"ROW_WINDOW": 16},
+    {"ROW_WINDOW": 64},
+    {"_ENTRIES_OPTIONS": {"maxnreg": 40}},
+]
+"""One launch constant changed at a time from the defaults (a register cap included)."""
+
+
 def tune_gpu(rec: Recorder, replays: int) -> None:
-    """Sweep the launch constants of the entries stage (programs per SM, block, warps,
-    register cap); each configuration sets all three entry-block constants alike."""
+    """Sweep the launch constants of ``kv_canary_kernels.launch``, one at a time from the
+    defaults (:data:`TUNE_CONFIGS`), over batches of both paths, SWA off and on."""
     from kv_canary_kernels import launch, launch_plan
 
-    names = ("ENTRY_PROGRAMS_PER_SM", "ENTRY_BLOCK", "LUT_ENTRY_BLOCK", "SMALL_ENTRY_BLOCK",
-             "_ENTRIES_WARPS", "_ENTRIES_OPTIONS")
+    names = sorted({name for config in TUNE_CONFIGS for name in config})
     saved = {n: getattr(launch, n) for n in names}
-    cases = [(bs, w) for bs in (64, 256, 4096, 65536) for w in (0, WINDOW)]
+    cases = [(bs, w) for bs in (64, 256, 1000, 4096, 65536) for w in (0, WINDOW)]
     inputs = {c: make_batch(c[0], window=c[1], pool=True, device="cuda", seed=c[0]) for c in cases}
-    configs = [(32, 1024, 8, None), (32, 1024, 8, 40), (32, 1024, 8, 32), (32, 512, 8, None),
-               (32, 512, 8, 32), (32, 2048, 16, 32), (64, 1024, 8, 32)]
     try:
-        for per_sm, block, warps, maxnreg in configs:
-            options = {} if maxnreg is None else {"maxnreg": maxnreg}
-            for name, value in zip(names, (per_sm, block, block, block, warps, options)):
-                setattr(launch, name, value)
+        for config in TUNE_CONFIGS:
+            for name, value in saved.items():
+                setattr(launch, name, config.get(name, value))
             launch._device_config.cache_clear()
-            impl = f"sm{per_sm}_b{block}_w{warps}_r{maxnreg or 'auto'}"
+            impl = " ".join(f"{k}={v}" for k, v in config.items()) or "defaults"
             for (bs, w), kwargs in inputs.items():
                 entries = verify_entries(kwargs)
                 bufs = PlanBuffers.allocate(
