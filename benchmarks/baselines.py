@@ -8,6 +8,10 @@
   a single-program offsets scan (one program, one lane per row, so bs <= 4096) and a
   persistent entries kernel with a full binary search per entry. No bounds checks.
 
+- ``write_only_plan`` and ``empty_launch``: not plans but floors measured the same way: a
+  kernel that only writes the four int64 verify outputs (no reads, no logic), and one
+  launch of a kernel that writes one word.
+
 All assume valid data (no entries outside the tables) and are benchmark baselines only.
 """
 
@@ -233,3 +237,35 @@ def sglang_design_plan(
         pool.shape[1] if pool is not None else 0, max(1, bs).bit_length(),
         HAS_LUT=lut is not None, HAS_POOL=pool is not None, BLOCK=1024, num_warps=4,
     )
+
+
+@triton.jit
+def _write_only_kernel(slot_ptr, token_ptr, position_ptr, prev_ptr, n, BLOCK: tl.constexpr):
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n
+    value = idx.to(tl.int64)
+    tl.store(slot_ptr + idx, value, mask=mask)
+    tl.store(token_ptr + idx, value, mask=mask)
+    tl.store(position_ptr + idx, value, mask=mask)
+    tl.store(prev_ptr + idx, value, mask=mask)
+
+
+def write_only_plan(buffers: PlanBuffers, entries: int) -> None:
+    """Write ``entries`` values into each of the four verify outputs, nothing else: the
+    time a plan of that many entries needs for its stores alone, launch included."""
+    block = 1024
+    _write_only_kernel[(triton.cdiv(entries, block),)](
+        buffers.verify_slot_indices, buffers.verify_expected_tokens,
+        buffers.verify_expected_positions, buffers.verify_prev_slot_indices,
+        entries, BLOCK=block, num_warps=8,
+    )
+
+
+@triton.jit
+def _empty_kernel(ptr):
+    tl.store(ptr, 1)
+
+
+def empty_launch(buffers: PlanBuffers) -> None:
+    """One launch of a kernel that stores one word: the per-launch floor."""
+    _empty_kernel[(1,)](buffers.status)

@@ -9,7 +9,8 @@
 CPU: time per ``plan_reference`` call against a plain-Python loop of the same plan
 (median over repeats, ``time.perf_counter``).
 CUDA: GPU time per plan (median over CUDA-graph replays timed with CUDA events) of
-``launch_plan``, a torch-only plan and SGLang's design, next to the bandwidth floor; host
+``launch_plan``, a torch-only plan and SGLang's design, next to the bandwidth floor, a
+kernel that only writes the verify outputs and an empty launch (timed the same way); host
 time per eager ``launch_plan`` against the bare dispatch of the same kernels; device
 allocations during 100 launches.
 
@@ -188,11 +189,15 @@ def graph_time_us(fn: Callable[[], None], replays: int, plans_per_graph: int = 1
 
 
 def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
-    from baselines import SGLANG_MAX_BS, sglang_design_plan, torch_plan
+    from baselines import SGLANG_MAX_BS, empty_launch, sglang_design_plan, torch_plan, write_only_plan
     from kv_canary_kernels import dispatch_plan, launch_plan
 
     bandwidth = copy_bandwidth()
     rec.add("gpu", "d2d_copy", "GB_per_s", bandwidth / 1e9)
+    scratch = PlanBuffers.allocate(write_req_capacity=1, verify_capacity=1, device="cuda")
+    rec.add("gpu", "empty_launch", "us_per_launch",
+            graph_time_us(lambda: empty_launch(scratch), replays))
+    del scratch
 
     # GPU time per plan, all implementations side by side.
     for window in (0, WINDOW):
@@ -215,6 +220,12 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
                 us = graph_time_us(lambda: fn(buffers, **kwargs), replays)
                 rec.add("gpu_time", name, "us_per_plan", us, **case)
                 del buffers
+            buffers = PlanBuffers.allocate(
+                write_req_capacity=bs, verify_capacity=entries, device="cuda"
+            )
+            us = graph_time_us(lambda: write_only_plan(buffers, entries), replays)
+            rec.add("gpu_time", "write_only", "us_per_plan", us, **case)
+            del buffers
             floor = plan_bytes(kwargs, entries) / bandwidth * 1e6
             rec.add("gpu_time", "bandwidth_floor", "us_per_plan", floor, **case)
             del ref, kwargs
@@ -259,7 +270,9 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
 
 TUNE_CONFIGS = [
     {},  # the defaults of kv_canary_kernels/launch.py
+    {"SMALL_ENTRY_BLOCK": 128},
     {"SMALL_ENTRY_BLOCK": 512},
+    {"SMALL_PROGRAMS_PER_SM": 4},
     {"SMALL_PROGRAMS_PER_SM": 32},
     {"ENTRY_BLOCK": 512},
     {"LUT_ENTRY_BLOCK": 1024},
@@ -332,10 +345,11 @@ def plot(rows: List[Dict], out_dir: Path) -> None:
     if gpu:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
         for ax, swa in zip(axes, sorted({r["swa"] for r in gpu})):
-            for impl in ("launch_plan", "sglang_design", "torch_only", "bandwidth_floor"):
+            for impl in ("launch_plan", "sglang_design", "torch_only", "write_only",
+                         "bandwidth_floor"):
                 pts = sorted((r["bs"], r["value"]) for r in gpu if r["swa"] == swa and r["impl"] == impl)
                 if pts:
-                    style = "--" if impl == "bandwidth_floor" else "-o"
+                    style = "--" if impl in ("bandwidth_floor", "write_only") else "-o"
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=impl)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
