@@ -8,9 +8,10 @@
   a single-program offsets scan (one program, one lane per row, so bs <= 4096) and a
   persistent entries kernel with a full binary search per entry. No bounds checks.
 
-- ``write_only_plan`` and ``empty_launch``: not plans but floors measured the same way: a
-  kernel that only writes the four int64 verify outputs (no reads, no logic), and one
-  launch of a kernel that writes one word.
+- ``write_only_plan`` and ``empty_launch``: not plans but references measured the same
+  way: a plain kernel that only writes the four int64 verify outputs (streaming stores,
+  one 1024-entry block per program; no reads, no logic), and one launch of a kernel that
+  writes one word.
 
 All assume valid data (no entries outside the tables) and are benchmark baselines only.
 """
@@ -244,10 +245,11 @@ def _write_only_kernel(slot_ptr, token_ptr, position_ptr, prev_ptr, n, BLOCK: tl
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < n
     value = idx.to(tl.int64)
-    tl.store(slot_ptr + idx, value, mask=mask)
-    tl.store(token_ptr + idx, value, mask=mask)
-    tl.store(position_ptr + idx, value, mask=mask)
-    tl.store(prev_ptr + idx, value, mask=mask)
+    # the same streaming stores as the plan's entries
+    tl.store(slot_ptr + idx, value, mask=mask, cache_modifier=".cs")
+    tl.store(token_ptr + idx, value, mask=mask, cache_modifier=".cs")
+    tl.store(position_ptr + idx, value, mask=mask, cache_modifier=".cs")
+    tl.store(prev_ptr + idx, value, mask=mask, cache_modifier=".cs")
 
 
 def write_only_plan(buffers: PlanBuffers, entries: int) -> None:
