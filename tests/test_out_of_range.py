@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference
+from kv_canary_buffers.layout import SCAN_BLOCK
 from kv_canary_kernels import launch_plan
 
 from helpers import assert_matches_oracle, assert_untouched, poison, snapshot
@@ -124,3 +125,24 @@ def test_lut_is_not_checked_for_entries_skipped_by_overflow(plan, device):
     plan(buffers, **kwargs)  # 5 entries > 4: overflow, so slot 99 is never looked up
     assert int(buffers.verify_enable) == 0
     assert buffers.take_status() == PlanStatus.OK
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_large_path_raises_the_status_bit_and_writes_padding_values(device, case):
+    """The same cases behind SCAN_BLOCK padding rows, so that the large path plans them
+    (its seed programs and entry blocks raise the bits there)."""
+    mutate, bit, _message = CASES[case]
+    kwargs = base(device)
+    mutate(kwargs)
+    pad = torch.zeros(SCAN_BLOCK, dtype=I64, device=device)
+    for name in ("req_pool_indices", "prefix_lens", "extend_seq_lens",
+                 "req_to_verify_expected_tokens_valid_lens"):
+        kwargs[name] = torch.cat([pad, kwargs[name]])
+    bs = SCAN_BLOCK + 3
+    buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=32, device=device)
+    poison(buffers)
+    launch_plan(buffers, **kwargs)
+    expected = loop_plan(write_req_capacity=bs, verify_capacity=32, pad_bad=True, **kwargs)
+    assert expected["flags"] == bit
+    assert_matches_oracle(buffers, bs, expected)
+    assert buffers.take_status() == bit
