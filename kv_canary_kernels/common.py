@@ -22,26 +22,63 @@ def window_start(prefix_len, window):
 
 
 @triton.jit
-def load_valid_lens(valid_lens_ptr, rows, bs, HAS_POOL: tl.constexpr):
-    """Per-row valid lengths of the token pool (zeros without a pool)."""
+def load_valid_lens(valid_lens_ptr, rows, mask, HAS_POOL: tl.constexpr):
+    """Valid lengths of the token pool for ``rows`` (masked lanes and no pool: zeros)."""
     if HAS_POOL:
-        valid_len = tl.load(valid_lens_ptr + rows, mask=rows < bs, other=0)
+        valid_len = tl.load(valid_lens_ptr + rows, mask=mask, other=0)
     else:
         valid_len = tl.zeros(rows.shape, tl.int64)
     return valid_len
 
 
 @triton.jit
-def load_rows(req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window):
-    """Per-row inputs and the contract's ``(active, vcount, wcount)`` for ``rows``."""
+def load_verify_rows(req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window):
+    """Per-row inputs of the verify plan and the contract's ``(active, vcount)``."""
     in_batch = rows < bs
     rp = tl.load(req_pool_indices_ptr + rows, mask=in_batch, other=0)
     prefix = tl.load(prefix_lens_ptr + rows, mask=in_batch, other=0)
-    extend = tl.load(extend_seq_lens_ptr + rows, mask=in_batch, other=0)
     active = in_batch & (rp != 0)
     vcount = tl.where(active, tl.maximum(prefix - window_start(prefix, window), 0), 0)
-    wcount = tl.where(active, tl.maximum(extend, 0), 0)
+    return in_batch, rp, prefix, active, vcount
+
+
+@triton.jit
+def load_write_counts(extend_seq_lens_ptr, rows, in_batch, active):
+    """The contract's ``wcount`` of ``rows``."""
+    extend = tl.load(extend_seq_lens_ptr + rows, mask=in_batch, other=0)
+    return tl.where(active, tl.maximum(extend, 0), 0)
+
+
+@triton.jit
+def load_rows(req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window):
+    """Per-row inputs and the contract's ``(active, vcount, wcount)`` for ``rows``."""
+    in_batch, rp, prefix, active, vcount = load_verify_rows(
+        req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window
+    )
+    wcount = load_write_counts(extend_seq_lens_ptr, rows, in_batch, active)
     return in_batch, rp, prefix, active, vcount, wcount
+
+
+@triton.jit
+def find_rows(first, n_rows, entry, offsets, IN_REGISTERS: tl.constexpr, BLOCK: tl.constexpr):
+    """Per lane: the last index ``k`` in ``[first, first + n_rows)`` (``n_rows >= 1``) with
+    ``offsets[k] <= entry``, by a binary search of ``bit_length(n_rows - 1)`` steps.
+    ``offsets`` is a vector in registers (``IN_REGISTERS``, read with ``tl.gather``) or a
+    pointer to the offsets in memory."""
+    lo = tl.zeros([BLOCK], tl.int32) + first
+    hi = lo + n_rows
+    span = n_rows - 1
+    while span > 0:
+        mid = (lo + hi) // 2
+        if IN_REGISTERS:
+            value = tl.gather(offsets, mid, 0)
+        else:
+            value = tl.load(offsets + mid)
+        go_right = value <= entry
+        lo = tl.where(go_right, mid, lo)
+        hi = tl.where(go_right, hi, mid)
+        span = span // 2
+    return lo
 
 
 @triton.jit

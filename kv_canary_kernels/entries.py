@@ -18,7 +18,14 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from .common import load_rows, load_valid_lens, window_start, write_entries, write_seeds
+from .common import (
+    find_rows,
+    load_rows,
+    load_valid_lens,
+    window_start,
+    write_entries,
+    write_seeds,
+)
 
 _RUNTIME_INTS = [
     "bs", "seed_programs", "window", "token_offset", "table_rows", "table_cols", "lut_len",
@@ -49,7 +56,7 @@ def plan_entries_kernel(
         )
         bits = write_seeds(
             rows, in_batch, rp, prefix, active, wcount,
-            load_valid_lens(valid_lens_ptr, rows, bs, HAS_POOL),
+            load_valid_lens(valid_lens_ptr, rows, in_batch, HAS_POOL),
             req_to_token_ptr, lut_ptr, write_seed_ptr,
             table_rows, table_cols, lut_len, pool_rows, pool_cols, HAS_LUT, HAS_POOL,
         )
@@ -75,45 +82,25 @@ def plan_entries_kernel(
                 w_rp = tl.load(req_pool_indices_ptr + w_rows, mask=w_valid, other=0)
                 w_prefix = tl.load(prefix_lens_ptr + w_rows, mask=w_valid, other=0)
                 w_base = window_start(w_prefix, window) - w_offsets  # pos = base + entry
-                k = tl.zeros([BLOCK], tl.int32)
-                hi = tl.zeros([BLOCK], tl.int32) + n_rows
-                span = n_rows - 1
-                while span > 0:  # bit_length(span) steps narrow every lane to one row
-                    mid = (k + hi) // 2
-                    go_right = tl.gather(w_offsets, mid, 0) <= entry
-                    k = tl.where(go_right, mid, k)
-                    hi = tl.where(go_right, hi, mid)
-                    span = span // 2
+                w_valid_lens = load_valid_lens(valid_lens_ptr, w_rows, w_valid, HAS_POOL)
+                k = find_rows(0, n_rows, entry, w_offsets, True, BLOCK)
                 row = first_row + k
                 rp = tl.gather(w_rp, k, 0)
                 pos = tl.gather(w_base, k, 0) + entry
-                if HAS_POOL:
-                    w_valid_lens = tl.load(valid_lens_ptr + w_rows, mask=w_valid, other=0)
-                    valid_len = tl.gather(w_valid_lens, k, 0)
-                else:
-                    valid_len = tl.zeros([BLOCK], tl.int64)
+                valid_len = tl.gather(w_valid_lens, k, 0)
             else:
                 # Many short rows: binary search in memory, up to the next block's row.
                 next_start = start + BLOCK
                 next_row = tl.load(
                     row_hints_ptr + next_start // HINT_STRIDE, mask=next_start < total, other=bs - 1
                 ).to(tl.int32)
-                row = tl.zeros([BLOCK], tl.int32) + first_row
-                hi = tl.zeros([BLOCK], tl.int32) + next_row + 1
-                span = next_row - first_row
-                while span > 0:
-                    mid = (row + hi) // 2
-                    go_right = tl.load(verify_offsets_ptr + mid) <= entry
-                    row = tl.where(go_right, mid, row)
-                    hi = tl.where(go_right, hi, mid)
-                    span = span // 2
+                row = find_rows(
+                    first_row, next_row - first_row + 1, entry, verify_offsets_ptr, False, BLOCK
+                )
                 rp = tl.load(req_pool_indices_ptr + row)
                 prefix = tl.load(prefix_lens_ptr + row)
                 pos = window_start(prefix, window) + (entry - tl.load(verify_offsets_ptr + row))
-                if HAS_POOL:
-                    valid_len = tl.load(valid_lens_ptr + row)
-                else:
-                    valid_len = tl.zeros([BLOCK], tl.int64)
+                valid_len = load_valid_lens(valid_lens_ptr, row, in_range, HAS_POOL)
             bits |= write_entries(
                 entry, in_range, row, rp, pos, valid_len,
                 req_to_token_ptr, lut_ptr, token_pool_ptr,

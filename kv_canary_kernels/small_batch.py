@@ -15,7 +15,10 @@ import triton
 import triton.language as tl
 
 from .common import (
+    find_rows,
     load_valid_lens,
+    load_verify_rows,
+    load_write_counts,
     window_start,
     write_entries,
     write_offsets_and_counters,
@@ -46,17 +49,14 @@ def plan_small_batch_kernel(
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, ROWS)
-    in_batch = rows < bs
-    rp = tl.load(req_pool_indices_ptr + rows, mask=in_batch, other=0)
-    prefix = tl.load(prefix_lens_ptr + rows, mask=in_batch, other=0)
-    active = in_batch & (rp != 0)
-    first = window_start(prefix, window)
-    vcount = tl.where(active, tl.maximum(prefix - first, 0), 0)
+    # Only program 0 needs the write counts: the others load the verify inputs alone.
+    in_batch, rp, prefix, active, vcount = load_verify_rows(
+        req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window
+    )
     v_total = tl.sum(vcount, 0)
     zero_offsets_tail(write_offsets_ptr, write_capacity, 1 + pid, nprog, ROWS)
     if pid == 0:
-        extend = tl.load(extend_seq_lens_ptr + rows, mask=in_batch, other=0)
-        wcount = tl.where(active, tl.maximum(extend, 0), 0)
+        wcount = load_write_counts(extend_seq_lens_ptr, rows, in_batch, active)
         write_offsets_and_counters(
             rows, in_batch, wcount, 0, tl.sum(wcount, 0), v_total, True,
             write_offsets_ptr, write_num_valid_reqs_ptr, verify_num_valid_ptr,
@@ -64,7 +64,7 @@ def plan_small_batch_kernel(
         )
         bits = write_seeds(
             rows, in_batch, rp, prefix, active, wcount,
-            load_valid_lens(valid_lens_ptr, rows, bs, HAS_POOL),
+            load_valid_lens(valid_lens_ptr, rows, in_batch, HAS_POOL),
             req_to_token_ptr, lut_ptr, write_seed_ptr,
             table_rows, table_cols, lut_len, pool_rows, pool_cols, HAS_LUT, HAS_POOL,
         )
@@ -75,7 +75,7 @@ def plan_small_batch_kernel(
         # most verify_capacity < 2**31 (and with one the loop below does not run).
         count = vcount.to(tl.int32)
         v_excl = tl.cumsum(count, 0) - count
-        first_pos = first - v_excl  # entry t of row r: first_pos[r] + t
+        first_pos = window_start(prefix, window) - v_excl  # entry t of row r: first_pos[r] + t
         bits = tl.full([], 0, tl.int32)
         for start in range((pid - 1) * BLOCK, total, (nprog - 1) * BLOCK):
             entry = start + tl.arange(0, BLOCK)
@@ -91,22 +91,11 @@ def plan_small_batch_kernel(
             )
             first_row = (counts & 0xFFFF) - 1
             last_row = (counts >> 16) - 1
-            lo = tl.zeros([BLOCK], tl.int32) + first_row
-            hi = tl.zeros([BLOCK], tl.int32) + last_row + 1
-            span = last_row - first_row
-            while span > 0:
-                mid = (lo + hi) // 2
-                go_right = tl.gather(v_excl, mid, 0) <= entry
-                lo = tl.where(go_right, mid, lo)
-                hi = tl.where(go_right, hi, mid)
-                span = span // 2
-            if HAS_POOL:
-                valid_len = tl.load(valid_lens_ptr + lo, mask=in_range, other=0)
-            else:
-                valid_len = tl.zeros([BLOCK], tl.int64)
+            row = find_rows(first_row, last_row - first_row + 1, entry, v_excl, True, BLOCK)
             bits |= write_entries(
-                entry, in_range, lo, tl.gather(rp, lo, 0), tl.gather(first_pos, lo, 0) + entry,
-                valid_len,
+                entry, in_range, row, tl.gather(rp, row, 0),
+                tl.gather(first_pos, row, 0) + entry,
+                load_valid_lens(valid_lens_ptr, row, in_range, HAS_POOL),
                 req_to_token_ptr, lut_ptr, token_pool_ptr,
                 slot_ptr, token_ptr, position_ptr, prev_slot_ptr,
                 token_offset, table_rows, table_cols, lut_len, pool_rows, pool_cols,
