@@ -81,17 +81,27 @@ def test_reference_raises_naming_row_and_value_and_writes_nothing(device, case):
     assert_untouched(buffers, before)
 
 
+@pytest.mark.parametrize("padding_rows", [0, SCAN_BLOCK], ids=["small path", "large path"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_kernels_raise_the_status_bit_and_write_padding_values(device, case):
+def test_kernels_raise_the_status_bit_and_write_padding_values(device, case, padding_rows):
+    """On both kernel paths: the large path plans the same rows behind SCAN_BLOCK padding
+    rows (its seed programs and entry blocks raise the bits there)."""
     mutate, bit, _message = CASES[case]
     kwargs = base(device)
     mutate(kwargs)
-    buffers = PlanBuffers.allocate(write_req_capacity=4, verify_capacity=32, device=device)
+    pad = torch.zeros(padding_rows, dtype=I64, device=device)
+    for name in ("req_pool_indices", "prefix_lens", "extend_seq_lens",
+                 "req_to_verify_expected_tokens_valid_lens"):
+        kwargs[name] = torch.cat([pad, kwargs[name]])
+    bs = padding_rows + 3
+    buffers = PlanBuffers.allocate(write_req_capacity=max(bs, 4), verify_capacity=32, device=device)
     poison(buffers)
     launch_plan(buffers, **kwargs)
-    expected = loop_plan(write_req_capacity=4, verify_capacity=32, pad_bad=True, **kwargs)
+    expected = loop_plan(
+        write_req_capacity=max(bs, 4), verify_capacity=32, pad_bad=True, **kwargs
+    )
     assert expected["flags"] == bit
-    assert_matches_oracle(buffers, 3, expected)
+    assert_matches_oracle(buffers, bs, expected)
     assert buffers.take_status() == bit
     assert buffers.take_status() == PlanStatus.OK
 
@@ -126,23 +136,3 @@ def test_lut_is_not_checked_for_entries_skipped_by_overflow(plan, device):
     assert int(buffers.verify_enable) == 0
     assert buffers.take_status() == PlanStatus.OK
 
-
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_large_path_raises_the_status_bit_and_writes_padding_values(device, case):
-    """The same cases behind SCAN_BLOCK padding rows, so that the large path plans them
-    (its seed programs and entry blocks raise the bits there)."""
-    mutate, bit, _message = CASES[case]
-    kwargs = base(device)
-    mutate(kwargs)
-    pad = torch.zeros(SCAN_BLOCK, dtype=I64, device=device)
-    for name in ("req_pool_indices", "prefix_lens", "extend_seq_lens",
-                 "req_to_verify_expected_tokens_valid_lens"):
-        kwargs[name] = torch.cat([pad, kwargs[name]])
-    bs = SCAN_BLOCK + 3
-    buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=32, device=device)
-    poison(buffers)
-    launch_plan(buffers, **kwargs)
-    expected = loop_plan(write_req_capacity=bs, verify_capacity=32, pad_bad=True, **kwargs)
-    assert expected["flags"] == bit
-    assert_matches_oracle(buffers, bs, expected)
-    assert buffers.take_status() == bit
