@@ -8,6 +8,7 @@ from kv_canary_buffers import GraphInputs, PlanBuffers, PlanStatus, plan_referen
 from kv_canary_kernels import launch_plan
 from kv_canary_kernels.entries import plan_entries_kernel
 from kv_canary_kernels.offsets import plan_offsets_kernel, scan_block_sums_kernel
+from kv_canary_kernels.small_batch import plan_small_batch_kernel
 
 from helpers import assert_buffers_equal, make_rows, make_tables, poison
 
@@ -65,7 +66,10 @@ def test_overflow_at_engine_size_skips_entries():
 
 def _cache_sizes():
     sizes = []
-    for fn in (scan_block_sums_kernel, plan_offsets_kernel, plan_entries_kernel):
+    kernels = (
+        plan_small_batch_kernel, scan_block_sums_kernel, plan_offsets_kernel, plan_entries_kernel
+    )
+    for fn in kernels:
         sizes.append(sum(len(c[0]) for c in fn.device_caches.values()))
     return sizes
 
@@ -73,13 +77,15 @@ def _cache_sizes():
 def test_new_batch_sizes_and_capacities_do_not_recompile():
     buffers = PlanBuffers.allocate(write_req_capacity=5000, verify_capacity=3_000_000, device=DEV)
     launch_plan(buffers, **engine_batch(1, bs=2000))  # two-level path compiled
-    launch_plan(buffers, **engine_batch(2, bs=17))  # single-block path compiled
+    launch_plan(buffers, **engine_batch(2, bs=17))  # one-launch path compiled
     before = _cache_sizes()
+    assert all(before), f"a kernel was not compiled by the warm-up: {before}"
     for i, bs in enumerate([0, 1, 16, 32, 1023, 1024, 1025, 4096, 4097]):
         launch_plan(buffers, **engine_batch(10 + i, bs=bs))
     bigger = buffers.resize(write_req_capacity=7777, verify_capacity=3_000_001)
     launch_plan(bigger, **engine_batch(3, bs=7777))
     launch_plan(bigger, **engine_batch(4, bs=1))
+    launch_plan(bigger, **engine_batch(5, bs=999))
     torch.cuda.synchronize()
     assert _cache_sizes() == before
 
