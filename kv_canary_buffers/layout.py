@@ -49,7 +49,7 @@ OFFSETS_BLOCK = 256
 """Rows per program of the two-level scan (many short programs: the scan is latency);
 sizes the scan scratch (one sum per block)."""
 
-ROW_HINT_STRIDE = 512
+ROW_HINT_STRIDE = 256
 """Verify entries per row hint: the offsets stage records the row of every
 ``ROW_HINT_STRIDE``-th entry, so that a block of entries finds its first row in one load."""
 

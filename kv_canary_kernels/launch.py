@@ -21,7 +21,7 @@ from .small_batch import plan_small_batch_kernel
 # (docs/performance.md): smaller blocks win where latency or random LUT reads dominate.
 ENTRY_BLOCK = 1024
 """Verify entries per block in the large path without a LUT (a multiple of ROW_HINT_STRIDE)."""
-LUT_ENTRY_BLOCK = 512
+LUT_ENTRY_BLOCK = 256
 """Verify entries per block in the large path with a LUT (a multiple of ROW_HINT_STRIDE)."""
 SMALL_ENTRY_BLOCK = 256
 """Verify entries per block in the small-batch path."""
@@ -37,9 +37,14 @@ ROW_WINDOW = 32
 span more rows searches memory instead of registers."""
 _ENTRIES_OPTIONS: dict = {}
 """Extra Triton launch options of the entries kernels (the tuning sweep sets ``maxnreg``)."""
+ENTRY_WARPS = 8
+"""Warps per program of the large path's entries kernel without a LUT."""
+LUT_ENTRY_WARPS = 8
+"""The same with a LUT."""
+SMALL_ENTRY_WARPS = 8
+"""Warps per program of the small-batch kernel."""
 _SUM_CHUNK = 1024
 _SCAN_WARPS = 8
-_ENTRIES_WARPS = 8
 
 # Read once at import, as Triton does: the interpreter can't be switched on later.
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -118,7 +123,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             buffers.verify_capacity, window, args.kv_token_id_vs_position_offset,
             table_rows, table_cols, lut_len, pool_rows, pool_cols,
             HAS_LUT=has_lut, HAS_POOL=has_pool, ROWS=SCAN_BLOCK, BLOCK=block,
-            num_warps=_ENTRIES_WARPS, **_ENTRIES_OPTIONS,
+            num_warps=SMALL_ENTRY_WARPS, **_ENTRIES_OPTIONS,
         )
         return
 
@@ -138,7 +143,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         window, BLOCK=OFFSETS_BLOCK, SUM_CHUNK=_SUM_CHUNK, HINT_STRIDE=ROW_HINT_STRIDE,
         USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS, **config.pdl_options,
     )
-    block = LUT_ENTRY_BLOCK if has_lut else ENTRY_BLOCK
+    block, warps = (LUT_ENTRY_BLOCK, LUT_ENTRY_WARPS) if has_lut else (ENTRY_BLOCK, ENTRY_WARPS)
     seed_programs = triton.cdiv(bs, block)
     entry_grid = min(triton.cdiv(buffers.verify_capacity, block), program_cap)
     plan_entries_kernel[(seed_programs + entry_grid,)](
@@ -151,7 +156,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         bs, seed_programs, window, args.kv_token_id_vs_position_offset, table_rows,
         table_cols, lut_len, pool_rows, pool_cols,
         HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=block, ROW_WINDOW=ROW_WINDOW,
-        HINT_STRIDE=ROW_HINT_STRIDE, USE_PDL=config.use_pdl, num_warps=_ENTRIES_WARPS,
+        HINT_STRIDE=ROW_HINT_STRIDE, USE_PDL=config.use_pdl, num_warps=warps,
         **config.pdl_options, **_ENTRIES_OPTIONS,
     )
 

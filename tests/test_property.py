@@ -169,15 +169,20 @@ def test_large_path_finds_rows_in_registers_and_in_memory(window):
 
     block = LUT_ENTRY_BLOCK if window else ENTRY_BLOCK
     g = torch.Generator().manual_seed(window)
-    # SCAN_BLOCK rows of 2 entries (many rows a block), rows of block / ROW_WINDOW entries
-    # (blocks of exactly ROW_WINDOW rows, searched in memory), rows a little longer
-    # (blocks of ROW_WINDOW - 1 rows, a full search in registers), rows longer than the
-    # window W (a few a block; each verifies its last W positions), and without a window
-    # rows that hold several row hints (and blocks within one row).
+    # SCAN_BLOCK + 1 rows of 1 or 2 entries (many rows a block; the blocks begin and end
+    # inside a row, until the last row aligns the next group), then groups of rows
+    # that fill one block each: ROW_WINDOW rows (searched in memory) and ROW_WINDOW - 1
+    # rows (a full search in registers); then rows longer than the window W (a few a
+    # block; each verifies its last W positions), and without a window rows that hold
+    # several row hints (and blocks within one row).
+    def one_block_of(n_rows):
+        short = block // ROW_WINDOW
+        return [short] * (n_rows - 1) + [block - (n_rows - 1) * short]
+
     prefix = (
-        [2] * SCAN_BLOCK
-        + [block // ROW_WINDOW] * (2 * ROW_WINDOW)
-        + [block // (ROW_WINDOW - 1) + 1] * (2 * ROW_WINDOW)
+        [1] + [2] * (SCAN_BLOCK - 1) + [1]
+        + one_block_of(ROW_WINDOW) * 2
+        + one_block_of(ROW_WINDOW - 1) * 2
         + [100] * 300
         + [5 * ROW_HINT_STRIDE + 3] * 3
         + [100] * 10
