@@ -8,10 +8,13 @@
   a single-program offsets scan (one program, one lane per row, so bs <= 4096) and a
   persistent entries kernel with a full binary search per entry. No bounds checks.
 
-- ``write_only_plan`` and ``empty_launch``: not plans but references measured the same
-  way: a plain kernel that only writes the four int64 verify outputs (streaming stores,
-  one 1024-entry block per program; no reads, no logic), and one launch of a kernel that
-  writes one word.
+- ``traffic_only_plan``, ``memset_outputs`` and ``empty_launch``: not plans but references
+  measured the same way. ``traffic_only_plan`` makes the plan's per-entry memory accesses
+  and nothing else: it reads a table slot (and a pool token) per entry from contiguous
+  memory, looks the slot up in the LUT under SWA (a random read), and writes the four
+  int64 outputs; no scan, no row search, no bounds logic. ``memset_outputs`` writes the
+  outputs' bytes with one ``zero_()`` (the driver's fill kernel: the fastest write
+  measured). ``empty_launch`` is one launch of a kernel that writes one word.
 
 All assume valid data (no entries outside the tables) and are benchmark baselines only.
 """
@@ -241,26 +244,58 @@ def sglang_design_plan(
 
 
 @triton.jit
-def _write_only_kernel(slot_ptr, token_ptr, position_ptr, prev_ptr, n, BLOCK: tl.constexpr):
+def _traffic_kernel(
+    table_ptr, lut_ptr, pool_ptr, slot_ptr, token_ptr, position_ptr, prev_ptr, n,
+    HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr, BLOCK: tl.constexpr,
+):
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < n
-    value = idx.to(tl.int64)
-    # the same streaming stores as the plan's entries
-    tl.store(slot_ptr + idx, value, mask=mask, cache_modifier=".cs")
-    tl.store(token_ptr + idx, value, mask=mask, cache_modifier=".cs")
-    tl.store(position_ptr + idx, value, mask=mask, cache_modifier=".cs")
-    tl.store(prev_ptr + idx, value, mask=mask, cache_modifier=".cs")
+    slot = tl.load(table_ptr + idx, mask=mask, other=0).to(tl.int64)
+    if HAS_LUT:
+        slot = tl.load(lut_ptr + slot, mask=mask, other=0)
+    if HAS_POOL:
+        token = tl.load(pool_ptr + idx, mask=mask, other=0).to(tl.int64)
+    else:
+        token = idx.to(tl.int64)
+    tl.store(slot_ptr + idx, slot, mask=mask)
+    tl.store(token_ptr + idx, token, mask=mask)
+    tl.store(position_ptr + idx, idx.to(tl.int64), mask=mask)
+    tl.store(prev_ptr + idx, slot - 1, mask=mask)
 
 
-def write_only_plan(buffers: PlanBuffers, entries: int) -> None:
-    """Write ``entries`` values into each of the four verify outputs, nothing else: the
-    time a plan of that many entries needs for its stores alone, launch included."""
-    block = 1024
-    _write_only_kernel[(triton.cdiv(entries, block),)](
+TRAFFIC_BLOCK = 256
+TRAFFIC_WARPS = 4
+"""Entries and warps per program of ``_traffic_kernel``: the fastest of the sweep in
+``bench_plan.py --tune`` on the H200 (docs/performance.md)."""
+
+
+def traffic_only_plan(
+    buffers: PlanBuffers,
+    entries: int,
+    *,
+    req_to_token: torch.Tensor,
+    full_to_swa_index_mapping: Optional[torch.Tensor] = None,
+    req_to_verify_expected_tokens: Optional[torch.Tensor] = None,
+    **_unused,
+) -> None:
+    """The plan's per-entry memory traffic for ``entries`` entries, without its logic:
+    the first ``entries`` slots of the table (and tokens of the pool), read in order, each
+    slot looked up in the LUT when there is one, and the four outputs written."""
+    lut, pool = full_to_swa_index_mapping, req_to_verify_expected_tokens
+    assert req_to_token.numel() >= entries and (pool is None or pool.numel() >= entries)
+    _traffic_kernel[(triton.cdiv(entries, TRAFFIC_BLOCK),)](
+        req_to_token, lut if lut is not None else buffers.dummy_int64,
+        pool if pool is not None else buffers.dummy_int32,
         buffers.verify_slot_indices, buffers.verify_expected_tokens,
-        buffers.verify_expected_positions, buffers.verify_prev_slot_indices,
-        entries, BLOCK=block, num_warps=8,
+        buffers.verify_expected_positions, buffers.verify_prev_slot_indices, entries,
+        HAS_LUT=lut is not None, HAS_POOL=pool is not None, BLOCK=TRAFFIC_BLOCK,
+        num_warps=TRAFFIC_WARPS,
     )
+
+
+def memset_outputs(scratch: torch.Tensor) -> None:
+    """One ``zero_()`` of a scratch tensor as large as the four outputs of the plan."""
+    scratch.zero_()
 
 
 @triton.jit

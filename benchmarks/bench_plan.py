@@ -10,7 +10,8 @@ CPU: time per ``plan_reference`` call against a plain-Python loop of the same pl
 (median over repeats, ``time.perf_counter``).
 CUDA: GPU time per plan (median over CUDA-graph replays timed with CUDA events) of
 ``launch_plan``, a torch-only plan and SGLang's design, next to the bandwidth floor, a
-kernel that only writes the verify outputs and an empty launch (timed the same way); host
+kernel that makes only the plan's per-entry memory accesses, a memset of the outputs' bytes
+and an empty launch (timed the same way); host
 time per eager ``launch_plan`` against the bare dispatch of the same kernels; device
 allocations during 100 launches.
 
@@ -189,14 +190,17 @@ def graph_time_us(fn: Callable[[], None], replays: int, plans_per_graph: int = 1
 
 
 def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
-    from baselines import SGLANG_MAX_BS, empty_launch, sglang_design_plan, torch_plan, write_only_plan
+    from baselines import (
+        SGLANG_MAX_BS, empty_launch, memset_outputs, sglang_design_plan, torch_plan,
+        traffic_only_plan,
+    )
     from kv_canary_kernels import dispatch_plan, launch_plan
 
     bandwidth = copy_bandwidth()
     rec.add("gpu", "d2d_copy", "GB_per_s", bandwidth / 1e9)
     scratch = PlanBuffers.allocate(write_req_capacity=1, verify_capacity=1, device="cuda")
     rec.add("gpu", "empty_launch", "us_per_launch",
-            graph_time_us(lambda: empty_launch(scratch), replays))
+            graph_time_us(functools.partial(empty_launch, scratch), replays))
     del scratch
 
     # GPU time per plan, all implementations side by side.
@@ -220,12 +224,19 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
                 us = graph_time_us(lambda: fn(buffers, **kwargs), replays)
                 rec.add("gpu_time", name, "us_per_plan", us, **case)
                 del buffers
+            # References: the plan's memory accesses alone, and a memset of its outputs.
             buffers = PlanBuffers.allocate(
                 write_req_capacity=bs, verify_capacity=entries, device="cuda"
             )
-            us = graph_time_us(lambda: write_only_plan(buffers, entries), replays)
-            rec.add("gpu_time", "write_only", "us_per_plan", us, **case)
+            us = graph_time_us(
+                functools.partial(traffic_only_plan, buffers, entries, **kwargs), replays
+            )
+            rec.add("gpu_time", "traffic_only", "us_per_plan", us, **case)
             del buffers
+            outputs = torch.empty(4 * entries, dtype=torch.int64, device="cuda")
+            us = graph_time_us(functools.partial(memset_outputs, outputs), replays)
+            rec.add("gpu_time", "memset_outputs", "us_per_plan", us, **case)
+            del outputs
             floor = plan_bytes(kwargs, entries) / bandwidth * 1e6
             rec.add("gpu_time", "bandwidth_floor", "us_per_plan", floor, **case)
             del ref, kwargs
@@ -272,16 +283,23 @@ TUNE_CONFIGS = [
     {},  # the defaults of kv_canary_kernels/launch.py
     {"SMALL_ENTRY_BLOCK": 128},
     {"SMALL_ENTRY_BLOCK": 512},
+    {"SMALL_ENTRY_WARPS": 4},
     {"SMALL_PROGRAMS_PER_SM": 4},
-    {"SMALL_PROGRAMS_PER_SM": 32},
     {"ENTRY_BLOCK": 512},
-    {"LUT_ENTRY_BLOCK": 1024},
-    {"ENTRY_PROGRAMS_PER_SM": 4},
+    {"ENTRY_WARPS": 4},
+    {"LUT_ENTRY_BLOCK": 512},
+    {"LUT_ENTRY_WARPS": 4},
+    {"ENTRY_PROGRAMS_PER_SM": 8},
     {"ROW_WINDOW": 16},
     {"ROW_WINDOW": 64},
     {"_ENTRIES_OPTIONS": {"maxnreg": 40}},
+    {"_ENTRIES_OPTIONS": {"num_stages": 1}},
 ]
-"""One launch constant changed at a time from the defaults (a register cap included)."""
+"""One launch constant changed at a time from the defaults (a register cap and the
+software-pipelining depth included)."""
+
+TRAFFIC_CONFIGS = [(256, 4), (128, 4), (512, 4), (1024, 4), (1024, 8)]
+"""(entries, warps) per program of the traffic-only reference kernel."""
 
 
 def tune_gpu(rec: Recorder, replays: int) -> None:
@@ -309,6 +327,29 @@ def tune_gpu(rec: Recorder, replays: int) -> None:
         for name, value in saved.items():
             setattr(launch, name, value)
         launch._device_config.cache_clear()
+
+    # The shape of the stores decides the write rate: the traffic-only reference over
+    # (block, warps), next to a memset of the same bytes.
+    import baselines
+
+    saved_traffic = baselines.TRAFFIC_BLOCK, baselines.TRAFFIC_WARPS
+    try:
+        for (bs, w), kwargs in inputs.items():
+            entries = verify_entries(kwargs)
+            case = dict(bs=bs, swa=w, pool=1, entries=entries)
+            bufs = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=entries, device="cuda")
+            for block, warps in TRAFFIC_CONFIGS:
+                baselines.TRAFFIC_BLOCK, baselines.TRAFFIC_WARPS = block, warps
+                us = graph_time_us(
+                    functools.partial(baselines.traffic_only_plan, bufs, entries, **kwargs), replays
+                )
+                rec.add("tune_traffic", f"block={block} warps={warps}", "us_per_plan", us, **case)
+            outputs = torch.empty(4 * entries, dtype=torch.int64, device="cuda")
+            us = graph_time_us(functools.partial(baselines.memset_outputs, outputs), replays)
+            rec.add("tune_traffic", "memset_outputs", "us_per_plan", us, **case)
+            del bufs, outputs
+    finally:
+        baselines.TRAFFIC_BLOCK, baselines.TRAFFIC_WARPS = saved_traffic
 
 
 def profile_cases(case: str) -> None:
@@ -345,11 +386,11 @@ def plot(rows: List[Dict], out_dir: Path) -> None:
     if gpu:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
         for ax, swa in zip(axes, sorted({r["swa"] for r in gpu})):
-            for impl in ("launch_plan", "sglang_design", "torch_only", "write_only",
-                         "bandwidth_floor"):
+            for impl in ("launch_plan", "sglang_design", "torch_only", "traffic_only",
+                         "memset_outputs", "bandwidth_floor"):
                 pts = sorted((r["bs"], r["value"]) for r in gpu if r["swa"] == swa and r["impl"] == impl)
                 if pts:
-                    style = "--" if impl in ("bandwidth_floor", "write_only") else "-o"
+                    style = "-o" if impl in ("launch_plan", "sglang_design", "torch_only") else "--"
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=impl)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
