@@ -1,7 +1,8 @@
 """The small-batch path (``bs < SCAN_BLOCK``): the whole plan in one launch.
 
-Every program loads all ``bs`` rows (at most ``SCAN_BLOCK``, a few KB from L2) and scans
-them in registers, so no program waits for another: program 0 writes the write plan and
+Every program loads all ``bs`` rows (a tile of ``ROWS`` rows: 512 for ``bs < 512``, else
+``SCAN_BLOCK``; a few KB from L2) and scans them in registers, so no program waits for
+another: program 0 writes the write plan and
 the counters, and programs ``1..`` write the verify entries of their blocks, finding each
 entry's row by a binary search over the verify offsets held in registers (``tl.gather``),
 between the rows of the block's ends.
