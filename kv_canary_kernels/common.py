@@ -161,13 +161,18 @@ def write_seeds(
 
 
 @triton.jit
-def zero_offsets_tail(write_offsets_ptr, write_capacity, first_block, step, BLOCK: tl.constexpr):
-    """Zero ``write_offsets`` blocks ``first_block, first_block + step, ...`` up to
-    index ``write_capacity``: the tail a reused buffer must not keep."""
+def zero_offsets_tail(
+    write_offsets_ptr, bs, write_capacity, first_block, step, BLOCK: tl.constexpr
+):
+    """Zero the tail of ``write_offsets`` (indices ``bs + 1 .. write_capacity``) within
+    blocks ``first_block, first_block + step, ...``: a reused buffer must not keep it."""
     n_blocks = (write_capacity + BLOCK) // BLOCK
     for block in range(first_block, n_blocks, step):
         idx = block * BLOCK + tl.arange(0, BLOCK)
-        tl.store(write_offsets_ptr + idx, tl.zeros([BLOCK], tl.int64), mask=idx <= write_capacity)
+        tl.store(
+            write_offsets_ptr + idx, tl.zeros([BLOCK], tl.int64),
+            mask=(idx > bs) & (idx <= write_capacity),
+        )
 
 
 @triton.jit

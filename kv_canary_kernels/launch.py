@@ -25,11 +25,11 @@ LUT_ENTRY_BLOCK = 256
 """Verify entries per block in the large path with a LUT (a multiple of ROW_HINT_STRIDE)."""
 SMALL_ENTRY_BLOCK = 256
 """Verify entries per block in the small-batch path."""
-SMALL_ROW_TILE = 512
-"""Row tile of the small-batch kernel for ``bs < SMALL_ROW_TILE`` (larger small batches use
-``SCAN_BLOCK``): every program scans a whole tile, so a tile twice the batch's size
-costs time in each program. Two tiles, so two compiled variants: one compile per tile,
-never one per batch size."""
+SMALL_ROW_TILES = (256, 512)
+"""Row tiles of the small-batch kernel below ``SCAN_BLOCK``: a batch takes the smallest
+tile of at least ``bs`` rows (``SCAN_BLOCK`` past them). Every program scans a whole tile,
+so a tile much larger than the batch costs time in each program. One compiled variant
+per tile, never one per batch size."""
 ENTRY_PROGRAMS_PER_SM = 32
 """Entries grid: up to this many programs per multiprocessor, each looping over blocks."""
 SMALL_PROGRAMS_PER_SM = 2
@@ -92,8 +92,9 @@ def _device_config(device: torch.device) -> _DeviceConfig:
 def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     """Launch the plan's kernels on validated arguments, with no check at all.
 
-    ``bs < SCAN_BLOCK``: one launch (:func:`plan_small_batch_kernel`, with a row tile of
-    ``SMALL_ROW_TILE`` or ``SCAN_BLOCK`` rows). Otherwise three:
+    ``bs < SCAN_BLOCK``: one launch (:func:`plan_small_batch_kernel`, with the smallest
+    row tile of ``SMALL_ROW_TILES`` that holds the batch, else ``SCAN_BLOCK``). Otherwise
+    three:
     block sums, offsets, entries. This is the bare dispatch that :func:`launch_plan`
     wraps; benchmarks use it to measure the cost of validation. Call :func:`launch_plan`.
     """
@@ -116,7 +117,11 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
 
     if bs < SCAN_BLOCK:
         # program 0 writes the write plan, programs 1.. the verify entries
-        rows = SMALL_ROW_TILE if bs < SMALL_ROW_TILE else SCAN_BLOCK
+        rows = SCAN_BLOCK
+        for tile in SMALL_ROW_TILES:
+            if bs <= tile:
+                rows = tile
+                break
         block = SMALL_ENTRY_BLOCK
         entry_grid = min(triton.cdiv(buffers.verify_capacity, block), config.small_program_cap)
         plan_small_batch_kernel[(1 + entry_grid,)](

@@ -108,4 +108,4 @@ def plan_offsets_kernel(
         write_offsets_ptr, write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr,
         bs, write_capacity, verify_capacity,
     )
-    zero_offsets_tail(write_offsets_ptr, write_capacity, nprog + pid, nprog, BLOCK)
+    zero_offsets_tail(write_offsets_ptr, bs, write_capacity, nprog + pid, nprog, BLOCK)

@@ -1,6 +1,6 @@
 """The small-batch path (``bs < SCAN_BLOCK``): the whole plan in one launch.
 
-Every program loads all ``bs`` rows (a tile of ``ROWS`` rows: 512 for ``bs < 512``, else
+Every program loads all ``bs`` rows (a tile of ``ROWS >= bs`` rows: 256, 512 or
 ``SCAN_BLOCK``; a few KB from L2) and scans them in registers, so no program waits for
 another: program 0 writes the write plan and
 the counters, and programs ``1..`` write the verify entries of their blocks, finding each
@@ -55,14 +55,17 @@ def plan_small_batch_kernel(
         req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window
     )
     v_total = tl.sum(vcount, 0)
-    zero_offsets_tail(write_offsets_ptr, write_capacity, 1 + pid, nprog, ROWS)
+    zero_offsets_tail(write_offsets_ptr, bs, write_capacity, 1 + pid, nprog, ROWS)
     if pid == 0:
         wcount = load_write_counts(extend_seq_lens_ptr, rows, in_batch, active)
+        w_total = tl.sum(wcount, 0)
         write_offsets_and_counters(
-            rows, in_batch, wcount, 0, tl.sum(wcount, 0), v_total, True,
+            rows, in_batch, wcount, 0, w_total, v_total, True,
             write_offsets_ptr, write_num_valid_reqs_ptr, verify_num_valid_ptr,
             verify_enable_ptr, bs, write_capacity, verify_capacity,
         )
+        if bs == ROWS:  # a full tile: the total at index bs lies just past it
+            tl.store(write_offsets_ptr + bs, w_total)
         bits = write_seeds(
             rows, in_batch, rp, prefix, active, wcount,
             load_valid_lens(valid_lens_ptr, rows, in_batch, HAS_POOL),

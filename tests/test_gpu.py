@@ -77,11 +77,11 @@ def _cache_sizes():
 def test_new_batch_sizes_and_capacities_do_not_recompile():
     buffers = PlanBuffers.allocate(write_req_capacity=5000, verify_capacity=3_000_000, device=DEV)
     launch_plan(buffers, **engine_batch(1, bs=2000))  # two-level path compiled
-    launch_plan(buffers, **engine_batch(2, bs=17))  # one-launch path, 512-row tile
-    launch_plan(buffers, **engine_batch(6, bs=700))  # one-launch path, 1024-row tile
+    for seed, bs in enumerate([17, 300, 700]):  # one-launch path, each row tile
+        launch_plan(buffers, **engine_batch(20 + seed, bs=bs))
     before = _cache_sizes()
     assert all(before), f"a kernel was not compiled by the warm-up: {before}"
-    for i, bs in enumerate([0, 1, 16, 32, 511, 512, 1023, 1024, 1025, 4096, 4097]):
+    for i, bs in enumerate([0, 1, 16, 32, 256, 257, 512, 513, 1023, 1024, 1025, 4096, 4097]):
         launch_plan(buffers, **engine_batch(10 + i, bs=bs))
     bigger = buffers.resize(write_req_capacity=7777, verify_capacity=3_000_001)
     launch_plan(bigger, **engine_batch(3, bs=7777))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference
 from kv_canary_buffers.layout import OFFSETS_BLOCK, ROW_HINT_STRIDE, SCAN_BLOCK
 from kv_canary_kernels import launch_plan
-from kv_canary_kernels.launch import SMALL_ROW_TILE
+from kv_canary_kernels.launch import SMALL_ROW_TILES
 
 from conftest import DEVICE
 from helpers import assert_buffers_equal, assert_matches_oracle, assert_untouched, observed, poison, snapshot
@@ -129,8 +129,10 @@ def test_kernels_pad_and_flag_data_outside_the_tables(case):
 @pytest.mark.parametrize(
     "bs, capacity",
     [
-        (SMALL_ROW_TILE - 1, SMALL_ROW_TILE),  # largest batch of the smaller row tile
-        (SMALL_ROW_TILE, 2 * SCAN_BLOCK),  # smallest of the larger tile; tail past it
+        # a full row tile of the one-launch path (the total at index bs lies past it,
+        # the zeroed tail after it), and the first batch of the next tile
+        *((tile, 2 * tile + 3) for tile in SMALL_ROW_TILES),
+        *((tile + 1, tile + 1) for tile in SMALL_ROW_TILES),
         (SCAN_BLOCK - 1, SCAN_BLOCK),  # largest one-launch batch
         (SCAN_BLOCK, SCAN_BLOCK),  # smallest two-level one; index bs opens a scan block
         (SCAN_BLOCK + 1, 3 * SCAN_BLOCK),  # capacity tail spans scan blocks
