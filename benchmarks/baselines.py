@@ -263,7 +263,7 @@ def _traffic_kernel(
     tl.store(prev_ptr + idx, slot - 1, mask=mask)
 
 
-TRAFFIC_BLOCK = 256
+TRAFFIC_BLOCK = 128
 TRAFFIC_WARPS = 4
 """Entries and warps per program of ``_traffic_kernel``: the fastest of the sweep in
 ``bench_plan.py --tune`` on the H200 (docs/performance.md)."""

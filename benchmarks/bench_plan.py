@@ -298,7 +298,7 @@ TUNE_CONFIGS = [
 """One launch constant changed at a time from the defaults (a register cap and the
 software-pipelining depth included)."""
 
-TRAFFIC_CONFIGS = [(256, 4), (128, 4), (512, 4), (1024, 4), (1024, 8)]
+TRAFFIC_CONFIGS = [(128, 4), (256, 4), (512, 4), (1024, 4), (1024, 8)]
 """(entries, warps) per program of the traffic-only reference kernel."""
 
 
