@@ -189,10 +189,17 @@ def graph_time_us(fn: Callable[[], None], replays: int, plans_per_graph: int = 1
     return statistics.median(times)
 
 
+def memset_time_us(entries: int, replays: int) -> float:
+    """``graph_time_us`` of a memset of as many bytes as the four outputs of ``entries``."""
+    from baselines import memset_outputs
+
+    outputs = torch.empty(4 * entries, dtype=torch.int64, device="cuda")
+    return graph_time_us(functools.partial(memset_outputs, outputs), replays)
+
+
 def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
     from baselines import (
-        SGLANG_MAX_BS, empty_launch, memset_outputs, sglang_design_plan, torch_plan,
-        traffic_only_plan,
+        SGLANG_MAX_BS, empty_launch, sglang_design_plan, torch_plan, traffic_only_plan,
     )
     from kv_canary_kernels import dispatch_plan, launch_plan
 
@@ -233,10 +240,8 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
             )
             rec.add("gpu_time", "traffic_only", "us_per_plan", us, **case)
             del buffers
-            outputs = torch.empty(4 * entries, dtype=torch.int64, device="cuda")
-            us = graph_time_us(functools.partial(memset_outputs, outputs), replays)
-            rec.add("gpu_time", "memset_outputs", "us_per_plan", us, **case)
-            del outputs
+            rec.add("gpu_time", "memset_outputs", "us_per_plan",
+                    memset_time_us(entries, replays), **case)
             floor = plan_bytes(kwargs, entries) / bandwidth * 1e6
             rec.add("gpu_time", "bandwidth_floor", "us_per_plan", floor, **case)
             del ref, kwargs
@@ -344,10 +349,9 @@ def tune_gpu(rec: Recorder, replays: int) -> None:
                     functools.partial(baselines.traffic_only_plan, bufs, entries, **kwargs), replays
                 )
                 rec.add("tune_traffic", f"block={block} warps={warps}", "us_per_plan", us, **case)
-            outputs = torch.empty(4 * entries, dtype=torch.int64, device="cuda")
-            us = graph_time_us(functools.partial(baselines.memset_outputs, outputs), replays)
-            rec.add("tune_traffic", "memset_outputs", "us_per_plan", us, **case)
-            del bufs, outputs
+            rec.add("tune_traffic", "memset_outputs", "us_per_plan",
+                    memset_time_us(entries, replays), **case)
+            del bufs
     finally:
         baselines.TRAFFIC_BLOCK, baselines.TRAFFIC_WARPS = saved_traffic
 

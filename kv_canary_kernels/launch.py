@@ -41,7 +41,8 @@ ROW_WINDOW = 32
 """Rows loaded at once from a block's first row in the large path: a block whose entries
 span more rows searches memory instead of registers."""
 _ENTRIES_OPTIONS: dict = {}
-"""Extra Triton launch options of the entries kernels (the tuning sweep sets ``maxnreg``)."""
+"""Extra Triton launch options of the entries kernels (the tuning sweep sets ``maxnreg``
+and ``num_stages``)."""
 ENTRY_WARPS = 8
 """Warps per program of the large path's entries kernel without a LUT."""
 LUT_ENTRY_WARPS = 8

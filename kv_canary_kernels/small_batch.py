@@ -2,10 +2,9 @@
 
 Every program loads all ``bs`` rows (a tile of ``ROWS >= bs`` rows: 256, 512 or
 ``SCAN_BLOCK``; a few KB from L2) and scans them in registers, so no program waits for
-another: program 0 writes the write plan and
-the counters, and programs ``1..`` write the verify entries of their blocks, finding each
-entry's row by a binary search over the verify offsets held in registers (``tl.gather``),
-between the rows of the block's ends.
+another: program 0 writes the write plan and the counters, and programs ``1..`` write the
+verify entries of their blocks, finding each entry's row by a binary search over the
+verify offsets held in registers (``tl.gather``), between the rows of the block's ends.
 One launch instead of two, and the write plan beside the entries rather than before
 them, matter most here, where the plan is all latency.
 """
