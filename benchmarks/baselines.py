@@ -280,7 +280,11 @@ def traffic_only_plan(
 ) -> None:
     """The plan's per-entry memory traffic for ``entries`` entries, without its logic:
     the first ``entries`` slots of the table (and tokens of the pool), read in order, each
-    slot looked up in the LUT when there is one, and the four outputs written."""
+    slot looked up in the LUT when there is one, and the four outputs written.
+
+    Takes ``plan_reference``'s keyword arguments (same shapes and dtypes: ``req_to_token``
+    int32 ``[rows, cols]``, the LUT int64 ``[lut_len]``, the pool int32
+    ``[pool_rows, pool_cols]``); the table and the pool must hold ``entries`` elements."""
     lut, pool = full_to_swa_index_mapping, req_to_verify_expected_tokens
     assert req_to_token.numel() >= entries and (pool is None or pool.numel() >= entries)
     _traffic_kernel[(triton.cdiv(entries, TRAFFIC_BLOCK),)](
@@ -294,7 +298,8 @@ def traffic_only_plan(
 
 
 def memset_outputs(scratch: torch.Tensor) -> None:
-    """One ``zero_()`` of a scratch tensor as large as the four outputs of the plan."""
+    """One ``zero_()`` of ``scratch`` (int64 ``[4 * entries]``: as many bytes as the four
+    verify outputs of a plan of ``entries`` entries)."""
     scratch.zero_()
 
 
