@@ -285,7 +285,7 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
 
 
 TUNE_CONFIGS = [
-    {},  # the defaults of kv_canary_kernels/launch.py
+    {},  # the defaults of kv_canary_kernels/plan.py
     {"SMALL_ENTRY_BLOCK": 128},
     {"SMALL_ENTRY_BLOCK": 512},
     {"SMALL_ENTRY_WARPS": 4},
@@ -308,9 +308,9 @@ TRAFFIC_CONFIGS = [(128, 4), (256, 4), (512, 4), (1024, 4), (1024, 8)]
 
 
 def tune_gpu(rec: Recorder, replays: int) -> None:
-    """Sweep the launch constants of ``kv_canary_kernels.launch``, one at a time from the
+    """Sweep the launch constants of ``kv_canary_kernels.plan``, one at a time from the
     defaults (:data:`TUNE_CONFIGS`), over batches of both paths, SWA off and on."""
-    from kv_canary_kernels import launch, launch_plan
+    from kv_canary_kernels import plan as launch, launch_plan
 
     names = sorted({name for config in TUNE_CONFIGS for name in config})
     saved = {n: getattr(launch, n) for n in names}

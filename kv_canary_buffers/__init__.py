@@ -15,7 +15,7 @@ never imports Triton.
 
 from .buffers import PlanBuffers
 from .compare import plans_equal
-from .reference import plan_reference
+from .plan_reference import plan_reference
 from .staging import GraphInputs
 from .status import PlanStatus
 from .validation import PlanArgs, validate_plan_args

@@ -27,7 +27,7 @@ import torch
 
 from .buffers import PlanBuffers
 from .compare import plans_equal
-from .reference import plan_reference
+from .plan_reference import plan_reference
 from .staging import GraphInputs
 from .status import PlanStatus
 

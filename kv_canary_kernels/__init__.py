@@ -5,6 +5,6 @@
 ``TRITON_INTERPRET=1`` before this package is imported.
 """
 
-from .launch import dispatch_plan, launch_plan
+from .plan import dispatch_plan, launch_plan
 
 __all__ = ["dispatch_plan", "launch_plan"]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference
 from kv_canary_buffers.layout import OFFSETS_BLOCK, ROW_HINT_STRIDE, SCAN_BLOCK
 from kv_canary_kernels import launch_plan
-from kv_canary_kernels.launch import SMALL_ROW_TILES
+from kv_canary_kernels.plan import SMALL_ROW_TILES
 
 from conftest import DEVICE
 from helpers import assert_buffers_equal, assert_matches_oracle, assert_untouched, observed, poison, snapshot
@@ -170,7 +170,7 @@ def test_kernels_equal_reference_on_multi_block_batches(bs, capacity):
 def test_large_path_finds_rows_in_registers_and_in_memory(window):
     """Entry blocks whose rows fit the row window (searched in registers) and blocks of
     many short rows (searched in memory), on both sides of an exactly full window."""
-    from kv_canary_kernels.launch import ENTRY_BLOCK, LUT_ENTRY_BLOCK, ROW_WINDOW
+    from kv_canary_kernels.plan import ENTRY_BLOCK, LUT_ENTRY_BLOCK, ROW_WINDOW
 
     block = LUT_ENTRY_BLOCK if window else ENTRY_BLOCK
     g = torch.Generator().manual_seed(window)
