@@ -1,8 +1,13 @@
-"""kv-canary-buffers: the buffers of a KV-cache canary's plan stage, sized by construction.
+"""kv-canary-buffers: a KV-cache canary whose every buffer is owned by construction.
 
 Public names:
 
 - :class:`PlanBuffers`: owns every output and scratch tensor of the plan.
+- :class:`CanaryStore`: owns a KV pool's records, violation ring, counters and flags.
+- :class:`RealKV`, :class:`RealKVMode`: KV layers whose bytes the records fingerprint.
+- :func:`write_reference`, :func:`verify_reference`: the torch write and verify stages.
+- :class:`ViolationReport`, :class:`Violation`, :class:`FailBits`: decoded violations.
+- :class:`CanaryStatus`: the bits of a store's status word.
 - :class:`GraphInputs`: capacity-sized per-row inputs for a captured (CUDA-graph) plan.
 - :func:`plan_reference`: the torch plan (CPU path and the kernels' oracle).
 - :func:`validate_plan_args`: the host-side checks both plan paths run first.
@@ -16,17 +21,31 @@ never imports Triton.
 from .buffers import PlanBuffers
 from .compare import plans_equal
 from .plan_reference import plan_reference
+from .real_kv import RealKV, RealKVMode
+from .report import Violation, ViolationReport
 from .staging import GraphInputs
-from .status import PlanStatus
+from .status import CanaryStatus, FailBits, PlanStatus
+from .store import CanaryStore
 from .validation import PlanArgs, validate_plan_args
+from .verify_reference import verify_reference
+from .write_reference import write_reference
 
 __all__ = [
+    "CanaryStatus",
+    "CanaryStore",
+    "FailBits",
     "GraphInputs",
     "PlanArgs",
     "PlanBuffers",
     "PlanStatus",
+    "RealKV",
+    "RealKVMode",
+    "Violation",
+    "ViolationReport",
     "plan_reference",
     "plans_equal",
     "validate_plan_args",
+    "verify_reference",
+    "write_reference",
 ]
 __version__ = "0.1.0"

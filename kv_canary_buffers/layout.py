@@ -91,3 +91,51 @@ BUFFER_SPECS: Dict[str, Tuple[torch.dtype, ShapeFn, str]] = {
     "dummy_int32": (COUNTER_DTYPE, lambda w, v: (1,), "scratch"),
 }
 """Every tensor a :class:`~kv_canary_buffers.PlanBuffers` owns, in field order."""
+
+
+# --- the canary's record store (docs/contract.md, "Records") ------------------------
+RECORD_DTYPE = torch.int64
+"""Records, violation rows and the store's int64 counters."""
+FLAG_DTYPE = torch.int32
+"""``chain_position_check`` and the store's status word."""
+RECORD_WIDTH = 4
+"""int64 columns of a record: 32 bytes a slot, SGLang's ``canary_buf`` stride."""
+TOKEN, POSITION, PREV_HASH, REAL_KV_HASH = 0, 1, 2, 3
+"""Record columns."""
+VIOLATION_WIDTH = 8
+"""int64 columns of a violation row."""
+VIOLATION_COLUMNS = (
+    "launch_tag", "slot", "position", "stored_token", "expected_token",
+    "stored_chain_hash", "expected_aux", "fail_bits",
+)
+"""Violation row columns, in order."""
+MAX_REAL_KV_SOURCES = 4
+"""Real-KV sources per call."""
+REAL_KV_ALIGN = 16
+"""Byte alignment of a real-KV source's start, row stride, ``bytes_per_token`` and
+``read_bytes``; ``PARTIAL`` mode reads this many bytes a slot."""
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+# --- the hashes (docs/contract.md, "Hashes"): constants as unsigned 64-bit values -------
+SM_MUL1 = 0xBF58476D1CE4E5B9
+SM_MUL2 = 0x94D049BB133111EB
+SM_SHIFTS = (30, 27, 31)
+ANCHOR_SEED = 0xC0FFEE1234567890
+"""``H0 = sm(ANCHOR_SEED)``: the chain hash of a chain head."""
+H0 = 0xDE7FAE23A9A1B716
+
+
+def store_specs(num_slots: int, violation_capacity: int) -> Tuple[
+    Tuple[str, torch.dtype, Tuple[int, ...]], ...
+]:
+    """``(name, dtype, shape)`` of every field of a :class:`~kv_canary_buffers.CanaryStore`,
+    in field (and arena) order."""
+    return (
+        ("records", RECORD_DTYPE, (num_slots, RECORD_WIDTH)),
+        ("violations", RECORD_DTYPE, (violation_capacity, VIOLATION_WIDTH)),
+        ("violation_count", RECORD_DTYPE, (1,)),
+        ("kernel_runs", RECORD_DTYPE, (1,)),
+        ("slots_processed", RECORD_DTYPE, (1,)),
+        ("chain_position_check", FLAG_DTYPE, (1,)),
+        ("status", FLAG_DTYPE, (1,)),
+    )

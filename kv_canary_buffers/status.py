@@ -32,3 +32,54 @@ class PlanStatus(enum.IntFlag):
     VALID_LEN_OUT_OF_RANGE = 1 << 4
     """An active row's ``req_to_verify_expected_tokens_valid_lens[r]`` exceeds
     ``req_to_verify_expected_tokens.shape[1]``: tokens past the pool's width become ``-1``."""
+
+
+class FailBits(enum.IntFlag):
+    """Why a violation row was appended (its ``fail_bits`` column)."""
+
+    OK = 0
+    CHAIN = 1
+    """verify: the record's chain hash differs from the hash of its predecessor's record
+    (a slot reused by another request, a stale page, a record overwritten)."""
+    POSITION = 2
+    """verify: the record's position differs from the position the plan expects there
+    (an off-by-one in a paged index, a slot given to two requests)."""
+    REAL_KV = 4
+    """verify: the hash of the slot's KV bytes differs from the one stored at write time
+    (KV bytes overwritten)."""
+    WRITE_TOKEN = 8
+    """write: the token written differs from ``expected_input_ids``."""
+    WRITE_POSITION = 16
+    """write: the position written differs from ``expected_positions``, or (with the
+    chain-position check on) is not the previous position of the row + 1."""
+    VERIFY_TOKEN = 32
+    """verify: the record's token differs from the expected token of the plan entry."""
+
+
+class CanaryStatus(enum.IntFlag):
+    """Bits of ``CanaryStore.status`` (int32 ``[1]``): data the write and verify kernels
+    refused to follow out of bounds. The entry concerned is skipped (no record written, no
+    check made) and the bit stays set until :meth:`CanaryStore.take_status` clears it. The
+    torch references raise ``ValueError`` for the same data instead."""
+
+    OK = 0
+    SEED_OUT_OF_RANGE = 1 << 0
+    """write: a row with tokens to write has ``write_seed_slot_indices[r] >= num_slots``:
+    the row writes nothing."""
+    WRITE_SLOT_OUT_OF_RANGE = 1 << 1
+    """write: ``out_cache_loc[i] >= num_slots``: token ``i`` is skipped (as a negative
+    slot is) and the row's chain does not advance over it."""
+    WRITE_INDEX_OUT_OF_RANGE = 1 << 2
+    """write: a row's range ``write_offsets[r] .. write_offsets[r + 1]`` reaches an index
+    outside ``[0, len(out_cache_loc))``: those indices are not read."""
+    VERIFY_SLOT_OUT_OF_RANGE = 1 << 3
+    """verify: ``verify_slot_indices[i]`` is negative or ``>= num_slots``: entry skipped."""
+    PREV_SLOT_OUT_OF_RANGE = 1 << 4
+    """verify: ``verify_prev_slot_indices[i] >= num_slots``: entry skipped."""
+    REAL_KV_ROW_OUT_OF_RANGE = 1 << 5
+    """write or verify: a slot's real-KV page row ``slot // page_size`` is at or past a
+    source's rows: that token or entry is skipped."""
+    PLAN_COUNT_OUT_OF_RANGE = 1 << 6
+    """``write_num_valid_reqs`` outside ``[0, write_req_capacity]`` or
+    ``verify_num_valid`` outside ``[0, verify_capacity]`` (a plan buffer written by
+    something other than a plan): the count is clamped into range."""

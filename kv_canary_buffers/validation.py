@@ -15,8 +15,11 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 from .buffers import PlanBuffers
+from .checks import check_bool, check_int64
 from .devices import device_predicate
 from .layout import LUT_DTYPE, REQ_TO_TOKEN_DTYPE, ROW_DTYPE, TOKEN_POOL_DTYPE
+from .real_kv import RealKV
+from .store import CanaryStore
 
 
 class PlanArgs(NamedTuple):
@@ -41,6 +44,13 @@ _SHAPE_DOC = {
     "req_to_token": "[rows, max_seq_len]",
     "full_to_swa_index_mapping": "[lut_len]",
     "req_to_verify_expected_tokens": "[pool_rows, pool_cols]",
+    **{
+        name: "[n]"
+        for name in (
+            "input_ids", "positions", "out_cache_loc", "expected_input_ids",
+            "expected_positions",
+        )
+    },
 }
 
 
@@ -86,22 +96,27 @@ def check_row_tensor(
     name: str, t: object, bs: int, device: torch.device, on_device: Optional[OnDevice] = None
 ) -> torch.Tensor:
     """Check a per-row int64 ``[bs]`` input."""
+    return check_length(name, t, bs, device, on_device, "bs = len(req_pool_indices)")
+
+
+def check_length(
+    name: str, t: object, length: int, device: torch.device,
+    on_device: Optional[OnDevice] = None, what: str = "n = len(out_cache_loc)",
+) -> torch.Tensor:
+    """Check a 1-D int64 input of ``length`` elements (``what`` names the length)."""
     if on_device is None:
         on_device = device_predicate(device)
     # Fast path (every launch): one shape read covers the rank and the length.
     if (
         isinstance(t, torch.Tensor)
         and t.dtype is ROW_DTYPE
-        and t.shape == (bs,)
+        and t.shape == (length,)
         and on_device(t)
         and t.is_contiguous()
     ):
         return t
     tensor = check_tensor(name, t, ROW_DTYPE, 1, device, on_device)
-    raise ValueError(
-        f"kv-canary: {name} must have length bs = len(req_pool_indices) = {bs}, "
-        f"got {tensor.shape[0]}"
-    )
+    raise ValueError(f"kv-canary: {name} must have length {what} = {length}, got {tensor.shape[0]}")
 
 
 def check_int(name: str, value: object, *, minimum: Optional[int] = None) -> int:
@@ -187,3 +202,150 @@ def validate_plan_args(
         bs, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, window,
         full_to_swa_index_mapping, pool, valid_lens, offset,
     )
+
+
+# --- write and verify (docs/contract.md, "Write" and "Verify") -----------------------
+class WriteArgs(NamedTuple):
+    """The validated arguments of one write call."""
+
+    n: int
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_cache_loc: torch.Tensor
+    launch_tag: int
+    expected_input_ids: Optional[torch.Tensor]
+    expected_positions: Optional[torch.Tensor]
+    real_kv: Optional[RealKV]
+    """None when no real-KV hash is taken (no object, mode NONE or no sources)."""
+
+
+class VerifyArgs(NamedTuple):
+    """The validated arguments of one verify call."""
+
+    launch_tag: int
+    check_expected_tokens: bool
+    real_kv: Optional[RealKV]
+
+
+def check_store(store: object) -> CanaryStore:
+    """Accept only the library's own :class:`CanaryStore` (exact type), re-checked."""
+    if type(store) is not CanaryStore:
+        raise TypeError(
+            "kv-canary: store must be a kv_canary_buffers.CanaryStore (build one with "
+            f"CanaryStore.allocate), got {type(store).__name__}"
+        )
+    store.check()
+    return store
+
+
+def check_plan_buffers(buffers: object) -> PlanBuffers:
+    """Accept only the library's own :class:`PlanBuffers` (exact type), re-checked."""
+    if type(buffers) is not PlanBuffers:
+        raise TypeError(
+            "kv-canary: plan_buffers must be a kv_canary_buffers.PlanBuffers (build one with "
+            f"PlanBuffers.allocate), got {type(buffers).__name__}"
+        )
+    buffers.check()
+    return buffers
+
+
+def _check_not_aliasing_store(name: str, t: torch.Tensor, store: CanaryStore) -> None:
+    if store.arena.overlaps(t):
+        raise ValueError(
+            f"kv-canary: {name} must not share memory with the CanaryStore it writes, got a "
+            "tensor inside the store's arena (pass the engine's own tensors)"
+        )
+
+
+def _check_real_kv(real_kv: object, store: CanaryStore) -> Optional[RealKV]:
+    if real_kv is None:
+        return None
+    if type(real_kv) is not RealKV:
+        raise TypeError(
+            "kv-canary: real_kv must be a kv_canary_buffers.RealKV or None, "
+            f"got {type(real_kv).__name__}"
+        )
+    real_kv.check()
+    if real_kv.hashed_bytes == 0:
+        return None
+    if real_kv.device != store.device:
+        raise ValueError(
+            f"kv-canary: real_kv sources must be on the store's device {store.device}, "
+            f"got {real_kv.device}"
+        )
+    for i, src in enumerate(real_kv.sources):
+        _check_not_aliasing_store(f"real_kv.sources[{i}]", src, store)
+    return real_kv
+
+
+def _check_same_device(store: CanaryStore, buffers: PlanBuffers) -> None:
+    if store.device != buffers.device:
+        raise ValueError(
+            f"kv-canary: plan_buffers must be on the store's device {store.device}, "
+            f"got {buffers.device}"
+        )
+
+
+def validate_write_args(
+    store: object,
+    plan_buffers: object,
+    *,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    launch_tag: int = 0,
+    expected_input_ids: Optional[torch.Tensor] = None,
+    expected_positions: Optional[torch.Tensor] = None,
+    real_kv: Optional[RealKV] = None,
+) -> WriteArgs:
+    """Every host-side check of one write call (both write paths run it first).
+
+    ``TypeError`` for an object of the wrong type, ``ValueError`` for everything else;
+    reads no tensor data and never syncs."""
+    st = check_store(store)
+    bufs = check_plan_buffers(plan_buffers)
+    _check_same_device(st, bufs)
+    device = st.device
+    on = device_predicate(device)
+    check_tensor("out_cache_loc", out_cache_loc, ROW_DTYPE, 1, device, on)
+    n = out_cache_loc.shape[0]
+    check_length("input_ids", input_ids, n, device, on)
+    check_length("positions", positions, n, device, on)
+    if (expected_input_ids is None) != (expected_positions is None):
+        given = "expected_input_ids" if expected_positions is None else "expected_positions"
+        raise ValueError(
+            "kv-canary: expected_input_ids and expected_positions must be given together, "
+            f"got only {given}"
+        )
+    inputs = [("input_ids", input_ids), ("positions", positions), ("out_cache_loc", out_cache_loc)]
+    if expected_input_ids is not None:
+        check_length("expected_input_ids", expected_input_ids, n, device, on)
+        check_length("expected_positions", expected_positions, n, device, on)
+        inputs += [
+            ("expected_input_ids", expected_input_ids),
+            ("expected_positions", expected_positions),
+        ]
+    tag = check_int64("launch_tag", launch_tag)
+    kv = _check_real_kv(real_kv, st)
+    for name, t in inputs:
+        _check_not_aliasing_store(name, t, st)
+    return WriteArgs(
+        n, input_ids, positions, out_cache_loc, tag, expected_input_ids, expected_positions, kv
+    )
+
+
+def validate_verify_args(
+    store: object,
+    plan_buffers: object,
+    *,
+    launch_tag: int = 0,
+    check_expected_tokens: bool = True,
+    real_kv: Optional[RealKV] = None,
+) -> VerifyArgs:
+    """Every host-side check of one verify call (both verify paths run it first)."""
+    st = check_store(store)
+    bufs = check_plan_buffers(plan_buffers)
+    _check_same_device(st, bufs)
+    tag = check_int64("launch_tag", launch_tag)
+    check = check_bool("check_expected_tokens", check_expected_tokens)
+    return VerifyArgs(tag, check, _check_real_kv(real_kv, st))

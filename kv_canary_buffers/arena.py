@@ -1,0 +1,130 @@
+"""One device allocation per buffers object, every field a fixed view into it.
+
+A buffers object (:class:`~kv_canary_buffers.CanaryStore`) allocates a single zeroed
+``uint8`` tensor (the arena) and carves each field out of it at an offset fixed by its
+layout table. Two fields cannot overlap by construction, and a cheap launch-time check can
+prove that every field is still the view it was built as: its data pointer at its offset,
+its dtype, shape and contiguity, and the arena's storage still at its address with its
+size. That catches a field rebound with ``object.__setattr__``, swapped with ``.data =``
+or ``set_()``, and a storage shrunk with ``untyped_storage().resize_()``.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Dict, Iterable, Optional, Sequence, Tuple
+
+import attrs
+import torch
+
+ALIGN = 256
+"""Byte alignment of every field (as ``cudaMalloc``'s): any vector width a kernel uses."""
+
+
+@attrs.frozen
+class ArenaField:
+    """Where one field lives in the arena."""
+
+    name: str
+    dtype: torch.dtype
+    shape: Tuple[int, ...]
+    offset: int
+    """Byte offset from the arena's start (a multiple of :data:`ALIGN`)."""
+    nbytes: int
+
+
+FieldSpec = Tuple[str, torch.dtype, Tuple[int, ...]]
+
+
+def layout(specs: Iterable[FieldSpec]) -> Tuple[Tuple[ArenaField, ...], int]:
+    """Offsets of ``(name, dtype, shape)`` fields packed in order, each aligned to
+    :data:`ALIGN`; and the arena's total bytes."""
+    fields = []
+    offset = 0
+    for name, dtype, shape in specs:
+        nbytes = math.prod(shape) * dtype.itemsize
+        fields.append(ArenaField(name, dtype, tuple(shape), offset, nbytes))
+        offset += -(-nbytes // ALIGN) * ALIGN
+    return tuple(fields), offset
+
+
+@attrs.frozen(eq=False)
+class Arena:
+    """The one allocation behind a buffers object, and the facts needed to re-check it."""
+
+    storage: torch.UntypedStorage = attrs.field(repr=False)
+    base: int
+    """The arena's data pointer at allocation."""
+    nbytes: int
+    device: torch.device
+    fields: Tuple[ArenaField, ...] = attrs.field(repr=False)
+    _owner: list = attrs.field(factory=list, repr=False)
+    """A weak reference to the one object built on this arena (empty until claimed)."""
+
+    @classmethod
+    def allocate(
+        cls, fields: Tuple[ArenaField, ...], nbytes: int, device: torch.device
+    ) -> Tuple["Arena", Dict[str, torch.Tensor]]:
+        """A zeroed arena of ``nbytes`` on ``device`` and a view per field."""
+        raw = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        views = {
+            f.name: raw[f.offset : f.offset + f.nbytes].view(f.dtype).view(f.shape)
+            for f in fields
+        }
+        arena = cls(raw.untyped_storage(), raw.data_ptr(), nbytes, raw.device, fields)
+        return arena, views
+
+    def claim(self, owner: object, kind: str) -> None:
+        """Record ``owner`` as the one object built on this arena; refuse a second
+        (``attrs.evolve`` or a constructor call reusing a live object's arena)."""
+        current = self._owner[0]() if self._owner else None
+        if current is not None and current is not owner:
+            raise ValueError(
+                f"kv-canary: this arena already belongs to a live {kind}; two owners of one "
+                "arena would write the same memory (use copy.deepcopy for an independent "
+                "copy, or resize() for a larger one)"
+            )
+        self._owner[:] = [weakref.ref(owner)]
+
+    def first_bad_field(self, tensors: Sequence[object]) -> Optional[str]:
+        """The name of the first field in ``tensors`` (in layout order) that is no longer
+        its view of this arena, ``"<arena>"`` if the storage itself moved or shrank, or
+        None when all are intact. Reads no data; never syncs."""
+        storage = self.storage
+        if storage.data_ptr() != self.base or storage.nbytes() != self.nbytes:
+            return "<arena>"
+        base = self.base
+        try:
+            for t, f in zip(tensors, self.fields):
+                if not (
+                    t.data_ptr() == base + f.offset  # type: ignore[attr-defined]
+                    and t.dtype is f.dtype  # type: ignore[attr-defined]
+                    and t.shape == f.shape  # type: ignore[attr-defined]
+                    and t.is_contiguous()  # type: ignore[attr-defined]
+                ):
+                    return f.name
+        except (AttributeError, TypeError, RuntimeError):
+            for t, f in zip(tensors, self.fields):
+                if not isinstance(t, torch.Tensor):
+                    return f.name
+            raise
+        return None
+
+    def overlaps(self, t: torch.Tensor) -> bool:
+        """Whether any byte ``t`` can address lies inside the arena (one range test)."""
+        return spans_overlap(tensor_span(t), (self.base, self.base + self.nbytes))
+
+
+def tensor_span(t: torch.Tensor) -> Tuple[int, int]:
+    """``[start, end)`` byte addresses of every element ``t`` can address."""
+    if t.numel() == 0:
+        return (0, 0)
+    start = t.data_ptr()
+    extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()))
+    return (start, start + extent * t.element_size())
+
+
+def spans_overlap(a: Tuple[int, int], b: Tuple[int, int]) -> bool:
+    """Whether two ``[start, end)`` byte ranges share a byte (empty ranges share none)."""
+    return a[0] < a[1] and b[0] < b[1] and a[0] < b[1] and b[0] < a[1]

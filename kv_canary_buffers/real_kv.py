@@ -1,0 +1,210 @@
+"""``RealKV``: the KV-cache layers whose bytes the canary fingerprints (optional).
+
+With a ``RealKV`` of mode ``PARTIAL`` or ``ALL``, the write stage stores in each record a
+hash of the slot's real KV bytes, and the verify stage recomputes it: KV bytes overwritten
+by a stray kernel then show up as ``FailBits.REAL_KV`` violations (docs/contract.md,
+"Real-KV hash").
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+from typing import Optional, Tuple
+
+import attrs
+import torch
+
+from .hashing import sm
+from .layout import MAX_REAL_KV_SOURCES, REAL_KV_ALIGN
+
+
+class RealKVMode(enum.IntEnum):
+    """How many bytes of each slot's KV the real-KV hash reads."""
+
+    NONE = 0
+    """No real-KV hash: records store 0 and verify compares with 0."""
+    PARTIAL = 1
+    """The first 16 bytes of the slot's token in every source."""
+    ALL = 2
+    """``read_bytes`` bytes of the slot's token in every source."""
+
+
+def _check_positive(name: str, value: object, multiple: int = 1) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"kv-canary: RealKV.{name} must be an int, got bool {value!r}")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"kv-canary: RealKV.{name} must be an int, got {type(value).__name__} {value!r}"
+        ) from None
+    if number < 1 or number % multiple:
+        rule = "a positive multiple of 16" if multiple > 1 else ">= 1"
+        raise ValueError(f"kv-canary: RealKV.{name} must be {rule}, got {number}")
+    return number
+
+
+def _fingerprint(src: torch.Tensor) -> Tuple[int, Tuple[int, ...], Tuple[int, ...], int]:
+    storage = src.untyped_storage()
+    end = storage.data_ptr() + storage.nbytes()
+    return (src.data_ptr(), tuple(src.shape), src.stride(), end)
+
+
+def _to_sources(value: object) -> Tuple[torch.Tensor, ...]:
+    if isinstance(value, torch.Tensor):
+        return (value,)
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(
+            "kv-canary: RealKV.sources must be a tuple of up to "
+            f"{MAX_REAL_KV_SOURCES} tensors, got {type(value).__name__}"
+        )
+    return tuple(value)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class RealKV:
+    """Up to four live views of KV-cache layers, read as bytes, with their geometry.
+
+    Every source is a 2-D tensor of any dtype whose rows are pages: slot ``s`` lives in
+    row ``s // page_size`` at byte ``(s % page_size) * bytes_per_token``. Rows must be
+    contiguous (``stride(1) == 1``), start 16-byte aligned (``data_ptr`` and the row stride
+    in bytes multiples of 16) and hold at least ``page_size * bytes_per_token`` bytes. Pass
+    the engine's own KV tensors (for example ``k_buffer[layer].view(num_pages, -1)``),
+    never copies: a copy fingerprints a stale snapshot. Build a new ``RealKV`` when the
+    engine reallocates its KV cache.
+
+    Attributes:
+        mode: :class:`RealKVMode` (``NONE``, ``PARTIAL`` or ``ALL``).
+        sources: tuple of up to 4 tensors, all on one device.
+        page_size: slots per source row, ``>= 1``.
+        bytes_per_token: bytes of one slot in a row, a positive multiple of 16.
+        read_bytes: bytes hashed per slot and source in mode ``ALL`` (a positive multiple
+            of 16, ``<= bytes_per_token``; default: ``bytes_per_token``). ``PARTIAL``
+            always hashes 16.
+    """
+
+    mode: RealKVMode = attrs.field(converter=RealKVMode)
+    sources: Tuple[torch.Tensor, ...] = attrs.field(converter=_to_sources, repr=False)
+    page_size: int
+    bytes_per_token: int
+    read_bytes: int = attrs.field(default=None)
+    _fingerprint: Tuple[Tuple[int, Tuple[int, ...], Tuple[int, ...], int], ...] = attrs.field(
+        init=False, repr=False
+    )
+
+    def __attrs_post_init__(self) -> None:
+        ps = _check_positive("page_size", self.page_size)
+        bpt = _check_positive("bytes_per_token", self.bytes_per_token, REAL_KV_ALIGN)
+        rb = bpt if self.read_bytes is None else self.read_bytes
+        rb = _check_positive("read_bytes", rb, REAL_KV_ALIGN)
+        if rb > bpt:
+            raise ValueError(
+                f"kv-canary: RealKV.read_bytes must be <= bytes_per_token = {bpt}, got {rb}"
+            )
+        object.__setattr__(self, "page_size", ps)
+        object.__setattr__(self, "bytes_per_token", bpt)
+        object.__setattr__(self, "read_bytes", rb)
+        if len(self.sources) > MAX_REAL_KV_SOURCES:
+            raise ValueError(
+                f"kv-canary: RealKV.sources must hold at most {MAX_REAL_KV_SOURCES} tensors, "
+                f"got {len(self.sources)}"
+            )
+        for i, src in enumerate(self.sources):
+            self._check_source(i, src)
+        object.__setattr__(self, "_fingerprint", tuple(map(_fingerprint, self.sources)))
+
+    def check(self) -> None:
+        """Re-check that every source is still the memory it was validated as (address,
+        shape, strides, storage size): the launchers run it, so a source whose storage
+        was resized or swapped since construction is refused instead of read out of
+        bounds. Reads no data."""
+        for i, (src, known) in enumerate(zip(self.sources, self._fingerprint)):
+            if _fingerprint(src) != known:
+                raise ValueError(
+                    f"kv-canary: RealKV.sources[{i}] changed since the RealKV was built "
+                    "(its storage was resized, swapped or moved); build a new RealKV for the "
+                    "engine's current KV tensors"
+                )
+
+    def _check_source(self, i: int, src: object) -> None:
+        name = f"RealKV.sources[{i}]"
+        if not isinstance(src, torch.Tensor):
+            raise TypeError(f"kv-canary: {name} must be a torch.Tensor, got {type(src).__name__}")
+        if src.dim() != 2:
+            raise ValueError(
+                f"kv-canary: {name} must be 2-D [pages, bytes of a page as elements], "
+                f"got shape {tuple(src.shape)} (view it as [num_pages, -1])"
+            )
+        if src.device != self.sources[0].device:
+            raise ValueError(
+                f"kv-canary: {name} must be on {self.sources[0].device} like sources[0], "
+                f"got {src.device}"
+            )
+        item = src.element_size()
+        if src.shape[1] > 1 and src.stride(1) != 1:
+            raise ValueError(
+                f"kv-canary: {name} must have contiguous rows (stride(1) == 1), "
+                f"got strides {src.stride()}"
+            )
+        if src.data_ptr() % REAL_KV_ALIGN or (src.stride(0) * item) % REAL_KV_ALIGN:
+            raise ValueError(
+                f"kv-canary: {name} must start 16-byte aligned with a row stride that is a "
+                f"multiple of 16 bytes, got data_ptr % 16 = {src.data_ptr() % REAL_KV_ALIGN} "
+                f"and a row stride of {src.stride(0) * item} bytes"
+            )
+        need = self.page_size * self.bytes_per_token
+        if src.shape[1] * item < need:
+            raise ValueError(
+                f"kv-canary: {name} rows must hold page_size * bytes_per_token = {need} "
+                f"bytes, got {src.shape[1] * item}"
+            )
+
+    @property
+    def hashed_bytes(self) -> int:
+        """Bytes hashed per slot and source: 16 (``PARTIAL``), ``read_bytes`` (``ALL``)
+        or 0 (``NONE``)."""
+        if self.mode is RealKVMode.NONE or not self.sources:
+            return 0
+        return REAL_KV_ALIGN if self.mode is RealKVMode.PARTIAL else self.read_bytes
+
+    @property
+    def device(self) -> torch.device:
+        """The sources' device (CPU when there is none)."""
+        return self.sources[0].device if self.sources else torch.device("cpu")
+
+    def source_rows(self) -> Tuple[int, ...]:
+        """Rows (pages) of each source."""
+        return tuple(src.shape[0] for src in self.sources)
+
+
+def first_row_past_sources(real_kv: Optional[RealKV], slots: torch.Tensor) -> Optional[int]:
+    """Index into ``slots`` (non-negative int64) of the first slot whose page row lies at
+    or past some source's rows, or None."""
+    if real_kv is None or real_kv.hashed_bytes == 0 or slots.numel() == 0:
+        return None
+    page = slots // real_kv.page_size
+    bad = page >= min(real_kv.source_rows())
+    if not bool(bad.any()):
+        return None
+    return int(bad.nonzero()[0, 0])
+
+
+def real_kv_hash(real_kv: Optional[RealKV], slots: torch.Tensor) -> torch.Tensor:
+    """The contract's ``real_kv(s)`` for each of ``slots`` (int64 ``[m]``, every one in
+    range, see :func:`first_row_past_sources`): int64 ``[m]``, zeros without a hash."""
+    out = torch.zeros_like(slots)
+    if real_kv is None or real_kv.hashed_bytes == 0 or slots.numel() == 0:
+        return out
+    width = real_kv.hashed_bytes
+    page = slots // real_kv.page_size
+    start = (slots % real_kv.page_size) * real_kv.bytes_per_token
+    cols = start[:, None] + torch.arange(width, device=slots.device)
+    for src in real_kv.sources:
+        as_bytes = src.view(torch.uint8) if src.shape[1] else src.reshape(src.shape[0], 0)
+        chunk = as_bytes[page[:, None], cols].contiguous().view(torch.int64)  # [m, width/8]
+        acc = torch.zeros_like(slots)
+        for k in range(chunk.shape[1]):
+            acc = sm(acc ^ chunk[:, k])
+        out = sm(out ^ acc)
+    return out

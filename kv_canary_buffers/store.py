@@ -1,0 +1,282 @@
+"""``CanaryStore``: the one owner of a KV pool's canary records and violation ring.
+
+An engine builds one per KV pool (and per endpoint it checks, for example a HEAD store
+verified before the forward and a TAIL store after it, see docs/user-guide.md), grows it
+with :meth:`CanaryStore.resize` when the pool grows, and passes it with a
+:class:`PlanBuffers` to the write and verify stages (``write_reference`` /
+``verify_reference`` on the CPU, ``kv_canary_kernels.launch_write`` /
+``launch_verify`` on a GPU). Every tensor is a fixed view into one zeroed allocation (the
+arena), sized from ``num_slots`` and ``violation_capacity`` by construction.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Optional, Tuple
+
+import attrs
+import torch
+
+from .arena import Arena, ArenaField, layout
+from .checks import check_capacity, check_index
+from .devices import DeviceLike, normalize_device
+from .layout import store_specs
+from .report import Violation, ViolationReport
+from .status import CanaryStatus
+
+_FIELD_NAMES = tuple(name for name, _dtype, _shape in store_specs(1, 1))
+_get_fields = operator.attrgetter(*_FIELD_NAMES)
+
+
+def _layout(num_slots: int, violation_capacity: int) -> Tuple[Tuple[ArenaField, ...], int]:
+    return layout(store_specs(num_slots, violation_capacity))
+
+
+def _tensor_field() -> Any:
+    return attrs.field(repr=False)
+
+
+def _check_generation(_inst: object, _attr: attrs.Attribute, value: object) -> None:
+    if check_index("generation", value) < 0:
+        raise ValueError(f"kv-canary: generation must be >= 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class CanaryStore:
+    """Every tensor of one record store, views into one arena, zeroed at allocation.
+
+    Build it with :meth:`allocate`; grow it with :meth:`resize` / :meth:`ensure_capacity`.
+    With ``N = num_slots`` and ``V = violation_capacity``:
+
+    ======================  =====  ========  ===========================================
+    field                   dtype  shape     contents
+    ======================  =====  ========  ===========================================
+    records                 int64  ``[N, 4]``  per slot: token, position, prev chain hash,
+                                               real-KV hash (32 bytes a slot, SGLang's
+                                               ``canary_buf`` layout)
+    violations              int64  ``[V, 8]``  the violation ring: launch_tag, slot,
+                                               position, stored_token, expected_token,
+                                               stored_chain_hash, expected_aux, fail_bits
+    violation_count         int64  ``[1]``     rows appended (kept + dropped) since the
+                                               last :meth:`take_violations`
+    kernel_runs             int64  ``[1]``     +1 per write or verify call
+    slots_processed         int64  ``[1]``     records written + verify entries looked at
+    chain_position_check    int32  ``[1]``     1: the write checks that positions follow
+                                               the seed's (see :meth:`enable_chain_position_check`)
+    status                  int32  ``[1]``     sticky :class:`CanaryStatus` bits
+    ======================  =====  ========  ===========================================
+
+    A store has exactly one owner of its arena: ``copy.copy`` and ``attrs.evolve`` that
+    would make a second one are refused; ``copy.deepcopy`` and pickling make a new arena.
+    """
+
+    arena: Arena = attrs.field(repr=False)
+    generation: int = attrs.field(default=0, validator=_check_generation)
+
+    records: torch.Tensor = _tensor_field()
+    violations: torch.Tensor = _tensor_field()
+    violation_count: torch.Tensor = _tensor_field()
+    kernel_runs: torch.Tensor = _tensor_field()
+    slots_processed: torch.Tensor = _tensor_field()
+    chain_position_check: torch.Tensor = _tensor_field()
+    status: torch.Tensor = _tensor_field()
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.arena, Arena):
+            raise TypeError(
+                "kv-canary: CanaryStore.arena must be an Arena; build a store with "
+                f"CanaryStore.allocate, got {type(self.arena).__name__}"
+            )
+        if tuple(f.name for f in self.arena.fields) != _FIELD_NAMES:
+            raise ValueError("kv-canary: CanaryStore.arena must have a CanaryStore layout")
+        self.check()
+        self.arena.claim(self, "CanaryStore")
+
+    # --- construction -------------------------------------------------------------
+    @classmethod
+    def allocate(
+        cls, *, num_slots: int, violation_capacity: int, device: DeviceLike
+    ) -> "CanaryStore":
+        """A zeroed store for a KV pool of ``num_slots`` slots (slot 0 is the pool's
+        padding slot) and a ring of ``violation_capacity`` rows, on ``device``.
+
+        Raises ``TypeError`` for a non-integer and ``ValueError`` for a size outside
+        ``[1, 2**31 - 1]``.
+        """
+        return cls._allocate(num_slots, violation_capacity, device, generation=0)
+
+    @classmethod
+    def _allocate(
+        cls, num_slots: object, violation_capacity: object, device: DeviceLike, generation: int
+    ) -> "CanaryStore":
+        n = check_capacity("num_slots", num_slots)
+        v = check_capacity("violation_capacity", violation_capacity)
+        fields, nbytes = _layout(n, v)
+        arena, views = Arena.allocate(fields, nbytes, normalize_device(device))
+        return cls(arena=arena, generation=generation, **views)
+
+    @staticmethod
+    def allocation_bytes(num_slots: int, violation_capacity: int) -> int:
+        """Device bytes :meth:`allocate` takes for these sizes (equal to its
+        :attr:`nbytes`): 32 per slot, 64 per ring row, plus alignment."""
+        n = check_capacity("num_slots", num_slots)
+        v = check_capacity("violation_capacity", violation_capacity)
+        return _layout(n, v)[1]
+
+    @property
+    def num_slots(self) -> int:
+        """Slots of the KV pool this store covers (``records.shape[0]``)."""
+        return self.arena.fields[0].shape[0]
+
+    @property
+    def violation_capacity(self) -> int:
+        """Rows the violation ring keeps (``violations.shape[0]``)."""
+        return self.arena.fields[1].shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        """Where every tensor lives."""
+        return self.arena.device
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the arena."""
+        return self.arena.nbytes
+
+    # --- growth -------------------------------------------------------------------
+    def resize(
+        self, *, num_slots: Optional[int] = None, violation_capacity: Optional[int] = None
+    ) -> "CanaryStore":
+        """A new store (``generation + 1``) with the given sizes (an omitted one is
+        kept) holding this store's state: the first ``min(old, new)`` records and ring
+        rows, the count, the counters, the flag and the status. ``self`` stays valid and
+        unchanged. A grown pool keeps every old slot's record, so its requests verify
+        cleanly; the copy runs on the current stream (no sync). Graphs captured on the
+        old store must be re-captured (its tensors live at new addresses)."""
+        new = CanaryStore._allocate(
+            self.num_slots if num_slots is None else num_slots,
+            self.violation_capacity if violation_capacity is None else violation_capacity,
+            self.device,
+            self.generation + 1,
+        )
+        self.check()
+        new._copy_state_from(self)
+        return new
+
+    def ensure_capacity(self, *, num_slots: int = 0) -> "CanaryStore":
+        """``self`` when it covers ``num_slots`` slots, else :meth:`resize` to exactly
+        ``num_slots`` (a KV pool grows in large, known steps; records cost 32 bytes a
+        slot, so no headroom is added)."""
+        needed = check_index("num_slots", num_slots)
+        if needed < 0:
+            raise ValueError(f"kv-canary: num_slots must be >= 0, got {needed}")
+        if needed <= self.num_slots:
+            return self
+        return self.resize(num_slots=needed)
+
+    def _copy_state_from(self, old: "CanaryStore") -> None:
+        n = min(self.num_slots, old.num_slots)
+        v = min(self.violation_capacity, old.violation_capacity)
+        self.records[:n].copy_(old.records[:n])
+        self.violations[:v].copy_(old.violations[:v])
+        for name in _FIELD_NAMES[2:]:
+            getattr(self, name).copy_(getattr(old, name))
+
+    # --- copies ---------------------------------------------------------------------
+    def __copy__(self) -> "CanaryStore":
+        raise TypeError(
+            "kv-canary: a CanaryStore cannot be shallow-copied (two owners of one arena); "
+            "use copy.deepcopy for an independent store, or resize() to grow it"
+        )
+
+    def __deepcopy__(self, memo: dict) -> "CanaryStore":
+        self.check()
+        new = CanaryStore._allocate(
+            self.num_slots, self.violation_capacity, self.device, self.generation
+        )
+        new._copy_state_from(self)
+        memo[id(self)] = new
+        return new
+
+    def __reduce__(self) -> Any:
+        self.check()
+        state = {name: getattr(self, name).cpu() for name in _FIELD_NAMES}
+        return (
+            _unpickle_store,
+            (self.num_slots, self.violation_capacity, str(self.device), self.generation, state),
+        )
+
+    # --- checks ---------------------------------------------------------------------
+    def check(self) -> None:
+        """Re-check that every field is still its view of the arena (address, dtype,
+        shape, contiguity) and that the arena's storage is intact. Reads no data, never
+        syncs; every launch and reference runs it first."""
+        try:
+            fields = _get_fields(self)
+        except AttributeError as err:
+            raise AttributeError(
+                f"kv-canary: CanaryStore is missing a field ({err}); build a store with "
+                "CanaryStore.allocate"
+            ) from None
+        bad = self.arena.first_bad_field(fields)
+        if bad is not None:
+            what = "its arena's storage" if bad == "<arena>" else f"CanaryStore.{bad}"
+            raise ValueError(
+                f"kv-canary: {what} is no longer the memory the store was built with "
+                "(a field was rebound, swapped with .data/set_(), or the storage resized); "
+                "use the store only through its own methods"
+            )
+
+    # --- device flags ---------------------------------------------------------------
+    def enable_chain_position_check(self) -> None:
+        """Turn on the write stage's check that each written position follows the
+        previous one of its row (from the seed's record). Flips the device flag in place
+        on the current stream: a captured graph sees it at its next replay."""
+        self.chain_position_check.fill_(1)
+
+    def disable_chain_position_check(self) -> None:
+        """Turn the chain-position check off (in place, graph-safe like enabling)."""
+        self.chain_position_check.fill_(0)
+
+    # --- reading back (syncs) -------------------------------------------------------
+    def take_violations(self) -> ViolationReport:
+        """Read and decode the violation ring, then clear the ring and its count.
+
+        Synchronizes with the current stream: call it between steps on the stream the
+        canary runs on (every N steps, say), never inside graph capture. Counters are
+        cumulative and not cleared."""
+        self.check()
+        appended = int(self.violation_count.item())
+        kept = max(0, min(appended, self.violation_capacity))
+        rows = self.violations[:kept].tolist()
+        report = ViolationReport(
+            violations=tuple(Violation.from_row(row) for row in rows),
+            appended=appended,
+            dropped=appended - kept,
+            kernel_runs=int(self.kernel_runs.item()),
+            slots_processed=int(self.slots_processed.item()),
+        )
+        self.violations[:kept].zero_()
+        self.violation_count.zero_()
+        return report
+
+    def take_status(self) -> CanaryStatus:
+        """The sticky :class:`CanaryStatus` bits raised since the last call, then clears
+        them. Synchronizes with the current stream."""
+        self.check()
+        flags = CanaryStatus(int(self.status.item()) & int(_ALL_STATUS))
+        self.status.zero_()
+        return flags
+
+
+_ALL_STATUS = CanaryStatus(sum(CanaryStatus))
+
+
+def _unpickle_store(
+    num_slots: int, violation_capacity: int, device: str, generation: int, state: dict
+) -> CanaryStore:
+    store = CanaryStore._allocate(num_slots, violation_capacity, device, generation)
+    for name, value in state.items():
+        getattr(store, name).copy_(value)
+    return store
+
