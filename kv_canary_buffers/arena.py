@@ -61,6 +61,16 @@ class Arena:
     fields: Tuple[ArenaField, ...] = attrs.field(repr=False)
     _owner: list = attrs.field(factory=list, repr=False)
     """A weak reference to the one object built on this arena (empty until claimed)."""
+    _expected: tuple = attrs.field(init=False, repr=False)
+    """Per field, what :meth:`first_bad_field` compares: ``(data pointer, dtype, shape,
+    whether contiguity needs a test)``; a one-element field is always contiguous."""
+
+    def __attrs_post_init__(self) -> None:
+        expected = tuple(
+            (self.base + f.offset, f.dtype, torch.Size(f.shape), math.prod(f.shape) > 1)
+            for f in self.fields
+        )
+        object.__setattr__(self, "_expected", expected)
 
     @classmethod
     def allocate(
@@ -87,6 +97,16 @@ class Arena:
             )
         self._owner[:] = [weakref.ref(owner)]
 
+    def owner(self) -> Optional[object]:
+        """The live object that claimed this arena, or None."""
+        return self._owner[0]() if self._owner else None
+
+    def byte_view(self) -> torch.Tensor:
+        """A ``uint8`` tensor over every byte of the arena (fields and alignment gaps),
+        for whole-arena copies; allocates nothing."""
+        raw = torch.empty(0, dtype=torch.uint8, device=self.device)
+        return raw.set_(self.storage, 0, (self.nbytes,))
+
     def first_bad_field(self, tensors: Sequence[object]) -> Optional[str]:
         """The name of the first field in ``tensors`` (in layout order) that is no longer
         its view of this arena, ``"<arena>"`` if the storage itself moved or shrank, or
@@ -94,26 +114,44 @@ class Arena:
         storage = self.storage
         if storage.data_ptr() != self.base or storage.nbytes() != self.nbytes:
             return "<arena>"
-        base = self.base
         try:
-            for t, f in zip(tensors, self.fields):
+            # Hot path (every launch): four reads a field at most, against expectations
+            # computed once; the pointer also proves the device and the storage.
+            for t, (ptr, dtype, shape, multi) in zip(tensors, self._expected):
                 if not (
-                    t.data_ptr() == base + f.offset  # type: ignore[attr-defined]
-                    and t.dtype is f.dtype  # type: ignore[attr-defined]
-                    and t.shape == f.shape  # type: ignore[attr-defined]
-                    and t.is_contiguous()  # type: ignore[attr-defined]
+                    t.data_ptr() == ptr  # type: ignore[attr-defined]
+                    and t.dtype is dtype  # type: ignore[attr-defined]
+                    and t.shape == shape  # type: ignore[attr-defined]
+                    and (not multi or t.is_contiguous())  # type: ignore[attr-defined]
                 ):
-                    return f.name
+                    break
+            else:
+                return None
         except (AttributeError, TypeError, RuntimeError):
-            for t, f in zip(tensors, self.fields):
-                if not isinstance(t, torch.Tensor):
-                    return f.name
-            raise
+            pass
+        for t, expected, f in zip(tensors, self._expected, self.fields):
+            if not _is_view(t, expected):
+                return f.name
         return None
 
     def overlaps(self, t: torch.Tensor) -> bool:
         """Whether any byte ``t`` can address lies inside the arena (one range test)."""
         return spans_overlap(tensor_span(t), (self.base, self.base + self.nbytes))
+
+
+def _is_view(t: object, expected: tuple) -> bool:
+    """The slow form of the hot-path test, safe on any object."""
+    ptr, dtype, shape, _multi = expected
+    try:
+        return (
+            isinstance(t, torch.Tensor)
+            and t.data_ptr() == ptr
+            and t.dtype is dtype
+            and t.shape == shape
+            and t.is_contiguous()
+        )
+    except (AttributeError, TypeError, RuntimeError, NotImplementedError):
+        return False
 
 
 def tensor_span(t: torch.Tensor) -> Tuple[int, int]:

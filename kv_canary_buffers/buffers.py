@@ -2,73 +2,66 @@
 
 An engine builds one per KV pool (buffer group), keeps it alive from the plan to the last
 kernel that reads the plan, and passes it to :func:`kv_canary_buffers.plan_reference` or
-:func:`kv_canary_kernels.launch_plan`. Every tensor is sized from the two capacities by
-construction (see :data:`kv_canary_buffers.layout.BUFFER_SPECS`), so an offsets buffer of
-``write_req_capacity`` elements cannot exist.
+:func:`kv_canary_kernels.launch_plan`. Every tensor is a fixed view into one zeroed device
+allocation (the arena, :mod:`kv_canary_buffers.arena`) laid out from the two capacities by
+:data:`kv_canary_buffers.layout.BUFFER_SPECS`, so an offsets buffer of
+``write_req_capacity`` elements cannot exist and two fields cannot share memory.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import operator
-from typing import Any, Optional, Tuple
+import weakref
+from typing import Any, Callable, Optional, Tuple
 
 import attrs
 import torch
 
-from .devices import DeviceLike, device_predicate, normalize_device
-from .layout import BUFFER_SPECS, MAX_CAPACITY
+from .arena import Arena, ArenaField, layout
+from .checks import check_capacity, check_index
+from .devices import DeviceLike, normalize_device
+from .layout import BUFFER_SPECS, MAX_CAPACITY, plan_specs
 from .status import PlanStatus
-
-
-def _check_capacity(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"kv-canary: {name} must be an int, got {type(value).__name__} {value!r}")
-    if not 1 <= value <= MAX_CAPACITY:
-        raise ValueError(
-            f"kv-canary: {name} must be in [1, {MAX_CAPACITY}] (counters are int32), got {value}"
-        )
-    return value
-
-
-def _capacity_validator(_inst: object, attribute: attrs.Attribute, value: object) -> None:
-    _check_capacity(attribute.name, value)
-
-
-def _generation_validator(_inst: object, attribute: attrs.Attribute, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"kv-canary: generation must be an int >= 0, got {value!r}")
-
 
 _FIELD_NAMES = tuple(BUFFER_SPECS)
 _get_fields = operator.attrgetter(*_FIELD_NAMES)  # one C call for all tensors
+_SEEDS = _FIELD_NAMES.index("write_seed_slot_indices")  # [write_req_capacity]
+_SLOTS = _FIELD_NAMES.index("verify_slot_indices")  # [verify_capacity]
+_ALL_STATUS = int(sum(PlanStatus))
+
+OFFSETS_MSG = (
+    "kv-canary: write_offsets_len must equal write_req_capacity + 1, got {} and {}"
+)
+"""SGLang's launch-time message, kept word for word: here it can only come from a field
+that was replaced or resized behind the buffers' back."""
 
 
 @functools.lru_cache(maxsize=64)
-def _expected_layout(
-    write_req_capacity: int, verify_capacity: int
-) -> Tuple[Tuple[str, torch.dtype, Tuple[int, ...], int], ...]:
-    """``(name, dtype, shape, nbytes)`` of every field, in field order."""
-    layout = []
-    for name, (dtype, shape_fn, _role) in BUFFER_SPECS.items():
-        shape = shape_fn(write_req_capacity, verify_capacity)
-        layout.append((name, dtype, shape, math.prod(shape) * dtype.itemsize))
-    return tuple(layout)
+def _layout(write_req_capacity: int, verify_capacity: int) -> Tuple[Tuple[ArenaField, ...], int]:
+    """The arena's fields and total bytes for these capacities."""
+    return layout(plan_specs(write_req_capacity, verify_capacity))
 
 
 def _tensor_field() -> Any:
     return attrs.field(repr=False)
 
 
-@attrs.frozen(kw_only=True, eq=False)
+def _check_generation(_inst: object, _attr: attrs.Attribute, value: object) -> None:
+    if check_index("generation", value) < 0:
+        raise ValueError(f"kv-canary: generation must be >= 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True, eq=False, repr=False)
 class PlanBuffers:
-    """Every output and scratch tensor of one plan, sized by construction.
+    """Every output and scratch tensor of one plan: views into one arena, sized by
+    construction.
 
     Build it with :meth:`allocate`; grow it with :meth:`resize` or :meth:`ensure_capacity`.
-    Fields cannot be rebound, and the constructor (also reached through ``attrs.evolve``)
-    checks every tensor against the capacities. With ``Cw = write_req_capacity`` and
-    ``Cv = verify_capacity``:
+    Fields cannot be rebound, the capacities and the device are read from the arena (so
+    they cannot be rebound either), and :meth:`check` (run by both plan paths at every
+    launch) proves that every field is still the view it was built as. With
+    ``Cw = write_req_capacity`` and ``Cv = verify_capacity``:
 
     ==========================  =======  ============  ==========================================
     field                       dtype    shape         contents after a plan of ``bs`` rows
@@ -87,7 +80,7 @@ class PlanBuffers:
     verify_offsets              int64    ``[Cw + 1]``  scratch: prefix sum of verify counts
     scan_block_sums             int64    ``[2, nb]``   scratch: per-block sums of the scan,
                                                        ``nb = ceil(Cw / OFFSETS_BLOCK)``
-    verify_row_hints            int32    ``[nh]``      scratch: row of every 512th entry,
+    verify_row_hints            int32    ``[nh]``      scratch: row of every 256th entry,
                                                        ``nh = ceil(Cv / ROW_HINT_STRIDE)``
     status                      int32    ``[1]``       sticky :class:`PlanStatus` bits
     dummy_int64, dummy_int32    int64,   ``[1]``       stand-in kernel pointers for an absent
@@ -95,12 +88,14 @@ class PlanBuffers:
     ==========================  =======  ============  ==========================================
 
     Verify entries at and after ``verify_num_valid`` are unspecified.
+
+    One owner per arena: ``copy.copy`` and ``attrs.evolve`` (which would make a second
+    object writing the same memory) are refused; ``copy.deepcopy`` and pickling make a new
+    arena holding a copy of every byte, with the same generation and its own identity.
     """
 
-    write_req_capacity: int = attrs.field(validator=_capacity_validator)
-    verify_capacity: int = attrs.field(validator=_capacity_validator)
-    device: torch.device = attrs.field(converter=normalize_device)
-    generation: int = attrs.field(default=0, validator=_generation_validator)
+    arena: Arena = attrs.field(repr=False)
+    generation: int = attrs.field(default=0, validator=_check_generation)
 
     write_offsets: torch.Tensor = _tensor_field()
     write_seed_slot_indices: torch.Tensor = _tensor_field()
@@ -119,8 +114,9 @@ class PlanBuffers:
     dummy_int32: torch.Tensor = _tensor_field()
 
     def __attrs_post_init__(self) -> None:
-        self.check()
-        self._check_no_overlap()
+        _check_arena_layout(self.arena, "PlanBuffers", _FIELD_NAMES, _plan_layout_of)
+        self._check_views()
+        self.arena.claim(self, "PlanBuffers")
 
     # --- construction -------------------------------------------------------------
     @classmethod
@@ -130,40 +126,73 @@ class PlanBuffers:
         """Allocate zeroed buffers for up to ``write_req_capacity`` rows per plan and up
         to ``verify_capacity`` verify entries, on ``device``. Generation 0.
 
-        Raises ``ValueError`` for a capacity outside ``[1, 2**31 - 1]``.
+        Raises ``TypeError`` for a non-integer and ``ValueError`` for a capacity outside
+        ``[1, 2**31 - 1]``.
         """
         return cls._allocate(write_req_capacity, verify_capacity, device, generation=0)
 
     @classmethod
     def _allocate(
-        cls, write_req_capacity: int, verify_capacity: int, device: DeviceLike, generation: int
+        cls, write_req_capacity: object, verify_capacity: object, device: DeviceLike,
+        generation: int,
     ) -> "PlanBuffers":
-        w = _check_capacity("write_req_capacity", write_req_capacity)
-        v = _check_capacity("verify_capacity", verify_capacity)
-        dev = normalize_device(device)
-        tensors = {
-            name: torch.zeros(shape, dtype=dtype, device=dev)
-            for name, dtype, shape, _nbytes in _expected_layout(w, v)
-        }
-        return cls(
-            write_req_capacity=w, verify_capacity=v, device=dev, generation=generation, **tensors
-        )
+        w = check_capacity("write_req_capacity", write_req_capacity)
+        v = check_capacity("verify_capacity", verify_capacity)
+        fields, nbytes = _layout(w, v)
+        arena, views = Arena.allocate(fields, nbytes, normalize_device(device))
+        return cls(arena=arena, generation=generation, **views)
 
     @staticmethod
     def allocation_bytes(write_req_capacity: int, verify_capacity: int) -> int:
-        """Bytes :meth:`allocate` takes for these capacities (equal to the result's
+        """Device bytes :meth:`allocate` takes for these capacities (equal to the result's
         :attr:`nbytes`), so an engine can budget memory before it allocates."""
-        w = _check_capacity("write_req_capacity", write_req_capacity)
-        v = _check_capacity("verify_capacity", verify_capacity)
-        return sum(nbytes for _name, _dtype, _shape, nbytes in _expected_layout(w, v))
+        w = check_capacity("write_req_capacity", write_req_capacity)
+        v = check_capacity("verify_capacity", verify_capacity)
+        return _layout(w, v)[1]
+
+    # --- read from the arena ------------------------------------------------------
+    @property
+    def write_req_capacity(self) -> int:
+        """Rows a plan may have (``write_seed_slot_indices.shape[0]``)."""
+        try:
+            return self.arena.fields[_SEEDS].shape[0]
+        except (AttributeError, IndexError, TypeError):
+            self.check()  # raises the kv-canary error of the tampering
+            raise
+
+    @property
+    def verify_capacity(self) -> int:
+        """Verify entries a plan may have (``verify_slot_indices.shape[0]``)."""
+        try:
+            return self.arena.fields[_SLOTS].shape[0]
+        except (AttributeError, IndexError, TypeError):
+            self.check()
+            raise
+
+    @property
+    def device(self) -> torch.device:
+        """Where every tensor lives (``"cuda"`` is pinned to the current index)."""
+        try:
+            return self.arena.device
+        except AttributeError:
+            self.check()
+            raise
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by all tensors of this object."""
-        return sum(
-            getattr(self, name).numel() * getattr(self, name).element_size()
-            for name in BUFFER_SPECS
-        )
+        """Device bytes of the arena: every field, each aligned to 256 bytes."""
+        self.check()
+        return self.arena.nbytes
+
+    def __repr__(self) -> str:
+        try:
+            return (
+                f"PlanBuffers(write_req_capacity={self.write_req_capacity}, "
+                f"verify_capacity={self.verify_capacity}, device={self.device!r}, "
+                f"generation={self.generation!r})"
+            )
+        except Exception:  # a tampered object must still print
+            return "PlanBuffers(<tampered>)"
 
     # --- growth -------------------------------------------------------------------
     def resize(
@@ -173,13 +202,16 @@ class PlanBuffers:
         and ``generation + 1``. ``self`` is left untouched and stays valid.
 
         The new tensors live at new addresses: a CUDA graph captured on an older
-        generation still reads and writes the old tensors and must be re-captured.
+        generation still reads and writes the old tensors and must be re-captured, and
+        staging built with ``GraphInputs.for_buffers(old)`` is refused with the new
+        buffers (build it again).
         """
+        self.check()
         return PlanBuffers._allocate(
             self.write_req_capacity if write_req_capacity is None else write_req_capacity,
             self.verify_capacity if verify_capacity is None else verify_capacity,
             self.device,
-            generation=self.generation + 1,
+            generation=self._generation() + 1,
         )
 
     def ensure_capacity(self, *, write_reqs: int = 0, verify_entries: int = 0) -> "PlanBuffers":
@@ -189,12 +221,23 @@ class PlanBuffers:
         Growth policy: a capacity that is too small becomes
         ``min(max(needed, 2 * current), 2**31 - 1)``; one that fits is kept. Doubling keeps
         the number of resizes (and graph re-captures) logarithmic in the growth, at most
-        twice the memory the largest step needed. Capacities never shrink.
+        twice the memory the largest step needed. Capacities never shrink. A need past
+        ``2**31 - 1`` raises ``ValueError`` (no capacity can hold it).
         """
+        needs = []
         for name, value in (("write_reqs", write_reqs), ("verify_entries", verify_entries)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"kv-canary: {name} must be an int >= 0, got {value!r}")
-        if write_reqs <= self.write_req_capacity and verify_entries <= self.verify_capacity:
+            number = check_index(name, value)
+            if number < 0:
+                raise ValueError(f"kv-canary: {name} must be an int >= 0, got {number}")
+            if number > MAX_CAPACITY:
+                raise ValueError(
+                    f"kv-canary: {name} must be <= {MAX_CAPACITY} (the largest capacity: "
+                    f"counters are int32), got {number}"
+                )
+            needs.append(number)
+        rows, entries = needs
+        self.check()
+        if rows <= self.write_req_capacity and entries <= self.verify_capacity:
             return self
 
         def grown(current: int, needed: int) -> Optional[int]:
@@ -203,86 +246,203 @@ class PlanBuffers:
             return min(max(needed, 2 * current), MAX_CAPACITY)
 
         return self.resize(
-            write_req_capacity=grown(self.write_req_capacity, write_reqs),
-            verify_capacity=grown(self.verify_capacity, verify_entries),
+            write_req_capacity=grown(self.write_req_capacity, rows),
+            verify_capacity=grown(self.verify_capacity, entries),
+        )
+
+    def _generation(self) -> int:
+        generation = self.generation
+        if type(generation) is not int or generation < 0:
+            raise TypeError(
+                f"kv-canary: PlanBuffers.generation must be an int >= 0, got "
+                f"{type(generation).__name__} {generation!r} (the object was tampered with)"
+            )
+        return generation
+
+    # --- copies -------------------------------------------------------------------
+    def __copy__(self) -> "PlanBuffers":
+        raise TypeError(
+            "kv-canary: a PlanBuffers cannot be shallow-copied (two owners of one arena "
+            "would write the same memory); use copy.deepcopy for an independent copy, or "
+            "resize() for a larger one"
+        )
+
+    def __deepcopy__(self, memo: dict) -> "PlanBuffers":
+        self.check()
+        new = PlanBuffers._allocate(
+            self.write_req_capacity, self.verify_capacity, self.device, self._generation()
+        )
+        new.arena.byte_view().copy_(self.arena.byte_view())
+        memo[id(self)] = new
+        return new
+
+    def __reduce__(self) -> Any:
+        self.check()
+        return (
+            _unpickle_plan_buffers,
+            (
+                self.write_req_capacity, self.verify_capacity, str(self.device),
+                self._generation(), self.arena.byte_view().cpu(),
+            ),
         )
 
     # --- checks -------------------------------------------------------------------
     def check(self) -> None:
-        """Re-check every tensor's shape, dtype, contiguity and device against the
-        capacities. Reads no data and never syncs; both plan paths run it at every
-        launch, so a tensor swapped in behind the frozen guard is caught."""
-        # Hot path (every launch): attribute reads only, no call per field beyond them.
-        device = self.device
-        on_cuda = device.type == "cuda"
-        index = device.index
-        on_device = device_predicate(device)
-        layout = _expected_layout(self.write_req_capacity, self.verify_capacity)
+        """Re-check that every field is still its view of the arena (data pointer at its
+        offset, dtype, shape, contiguity), that the arena's storage is intact (address
+        and size) and that this object is the arena's owner. Reads no data and never
+        syncs; both plan paths run it at every launch, so a field rebound with
+        ``object.__setattr__``, swapped with ``.data =`` or ``set_()``, resized in place,
+        deleted, or a storage resized under it, raises a ``kv-canary:`` error instead of
+        being written."""
         try:
-            for t, (name, dtype, shape, _nbytes) in zip(_get_fields(self), layout):
-                if not (
-                    t.shape == shape
-                    and t.dtype is dtype
-                    and ((t.is_cuda and t.get_device() == index) if on_cuda else on_device(t))
-                    and t.is_contiguous()
-                ):
-                    self._raise_field_error(name, t, dtype, shape)
-        except AttributeError:
-            for t, (name, dtype, shape, _nbytes) in zip(_get_fields(self), layout):
-                self._raise_field_error(name, t, dtype, shape)
-            raise
+            arena = self.arena
+            fields = _get_fields(self)
+        except AttributeError as err:
+            raise AttributeError(
+                f"kv-canary: PlanBuffers is missing a field ({err}); build buffers with "
+                "PlanBuffers.allocate and never delete their attributes"
+            ) from None
+        if type(arena) is not Arena:
+            raise TypeError(
+                "kv-canary: PlanBuffers.arena must be a kv_canary_buffers.arena.Arena, got "
+                f"{type(arena).__name__} (the object was tampered with)"
+            )
+        bad = arena.first_bad_field(fields)
+        if bad is not None:
+            self._raise_bad_field(bad, fields)
+        if arena.owner() is not self:
+            raise ValueError(
+                "kv-canary: this PlanBuffers does not own its arena (its fields were rebound "
+                "to another PlanBuffers' memory); build buffers with PlanBuffers.allocate"
+            )
 
-    def _raise_field_error(
-        self, name: str, t: object, dtype: torch.dtype, shape: Tuple[int, ...]
-    ) -> None:
+    def _check_views(self) -> None:
+        """:meth:`check` less the ownership (the constructor claims after it)."""
+        fields = _get_fields(self)
+        bad = self.arena.first_bad_field(fields)
+        if bad is not None:
+            self._raise_bad_field(bad, fields)
+
+    def _raise_bad_field(self, name: str, fields: Tuple[object, ...]) -> None:
+        arena = self.arena
+        if name == "<arena>":
+            raise ValueError(
+                f"kv-canary: the PlanBuffers arena's storage was resized or replaced (it must "
+                f"hold {arena.nbytes} bytes at its allocation address, got "
+                f"{arena.storage.nbytes()} bytes); never resize a field's storage"
+            )
+        index = _FIELD_NAMES.index(name)
+        t = fields[index]
+        spec = arena.fields[index]
         if not isinstance(t, torch.Tensor):
             raise TypeError(
                 f"kv-canary: PlanBuffers.{name} must be a torch.Tensor, got {type(t).__name__}"
             )
-        if t.shape != shape:
+        w, v = arena.fields[_SEEDS].shape[0], arena.fields[_SLOTS].shape[0]
+        if tuple(t.shape) != spec.shape:
             if name == "write_offsets":
                 got = t.shape[0] if t.dim() == 1 else t.numel()
-                raise ValueError(
-                    "kv-canary: write_offsets_len must equal write_req_capacity + 1, "
-                    f"got {got} and {self.write_req_capacity}"
-                )
+                raise ValueError(OFFSETS_MSG.format(got, w))
             raise ValueError(
-                f"kv-canary: PlanBuffers.{name} must have shape {tuple(shape)} for "
-                f"write_req_capacity={self.write_req_capacity}, "
-                f"verify_capacity={self.verify_capacity}, got {tuple(t.shape)}"
+                f"kv-canary: PlanBuffers.{name} must have shape {spec.shape} for "
+                f"write_req_capacity={w}, verify_capacity={v}, got {tuple(t.shape)}"
             )
-        if t.dtype != dtype:
+        if t.dtype != spec.dtype:
             raise ValueError(
-                f"kv-canary: PlanBuffers.{name} must have dtype {dtype}, got {t.dtype}"
+                f"kv-canary: PlanBuffers.{name} must have dtype {spec.dtype}, got {t.dtype}"
             )
-        if not device_predicate(self.device)(t):
+        if t.device != arena.device:
             raise ValueError(
-                f"kv-canary: PlanBuffers.{name} must be on device {self.device} "
+                f"kv-canary: PlanBuffers.{name} must be on device {arena.device} "
                 f"(PlanBuffers.device), got {t.device}"
             )
         if not t.is_contiguous():
             raise ValueError(
                 f"kv-canary: PlanBuffers.{name} must be contiguous, got strides {t.stride()}"
             )
-
-    def _check_no_overlap(self) -> None:
-        spans = sorted(
-            (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), name)
-            for name in BUFFER_SPECS
-            for t in (getattr(self, name),)
+        raise ValueError(
+            f"kv-canary: PlanBuffers.{name} is not the memory it was built with (a field "
+            "rebound with object.__setattr__ or attrs.evolve, swapped with .data or set_(), "
+            "or made to share memory with another field); build buffers with "
+            "PlanBuffers.allocate and change them only through resize()"
         )
-        for (_s0, end0, name0), (start1, _e1, name1) in zip(spans, spans[1:]):
-            if start1 < end0:
-                raise ValueError(
-                    f"kv-canary: PlanBuffers.{name0} and PlanBuffers.{name1} must not share "
-                    "memory, got overlapping storage"
-                )
 
     # --- status -------------------------------------------------------------------
     def take_status(self) -> PlanStatus:
         """Return the sticky :class:`PlanStatus` flags raised since the last call and
         clear them. Reads device memory: this synchronizes with the current stream, so
         call it between steps (for example every N steps), never inside graph capture."""
-        flags = PlanStatus(int(self.status.item()))
+        self.check()
+        flags = PlanStatus(int(self.status.item()) & _ALL_STATUS)
         self.status.zero_()
         return flags
+
+
+def _plan_layout_of(arena: Arena) -> Tuple[Tuple[ArenaField, ...], int]:
+    w = check_capacity("write_req_capacity", arena.fields[_SEEDS].shape[0])
+    v = check_capacity("verify_capacity", arena.fields[_SLOTS].shape[0])
+    return _layout(w, v)
+
+
+def _check_arena_layout(
+    arena: object,
+    kind: str,
+    names: Tuple[str, ...],
+    layout_of: Callable[[Arena], Tuple[Tuple[ArenaField, ...], int]],
+) -> None:
+    """At construction: ``arena`` is an :class:`Arena` laid out exactly as ``kind``'s
+    layout table lays out its capacities, and its storage is on its device."""
+    if type(arena) is not Arena:
+        raise TypeError(
+            f"kv-canary: {kind}.arena must be a kv_canary_buffers.arena.Arena; build one with "
+            f"{kind}.allocate, got {type(arena).__name__}"
+        )
+    if tuple(f.name for f in arena.fields) != names or layout_of(arena) != (
+        arena.fields, arena.nbytes
+    ) or arena.storage.device != arena.device:
+        raise ValueError(
+            f"kv-canary: {kind}.arena must have the {kind} layout of its capacities; build "
+            f"one with {kind}.allocate"
+        )
+
+
+def _unpickle_plan_buffers(
+    write_req_capacity: int, verify_capacity: int, device: str, generation: int,
+    state: torch.Tensor,
+) -> PlanBuffers:
+    buffers = PlanBuffers._allocate(write_req_capacity, verify_capacity, device, generation)
+    buffers.arena.byte_view().copy_(state)
+    return buffers
+
+
+# --- the link from staging tensors to the buffers they were built for ----------------
+STAGING_LINK_ATTR = "_kv_canary_staging_link"
+"""Attribute set on each tensor of a ``GraphInputs.for_buffers(buffers)``: its
+:class:`StagingLink`. The plan's validation reads it (one ``getattr``) to refuse staging
+built for other buffers."""
+
+
+@attrs.frozen(eq=False)
+class StagingLink:
+    """Which :class:`PlanBuffers` (a weak reference: staging never keeps buffers alive)
+    and generation a ``GraphInputs`` was built for."""
+
+    buffers: Callable[[], Optional[PlanBuffers]]
+    generation: int
+
+    @classmethod
+    def to(cls, buffers: PlanBuffers) -> "StagingLink":
+        return cls(weakref.ref(buffers), buffers._generation())
+
+    def __reduce__(self) -> Any:
+        # A pickled or copied *tensor* is an ordinary tensor: the link does not follow it
+        # (GraphInputs pickles and copies its own link).
+        return (_no_link, ())
+
+    def __deepcopy__(self, memo: dict) -> None:
+        return None
+
+
+def _no_link() -> None:
+    return None

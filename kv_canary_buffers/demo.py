@@ -254,8 +254,8 @@ class Engine:
     def _replay(self, group: Group, rows, valid_lens, tables) -> Dict[str, Any]:
         """Fill the group's staging in place and replay its graph (capture it first, or
         again after a resize made a new generation)."""
-        if group.staging is None or group.staging.capacity != group.buffers.write_req_capacity:
-            group.staging = GraphInputs.for_buffers(group.buffers)
+        if group.staging is None or group.staging.built_for is not group.buffers:
+            group.staging = GraphInputs.for_buffers(group.buffers)  # linked to these buffers
         group.staging.fill(valid_lens=valid_lens, **rows)
         kwargs = dict(group.staging.plan_kwargs(with_valid_lens=True), **tables)
         if group.graph_generation != group.buffers.generation:
@@ -276,7 +276,10 @@ class Engine:
         end.record()
         end.synchronize()
         self.stats.plan_us.append(start.elapsed_time(end) * 1e3)
-        return kwargs
+        # The staging is linked to group.buffers (other buffers refuse it): the oracle
+        # plans the same staged rows from copies.
+        staged = group.staging.plan_kwargs(with_valid_lens=True)
+        return dict(kwargs, **{name: t.clone() for name, t in staged.items()})
 
     def _check(self, group: Group, kwargs, bs: int, total: int) -> None:
         """The contract's invariants, then equality with plan_reference."""

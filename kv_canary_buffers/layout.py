@@ -90,7 +90,33 @@ BUFFER_SPECS: Dict[str, Tuple[torch.dtype, ShapeFn, str]] = {
     "dummy_int64": (ENTRY_DTYPE, lambda w, v: (1,), "scratch"),
     "dummy_int32": (COUNTER_DTYPE, lambda w, v: (1,), "scratch"),
 }
-"""Every tensor a :class:`~kv_canary_buffers.PlanBuffers` owns, in field order."""
+"""Every tensor a :class:`~kv_canary_buffers.PlanBuffers` owns, in field (and arena) order."""
+
+
+def plan_specs(write_req_capacity: int, verify_capacity: int) -> Tuple[
+    Tuple[str, torch.dtype, Tuple[int, ...]], ...
+]:
+    """``(name, dtype, shape)`` of every field of a :class:`~kv_canary_buffers.PlanBuffers`,
+    in field (and arena) order."""
+    return tuple(
+        (name, dtype, shape_fn(write_req_capacity, verify_capacity))
+        for name, (dtype, shape_fn, _role) in BUFFER_SPECS.items()
+    )
+
+
+STAGING_FIELDS = ("req_pool_indices", "prefix_lens", "extend_seq_lens", "valid_lens")
+"""The per-row tensors of a :class:`~kv_canary_buffers.GraphInputs`, in arena order."""
+
+
+def staging_specs(capacity: int) -> Tuple[Tuple[str, torch.dtype, Tuple[int, ...]], ...]:
+    """``(name, dtype, shape)`` of every field of a :class:`~kv_canary_buffers.GraphInputs`."""
+    return tuple((name, ROW_DTYPE, (capacity,)) for name in STAGING_FIELDS)
+
+
+# --- extreme values (docs/contract.md, "Extreme values") ---------------------------
+MAX_ROW_WRITES = 2**32
+"""A row's write count is ``min(max(0, E), MAX_ROW_WRITES)``: no step writes that many
+tokens, and with at most ``2**31 - 1`` rows the prefix sums then stay below ``2**63``."""
 
 
 # --- the canary's record store (docs/contract.md, "Records") ------------------------

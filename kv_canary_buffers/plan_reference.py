@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from .buffers import PlanBuffers
-from .layout import ENTRY_DTYPE, NO_SLOT, UNCHECKED_TOKEN
+from .layout import ENTRY_DTYPE, INT64_MAX, MAX_ROW_WRITES, NO_SLOT, UNCHECKED_TOKEN
 from .validation import PlanArgs, validate_plan_args
 
 
@@ -75,9 +75,16 @@ def _plan(args: PlanArgs, verify_capacity: int) -> dict:
     rows, max_seq_len = table.shape
 
     active = rp != 0
-    window_start = (P - window).clamp_min(0) if window > 0 else torch.zeros_like(P)
-    vcount = torch.where(active, (P - window_start).clamp_min(0), 0)
-    wcount = torch.where(active, E.clamp_min(0), 0)
+    # Wrap-free for any int64 P, E and W (docs/contract.md, "Extreme values"): a row's
+    # count is min(P, W) (P without a window, 0 for P <= 0) with no subtraction; its
+    # window start P - count lies in [0, P]. The counts are summed clamped to
+    # verify_capacity + 1 (enough to decide overflow; exact when it does not happen), and
+    # a write count is clamped to MAX_ROW_WRITES, so no prefix sum can wrap.
+    count = P.clamp_max(window) if window > 0 else P
+    count = torch.where(P > 0, count, 0)
+    window_start = torch.where(P > 0, P - count, 0)
+    vcount = torch.where(active, count, 0).clamp_max(verify_capacity + 1)
+    wcount = torch.where(active, E.clamp(0, MAX_ROW_WRITES), 0)
 
     _raise_first_bad(
         active & ((rp < 0) | (rp >= rows)), "req_pool_indices", rp,
@@ -104,8 +111,11 @@ def _plan(args: PlanArgs, verify_capacity: int) -> dict:
 
     rows_idx = torch.arange(bs, device=device)
     wants_seed = active & (P > 0) & (wcount > 0)
-    seed_pos = P - 1
-    raw_seeds = _gather(table, rp * max_seq_len + seed_pos, wants_seed, NO_SLOT)
+    seed_pos = P.clamp_min(1) - 1  # P - 1 where a seed is read; no wrap at P = -2**63
+    # Padding rows may hold any rp: their (unread) flat indices use row 0, so even the
+    # discarded index arithmetic cannot wrap.
+    rp_read = torch.where(active, rp, 0)
+    raw_seeds = _gather(table, rp_read * max_seq_len + seed_pos, wants_seed, NO_SLOT)
     seeds = torch.where(wants_seed, _translate(raw_seeds, lut, rows_idx, seed_pos), NO_SLOT)
 
     verify_offsets = torch.zeros(bs + 1, dtype=ENTRY_DTYPE, device=device)
@@ -126,14 +136,19 @@ def _plan(args: PlanArgs, verify_capacity: int) -> dict:
     prev[1:] = slots[:-1]
     has_entries = vcount > 0
     head_pos = window_start - 1
-    head_raw = _gather(table, rp * max_seq_len + head_pos, has_entries & (head_pos >= 0), NO_SLOT)
+    head_raw = _gather(
+        table, rp_read * max_seq_len + head_pos, has_entries & (head_pos >= 0), NO_SLOT
+    )
     head = _translate(head_raw, lut, rows_idx, head_pos)
     prev[starts[has_entries]] = head[has_entries]
     if pool is None:
         tokens = torch.full((total,), UNCHECKED_TOKEN, dtype=ENTRY_DTYPE, device=device)
     else:
         assert valid_lens is not None
-        q = pos + args.kv_token_id_vs_position_offset
+        # q = pos + offset, saturated at INT64_MAX (pos >= 0): no wrap, and a saturated q
+        # fails q < valid_len exactly when the true sum would.
+        offset = args.kv_token_id_vs_position_offset
+        q = pos.clamp_max(INT64_MAX - max(offset, 0)) + offset
         checked = (q >= 0) & (q < valid_lens.index_select(0, row))
         tokens = _gather(pool, req * pool.shape[1] + q, checked, UNCHECKED_TOKEN)
     out["entries"] = (slots, tokens, pos, prev)

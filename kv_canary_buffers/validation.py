@@ -10,14 +10,17 @@ expected and what was given.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 
-from .buffers import PlanBuffers
+from .arena import Arena
+from .buffers import STAGING_LINK_ATTR, PlanBuffers, StagingLink
 from .checks import check_bool, check_int64
 from .devices import device_predicate
-from .layout import LUT_DTYPE, REQ_TO_TOKEN_DTYPE, ROW_DTYPE, TOKEN_POOL_DTYPE
+from .layout import (
+    INT64_MAX, INT64_MIN, LUT_DTYPE, REQ_TO_TOKEN_DTYPE, ROW_DTYPE, TOKEN_POOL_DTYPE,
+)
 from .real_kv import RealKV
 from .store import CanaryStore
 
@@ -120,23 +123,63 @@ def check_length(
 
 
 def check_int(name: str, value: object, *, minimum: Optional[int] = None) -> int:
-    """Check a Python int argument (bools are refused), optionally ``>= minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"kv-canary: {name} must be an int, got {type(value).__name__} {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"kv-canary: {name} must be >= {minimum}, got {value}")
-    return value
+    """Check an integer argument that a kernel receives as int64: ``TypeError`` unless
+    ``operator.index`` accepts it (bools refused), ``ValueError`` outside
+    ``[max(minimum, -2**63), 2**63 - 1]``."""
+    if type(value) is int and INT64_MIN <= value <= INT64_MAX and (
+        minimum is None or value >= minimum
+    ):
+        return value  # the common case, without a call
+    low = INT64_MIN if minimum is None else max(minimum, INT64_MIN)
+    return check_int64(name, value, minimum=low)
 
 
 def check_buffers(buffers: object) -> PlanBuffers:
-    """Accept only the library's own :class:`PlanBuffers`, re-checked."""
-    if not isinstance(buffers, PlanBuffers):
+    """Accept only the library's own :class:`PlanBuffers` (exact type: subclasses and
+    objects that only claim the class are refused), re-checked."""
+    if type(buffers) is not PlanBuffers:
         raise TypeError(
             "kv-canary: buffers must be a kv_canary_buffers.PlanBuffers "
             f"(build one with PlanBuffers.allocate), got {type(buffers).__name__}"
         )
     buffers.check()
     return buffers
+
+
+def _refuse_shared_memory(arena: Arena, named: Tuple[Tuple[str, object], ...]) -> None:
+    """The slow path of the aliasing test: name the first input inside the arena."""
+    for name, t in named:
+        if isinstance(t, torch.Tensor) and arena.overlaps(t):
+            raise ValueError(
+                f"kv-canary: {name} must not share memory with the PlanBuffers it plans into, "
+                "got a tensor inside the buffers' arena (a plan would overwrite its own "
+                "input); pass the engine's own tensors"
+            )
+
+
+def _refuse_foreign_staging(buffers: PlanBuffers, named: Tuple[Tuple[str, object], ...]) -> None:
+    """The slow path of the staging test: name the first staging tensor built for other
+    buffers."""
+    for name, t in named:
+        link = getattr(t, STAGING_LINK_ATTR, None)
+        if link is None:
+            continue
+        if type(link) is not StagingLink:
+            raise TypeError(
+                f"kv-canary: {name} carries a staging link of type {type(link).__name__} "
+                "(the tensor was tampered with); build staging with GraphInputs.for_buffers"
+            )
+        built_for = link.buffers()
+        if built_for is not buffers:
+            which = (
+                "PlanBuffers that no longer exist" if built_for is None
+                else f"other PlanBuffers (generation {link.generation})"
+            )
+            raise ValueError(
+                f"kv-canary: {name} is staging built for {which}, passed with PlanBuffers of "
+                f"generation {buffers.generation}; after a resize build new staging with "
+                "GraphInputs.for_buffers(buffers) (and re-capture the graph)"
+            )
 
 
 def validate_plan_args(
@@ -154,12 +197,15 @@ def validate_plan_args(
 ) -> PlanArgs:
     """Run every host-side check of ``docs/contract.md`` and return the arguments.
 
-    Raises ``TypeError`` for an object of the wrong type (``buffers`` not a
-    :class:`PlanBuffers`, a tensor argument that is not a tensor, a non-int scalar) and
-    ``ValueError`` for everything else. Reads no tensor data and never syncs.
+    Raises ``TypeError`` for an object of the wrong type (``buffers`` not exactly a
+    :class:`PlanBuffers`, a tensor argument that is not a tensor, a non-integer scalar)
+    and ``ValueError`` for everything else, including an input that shares memory with
+    the buffers' arena, staging built for other buffers, and an integer outside int64.
+    Reads no tensor data and never syncs.
     """
     bufs = check_buffers(buffers)
-    device = bufs.device
+    arena = bufs.arena
+    device = arena.device
     on = device_predicate(device)
     check_tensor("req_pool_indices", req_pool_indices, ROW_DTYPE, 1, device, on)
     bs = req_pool_indices.shape[0]
@@ -173,10 +219,9 @@ def validate_plan_args(
         )
     check_tensor("req_to_token", req_to_token, REQ_TO_TOKEN_DTYPE, 2, device, on)
     window = check_int("swa_window_size", swa_window_size, minimum=0)
-    if full_to_swa_index_mapping is not None:
-        check_tensor(
-            "full_to_swa_index_mapping", full_to_swa_index_mapping, LUT_DTYPE, 1, device, on
-        )
+    lut = full_to_swa_index_mapping
+    if lut is not None:
+        check_tensor("full_to_swa_index_mapping", lut, LUT_DTYPE, 1, device, on)
     elif window > 0:
         raise ValueError(
             f"kv-canary: full_to_swa_index_mapping must be given when swa_window_size > 0, "
@@ -198,10 +243,41 @@ def validate_plan_args(
             "req_to_verify_expected_tokens is None, got a tensor"
         )
     offset = check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset)
+
+    # No input may share memory with the arena (the plan would overwrite what it still
+    # reads): one range test per input (all are contiguous), named on the slow path.
+    # Staging tensors carry the PlanBuffers they were built for: refuse other buffers.
+    start = arena.base
+    end = start + arena.nbytes
+    for t in (req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, lut, pool, valid_lens):
+        if t is not None:
+            ptr = t.data_ptr()
+            if ptr < end and ptr + t.nbytes > start:
+                _refuse_shared_memory(arena, _named_inputs(
+                    req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, lut, pool,
+                    valid_lens,
+                ))
+    for t in (req_pool_indices, prefix_lens, extend_seq_lens, valid_lens):
+        if getattr(t, STAGING_LINK_ATTR, None) is not None:  # a linked staging tensor
+            _refuse_foreign_staging(bufs, _named_inputs(
+                req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, lut, pool,
+                valid_lens,
+            ))
     return PlanArgs(
         bs, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, window,
-        full_to_swa_index_mapping, pool, valid_lens, offset,
+        lut, pool, valid_lens, offset,
     )
+
+
+def _named_inputs(*tensors: object) -> Tuple[Tuple[str, object], ...]:
+    return tuple(zip(_INPUT_NAMES, tensors))
+
+
+_INPUT_NAMES = (
+    "req_pool_indices", "prefix_lens", "extend_seq_lens", "req_to_token",
+    "full_to_swa_index_mapping", "req_to_verify_expected_tokens",
+    "req_to_verify_expected_tokens_valid_lens",
+)
 
 
 # --- write and verify (docs/contract.md, "Write" and "Verify") -----------------------

@@ -6,6 +6,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kv_canary_buffers.layout import INT64_MAX as _INT64_MAX
+from kv_canary_buffers.layout import MAX_ROW_WRITES as _MAX_ROW_WRITES
 from kv_canary_buffers.status import PlanStatus
 
 REQ_POOL_INDEX_BIT: tl.constexpr = tl.constexpr(int(PlanStatus.REQ_POOL_INDEX_OUT_OF_RANGE))
@@ -15,10 +17,26 @@ POOL_ROW_BIT: tl.constexpr = tl.constexpr(int(PlanStatus.POOL_ROW_OUT_OF_RANGE))
 VALID_LEN_BIT: tl.constexpr = tl.constexpr(int(PlanStatus.VALID_LEN_OUT_OF_RANGE))
 
 
+MAX_ROW_WRITES: tl.constexpr = tl.constexpr(_MAX_ROW_WRITES)
+INT64_MAX: tl.constexpr = tl.constexpr(_INT64_MAX)
+
+
+# Wrap-free arithmetic (docs/contract.md, "Extreme values"): every per-row input may hold
+# any int64 and the window any value in [0, 2**63 - 1]. No helper below subtracts two
+# unbounded values or sums unclamped counts.
+@triton.jit
+def verify_count(prefix_len, window):
+    """The contract's ``max(0, P - ws)`` of a row, without a subtraction: ``min(P, W)``
+    under a window, ``P`` without one, 0 for ``P <= 0``."""
+    count = tl.where(window > 0, tl.minimum(prefix_len, window), prefix_len)
+    return tl.maximum(count, 0)
+
+
 @triton.jit
 def window_start(prefix_len, window):
-    """First verified position: ``max(0, P - W)`` under a window, else 0."""
-    return tl.where(window > 0, tl.maximum(prefix_len - window, 0), 0)
+    """First verified position ``max(0, P - W)`` (0 without a window): ``P - count``,
+    which lies in ``[0, P]``, and 0 for ``P <= 0``."""
+    return tl.where(prefix_len > 0, prefix_len - verify_count(prefix_len, window), 0)
 
 
 @triton.jit
@@ -32,28 +50,34 @@ def load_valid_lens(valid_lens_ptr, rows, mask, HAS_POOL: tl.constexpr):
 
 
 @triton.jit
-def load_verify_rows(req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window):
-    """Per-row inputs of the verify plan and the contract's ``(active, vcount)``."""
+def load_verify_rows(req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window, verify_capacity):
+    """Per-row inputs of the verify plan, ``active`` and the contract's ``vcount``
+    clamped to ``verify_capacity + 1``: exact when the plan does not overflow, and sums
+    of at most ``2**31`` rows of at most ``2**31`` cannot wrap."""
     in_batch = rows < bs
     rp = tl.load(req_pool_indices_ptr + rows, mask=in_batch, other=0)
     prefix = tl.load(prefix_lens_ptr + rows, mask=in_batch, other=0)
     active = in_batch & (rp != 0)
-    vcount = tl.where(active, tl.maximum(prefix - window_start(prefix, window), 0), 0)
+    count_cap = verify_capacity.to(tl.int64) + 1  # 2**31 at most: int64
+    vcount = tl.where(active, tl.minimum(verify_count(prefix, window), count_cap), 0)
     return in_batch, rp, prefix, active, vcount
 
 
 @triton.jit
 def load_write_counts(extend_seq_lens_ptr, rows, in_batch, active):
-    """The contract's ``wcount`` of ``rows``."""
+    """The contract's ``wcount`` of ``rows``: ``min(max(0, E), MAX_ROW_WRITES)``."""
     extend = tl.load(extend_seq_lens_ptr + rows, mask=in_batch, other=0)
-    return tl.where(active, tl.maximum(extend, 0), 0)
+    return tl.where(active, tl.minimum(tl.maximum(extend, 0), MAX_ROW_WRITES), 0)
 
 
 @triton.jit
-def load_rows(req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window):
+def load_rows(
+    req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window,
+    verify_capacity,
+):
     """Per-row inputs and the contract's ``(active, vcount, wcount)`` for ``rows``."""
     in_batch, rp, prefix, active, vcount = load_verify_rows(
-        req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window
+        req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window, verify_capacity
     )
     wcount = load_write_counts(extend_seq_lens_ptr, rows, in_batch, active)
     return in_batch, rp, prefix, active, vcount, wcount
@@ -142,7 +166,7 @@ def write_seeds(
     ``valid_len`` holds the rows' valid lengths of the token pool (ignored without it)."""
     rp_ok = (rp >= 0) & (rp < table_rows)
     wants_seed = active & (prefix > 0) & (wcount > 0)
-    seed_pos = prefix - 1
+    seed_pos = tl.maximum(prefix, 1) - 1  # P - 1 where a seed is read; no wrap at -2**63
     # A read that would leave the table is not made: the seed becomes slot 0, untranslated.
     seed_read = wants_seed & rp_ok & (seed_pos < table_cols)
     seed = tl.load(req_to_token_ptr + rp * table_cols + seed_pos, mask=seed_read, other=0)
@@ -210,7 +234,9 @@ def write_entries(
         prev = tl.load(table_row + pos - 1, mask=prev_read, other=0).to(tl.int64)
     prev = tl.where(has_prev, prev, -1)
     if HAS_POOL:
-        q = pos + token_offset
+        # q = pos + offset saturated at INT64_MAX (pos >= 0): no wrap, and a saturated q
+        # fails q < valid_len exactly when the true sum would.
+        q = tl.minimum(pos, INT64_MAX - tl.maximum(token_offset.to(tl.int64), 0)) + token_offset
         checked = in_range & (q >= 0) & (q < valid_len)
         checked &= (q < pool_cols) & (rp >= 0) & (rp < pool_rows)
         token = tl.load(token_pool_ptr + rp * pool_cols + q, mask=checked, other=-1)

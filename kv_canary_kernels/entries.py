@@ -52,7 +52,8 @@ def plan_entries_kernel(
     if pid < seed_programs:
         rows = pid * BLOCK + tl.arange(0, BLOCK)
         in_batch, rp, prefix, active, _vcount, wcount = load_rows(
-            req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window
+            req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window,
+            bs,  # the verify count is unused here: any capacity
         )
         bits = write_seeds(
             rows, in_batch, rp, prefix, active, wcount,

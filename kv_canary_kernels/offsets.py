@@ -18,22 +18,24 @@ from .common import load_rows, write_offsets_and_counters, zero_offsets_tail
 
 # Every integer argument is a runtime value: a new bs, capacity or table shape must not
 # recompile, and Triton would otherwise specialise values equal to 1 (and divisibility).
-_SUMS_RUNTIME_INTS = ["bs", "window", "sums_stride"]
+_SUMS_RUNTIME_INTS = ["bs", "window", "sums_stride", "verify_capacity"]
 
 
 @triton.jit(do_not_specialize=_SUMS_RUNTIME_INTS)
 def scan_block_sums_kernel(
     req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, sums_ptr,
-    bs, window, sums_stride,
+    bs, window, sums_stride, verify_capacity,
     BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    """``sums[0, b]`` / ``sums[1, b]``: write / verify entries of the rows of block ``b``."""
+    """``sums[0, b]`` / ``sums[1, b]``: write / verify entries of the rows of block ``b``
+    (counts clamped as ``load_rows`` does, so no sum can wrap)."""
     if USE_PDL:
         gdc_launch_dependents()  # let the offsets kernel start loading its rows now
     pid = tl.program_id(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     _in, _rp, _prefix, _active, vcount, wcount = load_rows(
-        req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window
+        req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window,
+        verify_capacity,
     )
     tl.store(sums_ptr + pid, tl.sum(wcount, 0))
     tl.store(sums_ptr + sums_stride + pid, tl.sum(vcount, 0))
@@ -74,7 +76,8 @@ def plan_offsets_kernel(
     nprog = tl.num_programs(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     in_batch, _rp, _prefix, _active, vcount, wcount = load_rows(
-        req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window
+        req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window,
+        verify_capacity,
     )
     if USE_PDL:
         # Launched early (programmatic dependent launch): the rows above are inputs, but

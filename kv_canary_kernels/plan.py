@@ -144,7 +144,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     n_sum_blocks = triton.cdiv(bs, OFFSETS_BLOCK)
     scan_block_sums_kernel[(n_sum_blocks,)](
         args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
-        bs, window, sums.shape[1],
+        bs, window, sums.shape[1], buffers.verify_capacity,
         BLOCK=OFFSETS_BLOCK, USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS,
     )
     plan_offsets_kernel[(triton.cdiv(bs + 1, OFFSETS_BLOCK),)](

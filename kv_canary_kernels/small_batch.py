@@ -51,7 +51,7 @@ def plan_small_batch_kernel(
     rows = tl.arange(0, ROWS)
     # Only program 0 needs the write counts: the others load the verify inputs alone.
     in_batch, rp, prefix, active, vcount = load_verify_rows(
-        req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window
+        req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window, verify_capacity
     )
     v_total = tl.sum(vcount, 0)
     zero_offsets_tail(write_offsets_ptr, bs, write_capacity, 1 + pid, nprog, ROWS)
@@ -73,10 +73,11 @@ def plan_small_batch_kernel(
         )
         tl.atomic_or(status_ptr, bits, mask=bits != 0)
     else:
-        total = tl.where(v_total <= verify_capacity, v_total, 0).to(tl.int32)  # overflow: none
-        # int32 is exact wherever it is used: with no overflow every prefix sum is at
-        # most verify_capacity < 2**31 (and with one the loop below does not run).
-        count = vcount.to(tl.int32)
+        fits = v_total <= verify_capacity
+        total = tl.where(fits, v_total, 0).to(tl.int32)  # overflow: no entry
+        # int32 is exact: with no overflow every prefix sum is at most verify_capacity <
+        # 2**31, and with one every count is taken as 0 (the loop below does not run).
+        count = tl.where(fits, vcount, 0).to(tl.int32)
         v_excl = tl.cumsum(count, 0) - count
         first_pos = window_start(prefix, window) - v_excl  # entry t of row r: first_pos[r] + t
         bits = tl.full([], 0, tl.int32)

@@ -13,6 +13,8 @@ import torch
 
 from kv_canary_buffers import PlanStatus
 
+MAX_ROW_WRITES = 2**32  # the contract's clamp of a row's write count (stated, not imported)
+
 
 def _rows(t: Optional[torch.Tensor]):
     return None if t is None else t.cpu().tolist()
@@ -78,7 +80,7 @@ def loop_plan(
                 flags |= PlanStatus.VALID_LEN_OUT_OF_RANGE
         ws = max(0, P - W) if W > 0 else 0
         vcount = max(0, P - ws) if active else 0
-        wcount = max(0, E) if active else 0
+        wcount = min(max(0, E), MAX_ROW_WRITES) if active else 0
         seeds.append(slot_at(rp, P - 1) if active and P > 0 and wcount > 0 else -1)
         offsets.append(offsets[-1] + wcount)
         v_rows.append((r, rp, ws, vcount))

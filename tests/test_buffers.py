@@ -57,9 +57,12 @@ def test_row_hints_cover_every_stride_of_verify_entries():
 def test_allocation_bytes_equals_nbytes(w, v):
     assert PlanBuffers.allocation_bytes(w, v) == make(w, v).nbytes
     nb = -(-w // OFFSETS_BLOCK)
-    int64s = (w + 1) + w + 4 * v + (w + 1) + 2 * nb + 1
-    int32s = 3 + -(-v // ROW_HINT_STRIDE) + 1 + 1
-    assert PlanBuffers.allocation_bytes(w, v) == 8 * int64s + 4 * int32s
+    nh = -(-v // ROW_HINT_STRIDE)
+    # every field of the arena starts on a 256-byte boundary
+    field_bytes = [8 * (w + 1), 8 * w, 4] + [8 * v] * 4 + [4, 4, 8 * (w + 1), 16 * nb, 4 * nh,
+                                                            4, 8, 4]
+    aligned = sum(-(-n // 256) * 256 for n in field_bytes)
+    assert PlanBuffers.allocation_bytes(w, v) == aligned
 
 
 @pytest.mark.parametrize("name", ["write_req_capacity", "verify_capacity"])
@@ -94,11 +97,23 @@ def test_evolve_with_capacity_sized_offsets_raises_the_exact_message():
     assert str(err.value) == OFFSETS_MSG.format(4, 4)
 
 
-def test_evolve_capacity_without_new_tensors_is_rejected():
-    b = make(w=4)
-    with pytest.raises(ValueError) as err:
+def test_capacities_are_read_from_the_arena_not_passed_or_rebound():
+    b = make(w=4, v=16)
+    with pytest.raises(TypeError, match="write_req_capacity"):  # not a constructor argument
         attrs.evolve(b, write_req_capacity=8)
-    assert str(err.value) == OFFSETS_MSG.format(5, 8)
+    for name in ("write_req_capacity", "verify_capacity", "device"):
+        with pytest.raises(AttributeError):
+            object.__setattr__(b, name, 8)
+    assert (b.write_req_capacity, b.verify_capacity, b.device) == (4, 16, torch.device("cpu"))
+
+
+def test_evolve_without_changes_is_refused_as_a_second_owner():
+    b = make()
+    with pytest.raises(ValueError, match="kv-canary: this arena already belongs to a live PlanBuffers"):
+        attrs.evolve(b)
+    with pytest.raises(ValueError, match="already belongs"):
+        attrs.evolve(b, generation=5)
+    b.check()
 
 
 @pytest.mark.parametrize(
@@ -123,7 +138,7 @@ def test_evolve_rejects_a_non_tensor_and_shared_storage():
     b = make()
     with pytest.raises(TypeError, match="PlanBuffers.status must be a torch.Tensor, got list"):
         attrs.evolve(b, status=[0])
-    with pytest.raises(ValueError, match="must not share memory"):
+    with pytest.raises(ValueError, match="PlanBuffers.verify_offsets is not the memory it was built with"):
         attrs.evolve(b, verify_offsets=b.write_offsets)
 
 

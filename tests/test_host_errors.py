@@ -95,7 +95,7 @@ CASES = {
     ),
     "negative window": (
         lambda k, d: k.update(swa_window_size=-1),
-        ValueError, "kv-canary: swa_window_size must be >= 0, got -1",
+        ValueError, r"kv-canary: swa_window_size must be in \[0, 9223372036854775807\], got -1",
     ),
     "window not an int": (
         lambda k, d: k.update(swa_window_size=2.0),
