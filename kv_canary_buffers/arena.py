@@ -67,7 +67,7 @@ class Arena:
 
     def __attrs_post_init__(self) -> None:
         expected = tuple(
-            (self.base + f.offset, f.dtype, torch.Size(f.shape), math.prod(f.shape) > 1)
+            (self.base + f.offset, f.dtype, tuple(f.shape), math.prod(f.shape) > 1)
             for f in self.fields
         )
         object.__setattr__(self, "_expected", expected)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Callable, Union
 
 import torch
@@ -28,5 +29,5 @@ def device_predicate(device: torch.device) -> Callable[[torch.Tensor], bool]:
         index = device.index
         return lambda t: t.is_cuda and t.get_device() == index
     if device.type == "cpu":
-        return lambda t: t.is_cpu
+        return operator.attrgetter("is_cpu")  # a C call, no Python frame
     return lambda t: t.device == device

@@ -99,6 +99,15 @@ def check_row_tensor(
     name: str, t: object, bs: int, device: torch.device, on_device: Optional[OnDevice] = None
 ) -> torch.Tensor:
     """Check a per-row int64 ``[bs]`` input."""
+    if (  # the fast path of check_length, inlined: it runs for every row tensor per launch
+        on_device is not None
+        and isinstance(t, torch.Tensor)
+        and t.dtype is ROW_DTYPE
+        and t.shape == (bs,)
+        and on_device(t)
+        and t.is_contiguous()
+    ):
+        return t
     return check_length(name, t, bs, device, on_device, "bs = len(req_pool_indices)")
 
 
@@ -218,7 +227,9 @@ def validate_plan_args(
             "PlanBuffers.ensure_capacity()"
         )
     check_tensor("req_to_token", req_to_token, REQ_TO_TOKEN_DTYPE, 2, device, on)
-    window = check_int("swa_window_size", swa_window_size, minimum=0)
+    window = swa_window_size
+    if not (type(window) is int and 0 <= window <= INT64_MAX):  # else the common case
+        window = check_int("swa_window_size", window, minimum=0)
     lut = full_to_swa_index_mapping
     if lut is not None:
         check_tensor("full_to_swa_index_mapping", lut, LUT_DTYPE, 1, device, on)
@@ -242,7 +253,9 @@ def validate_plan_args(
             "kv-canary: req_to_verify_expected_tokens_valid_lens must be None when "
             "req_to_verify_expected_tokens is None, got a tensor"
         )
-    offset = check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset)
+    offset = kv_token_id_vs_position_offset
+    if not (type(offset) is int and INT64_MIN <= offset <= INT64_MAX):
+        offset = check_int("kv_token_id_vs_position_offset", offset)
 
     # No input may share memory with the arena (the plan would overwrite what it still
     # reads): one range test per input (all are contiguous), named on the slow path.

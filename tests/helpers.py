@@ -117,3 +117,55 @@ def make_rows(
             -1, pool_cols + 1, (bs,), generator=gen
         ).to(device)
     return out
+
+
+# --- the whole arena: sentinels in the alignment gaps, byte snapshots -----------------
+SENTINEL_BYTE = 0xA5
+SENTINEL_INT64 = int.from_bytes(bytes([SENTINEL_BYTE]) * 8, "little", signed=True)
+
+
+def arena_bytes(obj) -> torch.Tensor:
+    """Every byte of a PlanBuffers' (or GraphInputs') arena, as a uint8 view."""
+    return obj.arena.byte_view()
+
+
+def arena_snapshot(obj) -> torch.Tensor:
+    return arena_bytes(obj).clone()
+
+
+def assert_arena_unchanged(obj, before: torch.Tensor) -> None:
+    now = arena_bytes(obj)
+    assert torch.equal(now, before), f"{int((now != before).sum())} arena bytes were written"
+
+
+def poison_arena(buffers: PlanBuffers) -> None:
+    """Fill every byte of the arena (outputs, scratch, alignment gaps) with the sentinel
+    byte, then clear the status word (its bits are sticky, not outputs)."""
+    arena_bytes(buffers).fill_(SENTINEL_BYTE)
+    buffers.status.zero_()
+
+
+def arena_gaps(buffers: PlanBuffers):
+    """``[start, end)`` byte ranges of the arena that belong to no field: the alignment
+    padding after each field (a sentinel region no kernel may write)."""
+    gaps = []
+    fields = buffers.arena.fields
+    for f, nxt in zip(fields, fields[1:] + (None,)):
+        end = buffers.arena.nbytes if nxt is None else nxt.offset
+        if f.offset + f.nbytes < end:
+            gaps.append((f.name, f.offset + f.nbytes, end))
+    return gaps
+
+
+def assert_in_bounds(buffers: PlanBuffers, bs: int) -> None:
+    """Nothing was written outside what the plan may write: every alignment gap still
+    holds the sentinel, and so do the seeds past ``bs`` and the verify entries past
+    ``verify_num_valid`` (all of them on overflow)."""
+    raw = arena_bytes(buffers)
+    for name, start, end in arena_gaps(buffers):
+        assert bool((raw[start:end] == SENTINEL_BYTE).all()), f"the gap after {name} was written"
+    assert bool((buffers.write_seed_slot_indices[bs:] == SENTINEL_INT64).all()), "seeds past bs"
+    written = int(buffers.verify_num_valid) if int(buffers.verify_enable) else 0
+    for name in ENTRY_FIELDS:
+        tail = getattr(buffers, name)[written:]
+        assert bool((tail == SENTINEL_INT64).all()), f"{name} written past {written}"
