@@ -1,18 +1,21 @@
 """Host time of the plan's per-launch checks: ``PlanBuffers.check()`` and
 ``validate_plan_args`` (everything ``launch_plan`` does on the host besides the bare
-dispatch), median over rounds of many calls (``timeit``).
+dispatch), median over rounds of many calls (``timeit``); on CUDA also the eager host
+time of ``launch_plan`` against the bare ``dispatch_plan`` of the same kernels.
 
-    python benchmarks/bench_host_checks.py [--device cpu|cuda] [--rounds 15] [--calls 20000]
+    PYTHONPATH=. python benchmarks/bench_host_checks.py [--device cpu|cuda] [--rounds 15]
 
-On the CPU the figures compare implementations of the checks (no kernel is launched);
-the absolute launch overhead on a GPU host is measured by ``bench_plan.py``.
+It imports only the library, so the same script times any revision of it (run it from
+that revision's root with ``PYTHONPATH=.``). On the CPU no kernel is launched.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import time
 import timeit
+from typing import Dict
 
 import torch
 
@@ -26,34 +29,69 @@ def median_us(fn, rounds: int, calls: int) -> float:
     return statistics.median(times) / calls * 1e6
 
 
+def make_batch(bs: int, device: torch.device) -> Dict:
+    """All rows active, prefixes in [1, 1023], window 128 with its LUT, token pool on (the
+    host-overhead case of bench_plan.py)."""
+    g = torch.Generator().manual_seed(bs)
+    cols = 1032
+    rows = bs + 1
+    prefix = torch.randint(1, 1024, (bs,), generator=g)
+    kwargs = dict(
+        req_pool_indices=torch.randperm(bs, generator=g) + 1,
+        prefix_lens=prefix,
+        extend_seq_lens=torch.ones(bs, dtype=torch.int64),
+        req_to_token=torch.randperm(rows * cols, generator=g).reshape(rows, cols).to(torch.int32),
+        swa_window_size=128,
+        full_to_swa_index_mapping=torch.randperm(rows * cols, generator=g),
+        req_to_verify_expected_tokens=torch.randint(0, 150_000, (rows, cols), generator=g,
+                                                    dtype=torch.int32),
+        req_to_verify_expected_tokens_valid_lens=prefix + 1,
+    )
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=20000)
-    parser.add_argument("--bs", type=int, default=256)
+    parser.add_argument("--launch-calls", type=int, default=1000)
     args = parser.parse_args(argv)
     dev = torch.device(args.device)
-    buffers = PlanBuffers.allocate(
-        write_req_capacity=args.bs, verify_capacity=1 << 16, device=dev
-    )
-    bs = args.bs
-    i64 = dict(dtype=torch.int64, device=dev)
-    kwargs = dict(
-        req_pool_indices=torch.ones(bs, **i64),
-        prefix_lens=torch.ones(bs, **i64),
-        extend_seq_lens=torch.ones(bs, **i64),
-        req_to_token=torch.zeros(bs + 1, 64, dtype=torch.int32, device=dev),
-        swa_window_size=16,
-        full_to_swa_index_mapping=torch.zeros(1024, **i64),
-        req_to_verify_expected_tokens=torch.zeros(bs + 1, 64, dtype=torch.int32, device=dev),
-        req_to_verify_expected_tokens_valid_lens=torch.ones(bs, **i64),
-    )
-    check = median_us(buffers.check, args.rounds, args.calls)
-    validate = median_us(lambda: validate_plan_args(buffers, **kwargs), args.rounds, args.calls)
-    print(f"device={dev} bs={bs} rounds={args.rounds} calls={args.calls} torch={torch.__version__}")
-    print(f"PlanBuffers.check()        {check:8.2f} us")
-    print(f"validate_plan_args (all)   {validate:8.2f} us")
+    print(f"device={dev} rounds={args.rounds} torch={torch.__version__}")
+    for bs in (1, 256, 4096):
+        kwargs = make_batch(bs, dev)
+        entries = int(kwargs["prefix_lens"].clamp(max=128).sum())
+        buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=entries, device=dev)
+        check = median_us(buffers.check, args.rounds, args.calls)
+        validate = median_us(
+            lambda: validate_plan_args(buffers, **kwargs), args.rounds, args.calls // 2
+        )
+        line = f"bs={bs:5d}  check() {check:7.2f} us  validate_plan_args {validate:7.2f} us"
+        if dev.type == "cuda":
+            from kv_canary_kernels import dispatch_plan, launch_plan
+
+            plan_args = validate_plan_args(buffers, **kwargs)
+            variants = {
+                "launch_plan": lambda: launch_plan(buffers, **kwargs),
+                "bare_dispatch": lambda: dispatch_plan(buffers, plan_args),
+            }
+            times: Dict[str, list] = {k: [] for k in variants}
+            for fn in variants.values():
+                fn()
+            torch.cuda.synchronize()
+            for _ in range(args.rounds):  # interleaved, so drift hits both alike
+                for name, fn in variants.items():
+                    t0 = time.perf_counter()
+                    for _ in range(args.launch_calls):
+                        fn()
+                    times[name].append((time.perf_counter() - t0) / args.launch_calls * 1e6)
+                    torch.cuda.synchronize()
+            launch = statistics.median(times["launch_plan"])
+            bare = statistics.median(times["bare_dispatch"])
+            line += (f"  launch_plan {launch:7.2f} us  bare {bare:7.2f} us  "
+                     f"ratio {launch / bare:.2f}")
+        print(line, flush=True)
     return 0
 
 

@@ -60,8 +60,48 @@ def main() -> int:
                      | PlanStatus.LUT_SLOT_OUT_OF_RANGE | PlanStatus.POOL_ROW_OUT_OF_RANGE
                      | PlanStatus.VALID_LEN_OUT_OF_RANGE)
     print(f"{'all kinds, bs=5000':28s} status={flags!r} entries={int(buffers.verify_num_valid)}")
+    extremes(dev)
     print("gpu_memcheck: all plans matched the padding oracle")
     return 0
+
+
+def extremes(dev: str) -> None:
+    """Per-row values from the int64 edges on both kernel paths, windows and offsets at
+    theirs (docs/contract.md, "Extreme values"): before the wrap-free arithmetic the
+    three-launch path wrote row hints far past their buffer here."""
+    from test_extremes import EDGES
+
+    g = torch.Generator().manual_seed(1)
+    edges = torch.tensor(EDGES)
+    for bs in (300, 5000):
+        for window, offset in ((0, 0), (3, 2**63 - 1), (2**63 - 1, -(2**63)), (2**31, 1)):
+            rp = torch.randint(0, 4, (bs,), generator=g)
+            rp[torch.rand(bs, generator=g) < 0.2] = edges[torch.randint(0, len(EDGES), (1,), generator=g)]
+            pick = lambda: edges[torch.randint(0, len(EDGES), (bs,), generator=g)]  # noqa: E731
+            small = torch.rand(bs, generator=g) < 0.5
+            prefix = torch.where(small, torch.randint(-2, 12, (bs,), generator=g), pick())
+            kwargs = dict(
+                req_pool_indices=rp, prefix_lens=prefix, extend_seq_lens=pick(),
+                req_to_token=torch.randint(-1, 30, (4, 10), generator=g).to(torch.int32),
+                swa_window_size=window,
+                full_to_swa_index_mapping=torch.randint(0, 1000, (28,), generator=g),
+                req_to_verify_expected_tokens=torch.randint(0, 9, (3, 8), generator=g).to(torch.int32),
+                req_to_verify_expected_tokens_valid_lens=pick(),
+                kv_token_id_vs_position_offset=offset,
+            )
+            for capacity in (64, 4 * bs):
+                expected = loop_plan(write_req_capacity=bs, verify_capacity=capacity,
+                                     pad_bad=True, **kwargs)
+                on_dev = {k: v.to(dev) if isinstance(v, torch.Tensor) else v
+                          for k, v in kwargs.items()}
+                buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=capacity,
+                                               device=dev)
+                launch_plan(buffers, **on_dev)
+                assert_matches_oracle(buffers, bs, expected)
+                assert buffers.take_status() == expected["flags"]
+                print(f"{'extremes':12s} bs={bs:5d} W={window:<20d} offset={offset:<21d} "
+                      f"cap={capacity:5d} enable={int(buffers.verify_enable)} "
+                      f"entries={int(buffers.verify_num_valid)}")
 
 
 if __name__ == "__main__":
