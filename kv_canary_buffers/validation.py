@@ -19,7 +19,8 @@ from .buffers import STAGING_LINK_ATTR, PlanBuffers, StagingLink
 from .checks import check_bool, check_int64
 from .devices import device_predicate
 from .layout import (
-    INT64_MAX, INT64_MIN, LUT_DTYPE, REQ_TO_TOKEN_DTYPE, ROW_DTYPE, TOKEN_POOL_DTYPE,
+    BUFFER_SPECS, INT64_MAX, INT64_MIN, LUT_DTYPE, REQ_TO_TOKEN_DTYPE, ROW_DTYPE,
+    TOKEN_POOL_DTYPE,
 )
 from .real_kv import RealKV
 from .store import CanaryStore
@@ -212,27 +213,50 @@ def validate_plan_args(
     the buffers' arena, staging built for other buffers, and an integer outside int64.
     Reads no tensor data and never syncs.
     """
-    bufs = check_buffers(buffers)
+    if type(buffers) is not PlanBuffers:
+        check_buffers(buffers)  # raises the TypeError
+    bufs: PlanBuffers = buffers  # type: ignore[assignment]
+    bufs.check()
     arena = bufs.arena
     device = arena.device
     on = device_predicate(device)
-    check_tensor("req_pool_indices", req_pool_indices, ROW_DTYPE, 1, device, on)
-    bs = req_pool_indices.shape[0]
-    check_row_tensor("prefix_lens", prefix_lens, bs, device, on)
-    check_row_tensor("extend_seq_lens", extend_seq_lens, bs, device, on)
-    if bs > bufs.write_req_capacity:
+    # Hot path (every launch): each check's common case inline (the same tests as the
+    # fast paths of check_tensor / check_row_tensor, without their calls); on a miss the
+    # named check raises with its message.
+    T = torch.Tensor
+    rp = req_pool_indices
+    if not (type(rp) is T and rp.dtype is ROW_DTYPE and rp.dim() == 1 and on(rp)
+            and rp.is_contiguous()):
+        check_tensor("req_pool_indices", rp, ROW_DTYPE, 1, device, on)
+    bs = rp.shape[0]
+    row_shape = (bs,)
+    P = prefix_lens
+    if not (type(P) is T and P.dtype is ROW_DTYPE and P.shape == row_shape and on(P)
+            and P.is_contiguous()):
+        check_row_tensor("prefix_lens", P, bs, device, on)
+    E = extend_seq_lens
+    if not (type(E) is T and E.dtype is ROW_DTYPE and E.shape == row_shape and on(E)
+            and E.is_contiguous()):
+        check_row_tensor("extend_seq_lens", E, bs, device, on)
+    capacity = arena.fields[_WRITE_ROWS].shape[0]
+    if bs > capacity:
         raise ValueError(
             f"kv-canary: bs = len(req_pool_indices) must be <= write_req_capacity, got {bs} > "
-            f"{bufs.write_req_capacity}; grow the buffers with PlanBuffers.resize() or "
+            f"{capacity}; grow the buffers with PlanBuffers.resize() or "
             "PlanBuffers.ensure_capacity()"
         )
-    check_tensor("req_to_token", req_to_token, REQ_TO_TOKEN_DTYPE, 2, device, on)
+    table = req_to_token
+    if not (type(table) is T and table.dtype is REQ_TO_TOKEN_DTYPE and table.dim() == 2
+            and on(table) and table.is_contiguous()):
+        check_tensor("req_to_token", table, REQ_TO_TOKEN_DTYPE, 2, device, on)
     window = swa_window_size
-    if not (type(window) is int and 0 <= window <= INT64_MAX):  # else the common case
+    if not (type(window) is int and 0 <= window <= INT64_MAX):
         window = check_int("swa_window_size", window, minimum=0)
     lut = full_to_swa_index_mapping
     if lut is not None:
-        check_tensor("full_to_swa_index_mapping", lut, LUT_DTYPE, 1, device, on)
+        if not (type(lut) is T and lut.dtype is LUT_DTYPE and lut.dim() == 1 and on(lut)
+                and lut.is_contiguous()):
+            check_tensor("full_to_swa_index_mapping", lut, LUT_DTYPE, 1, device, on)
     elif window > 0:
         raise ValueError(
             f"kv-canary: full_to_swa_index_mapping must be given when swa_window_size > 0, "
@@ -241,13 +265,20 @@ def validate_plan_args(
     pool = req_to_verify_expected_tokens
     valid_lens = req_to_verify_expected_tokens_valid_lens
     if pool is not None:
-        check_tensor("req_to_verify_expected_tokens", pool, TOKEN_POOL_DTYPE, 2, device, on)
+        if not (type(pool) is T and pool.dtype is TOKEN_POOL_DTYPE and pool.dim() == 2
+                and on(pool) and pool.is_contiguous()):
+            check_tensor("req_to_verify_expected_tokens", pool, TOKEN_POOL_DTYPE, 2, device, on)
         if valid_lens is None:
             raise ValueError(
                 "kv-canary: req_to_verify_expected_tokens_valid_lens must be given with "
                 "req_to_verify_expected_tokens, got None"
             )
-        check_row_tensor("req_to_verify_expected_tokens_valid_lens", valid_lens, bs, device, on)
+        if not (type(valid_lens) is T and valid_lens.dtype is ROW_DTYPE
+                and valid_lens.shape == row_shape and on(valid_lens)
+                and valid_lens.is_contiguous()):
+            check_row_tensor(
+                "req_to_verify_expected_tokens_valid_lens", valid_lens, bs, device, on
+            )
     elif valid_lens is not None:
         raise ValueError(
             "kv-canary: req_to_verify_expected_tokens_valid_lens must be None when "
@@ -262,7 +293,7 @@ def validate_plan_args(
     # Staging tensors carry the PlanBuffers they were built for: refuse other buffers.
     start = arena.base
     end = start + arena.nbytes
-    for t in (req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, lut, pool, valid_lens):
+    for t in (rp, P, E, table, lut, pool, valid_lens):
         if t is not None:
             ptr = t.data_ptr()
             if ptr < end and ptr + t.nbytes > start:
@@ -270,21 +301,23 @@ def validate_plan_args(
                     req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, lut, pool,
                     valid_lens,
                 ))
-    for t in (req_pool_indices, prefix_lens, extend_seq_lens, valid_lens):
+    for t in (rp, P, E, valid_lens):
         if getattr(t, STAGING_LINK_ATTR, None) is not None:  # a linked staging tensor
             _refuse_foreign_staging(bufs, _named_inputs(
                 req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, lut, pool,
                 valid_lens,
             ))
     return PlanArgs(
-        bs, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, window,
-        lut, pool, valid_lens, offset,
+        bs, rp, P, E, table, window, lut, pool, valid_lens, offset,
     )
 
 
 def _named_inputs(*tensors: object) -> Tuple[Tuple[str, object], ...]:
     return tuple(zip(_INPUT_NAMES, tensors))
 
+
+_WRITE_ROWS = tuple(BUFFER_SPECS).index("write_seed_slot_indices")
+"""The arena field whose length is ``write_req_capacity``."""
 
 _INPUT_NAMES = (
     "req_pool_indices", "prefix_lens", "extend_seq_lens", "req_to_token",

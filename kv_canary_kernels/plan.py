@@ -101,6 +101,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     """
     config = _device_config(buffers.device)
     program_cap = config.program_cap
+    write_capacity, verify_capacity = buffers.write_req_capacity, buffers.verify_capacity
     bs = args.bs
     table = args.req_to_token
     lut = args.full_to_swa_index_mapping
@@ -124,7 +125,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
                 rows = tile
                 break
         block = SMALL_ENTRY_BLOCK
-        entry_grid = min(triton.cdiv(buffers.verify_capacity, block), config.small_program_cap)
+        entry_grid = min(triton.cdiv(verify_capacity, block), config.small_program_cap)
         plan_small_batch_kernel[(1 + entry_grid,)](
             args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table,
             lut_t, pool_t, valid_t,
@@ -132,8 +133,8 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             buffers.verify_slot_indices, buffers.verify_expected_tokens,
             buffers.verify_expected_positions, buffers.verify_prev_slot_indices,
             buffers.verify_num_valid, buffers.verify_enable, buffers.status,
-            bs, buffers.write_req_capacity,
-            buffers.verify_capacity, window, args.kv_token_id_vs_position_offset,
+            bs, write_capacity,
+            verify_capacity, window, args.kv_token_id_vs_position_offset,
             table_rows, table_cols, lut_len, pool_rows, pool_cols,
             HAS_LUT=has_lut, HAS_POOL=has_pool, ROWS=rows, BLOCK=block,
             num_warps=SMALL_ENTRY_WARPS, **_ENTRIES_OPTIONS,
@@ -144,7 +145,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     n_sum_blocks = triton.cdiv(bs, OFFSETS_BLOCK)
     scan_block_sums_kernel[(n_sum_blocks,)](
         args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
-        bs, window, sums.shape[1], buffers.verify_capacity,
+        bs, window, sums.shape[1], verify_capacity,
         BLOCK=OFFSETS_BLOCK, USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS,
     )
     plan_offsets_kernel[(triton.cdiv(bs + 1, OFFSETS_BLOCK),)](
@@ -152,13 +153,13 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         buffers.write_offsets, buffers.write_num_valid_reqs,
         buffers.verify_offsets, buffers.verify_row_hints, buffers.verify_num_valid,
         buffers.verify_enable,
-        bs, n_sum_blocks, sums.shape[1], buffers.write_req_capacity, buffers.verify_capacity,
+        bs, n_sum_blocks, sums.shape[1], write_capacity, verify_capacity,
         window, BLOCK=OFFSETS_BLOCK, SUM_CHUNK=_SUM_CHUNK, HINT_STRIDE=ROW_HINT_STRIDE,
         USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS, **config.pdl_options,
     )
     block, warps = (LUT_ENTRY_BLOCK, LUT_ENTRY_WARPS) if has_lut else (ENTRY_BLOCK, ENTRY_WARPS)
     seed_programs = triton.cdiv(bs, block)
-    entry_grid = min(triton.cdiv(buffers.verify_capacity, block), program_cap)
+    entry_grid = min(triton.cdiv(verify_capacity, block), program_cap)
     plan_entries_kernel[(seed_programs + entry_grid,)](
         args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table, lut_t, pool_t,
         valid_t, buffers.verify_offsets, buffers.verify_row_hints, buffers.verify_num_valid,
