@@ -229,8 +229,14 @@ class GraphInputs:
         if valid_lens is not None:
             check_row_tensor("valid_lens", valid_lens, n, device, on)
         sources = (req_pool_indices, prefix_lens, extend_seq_lens, valid_lens)
+        start = arena.base
+        end = start + arena.nbytes
         for name, src in zip(STAGING_FIELDS, sources):
-            if src is not None and arena.overlaps(src):
+            # one range test (the sources are contiguous); the exact span on a hit
+            if src is None:
+                continue
+            ptr = src.data_ptr()
+            if ptr < end and ptr + src.nbytes > start and arena.overlaps(src):
                 raise ValueError(
                     f"kv-canary: {name} must not share memory with the GraphInputs it fills, "
                     "got a tensor inside the staging (fill from the step's own tensors)"

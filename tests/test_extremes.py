@@ -105,8 +105,10 @@ def hostile(draw, *, large: bool = False) -> Dict[str, Any]:
     )
     near = [total - 1, total, total + 1] if total <= 600 else []
     verify_capacity = max(1, draw(st.one_of(st.sampled_from(near or [1]), st.integers(1, 600))))
-    caps = dict(write_req_capacity=max(1, bs + draw(st.integers(0, 3))),
-                verify_capacity=verify_capacity)
+    write_capacity = max(1, bs + draw(st.integers(0, 3)))
+    if write_capacity % 32 in (0, 31):  # keep an alignment gap (a sentinel) after the offsets
+        write_capacity += 2
+    caps = dict(write_req_capacity=write_capacity, verify_capacity=verify_capacity)
     return {"kwargs": kwargs, "caps": caps, "bs": bs}
 
 
