@@ -1,0 +1,171 @@
+"""Triton helpers shared by the write and verify kernels: the contract's hashes in
+unsigned 64-bit arithmetic, the real-KV hash, and the violation-ring append. Constants
+come from ``kv_canary_buffers.layout`` and ``kv_canary_buffers.status``."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kv_canary_buffers.layout import (
+    H0,
+    POSITION,
+    PREV_HASH,
+    REAL_KV_HASH,
+    RECORD_WIDTH,
+    SM_MUL1,
+    SM_MUL2,
+    SM_SHIFTS,
+    TOKEN,
+    VIOLATION_WIDTH,
+)
+from kv_canary_buffers.status import CanaryStatus, FailBits
+
+ANCHOR: tl.constexpr = tl.constexpr(H0)
+MUL1: tl.constexpr = tl.constexpr(SM_MUL1)
+MUL2: tl.constexpr = tl.constexpr(SM_MUL2)
+SHIFT1: tl.constexpr = tl.constexpr(SM_SHIFTS[0])
+SHIFT2: tl.constexpr = tl.constexpr(SM_SHIFTS[1])
+SHIFT3: tl.constexpr = tl.constexpr(SM_SHIFTS[2])
+REC_W: tl.constexpr = tl.constexpr(RECORD_WIDTH)
+REC_TOKEN: tl.constexpr = tl.constexpr(TOKEN)
+REC_POSITION: tl.constexpr = tl.constexpr(POSITION)
+REC_PREV_HASH: tl.constexpr = tl.constexpr(PREV_HASH)
+REC_REAL_KV: tl.constexpr = tl.constexpr(REAL_KV_HASH)
+VIOL_W: tl.constexpr = tl.constexpr(VIOLATION_WIDTH)
+
+CHAIN_BIT: tl.constexpr = tl.constexpr(int(FailBits.CHAIN))
+POSITION_BIT: tl.constexpr = tl.constexpr(int(FailBits.POSITION))
+REAL_KV_BIT: tl.constexpr = tl.constexpr(int(FailBits.REAL_KV))
+WRITE_TOKEN_BIT: tl.constexpr = tl.constexpr(int(FailBits.WRITE_TOKEN))
+WRITE_POSITION_BIT: tl.constexpr = tl.constexpr(int(FailBits.WRITE_POSITION))
+VERIFY_TOKEN_BIT: tl.constexpr = tl.constexpr(int(FailBits.VERIFY_TOKEN))
+
+SEED_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.SEED_OUT_OF_RANGE))
+WRITE_SLOT_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.WRITE_SLOT_OUT_OF_RANGE))
+WRITE_INDEX_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.WRITE_INDEX_OUT_OF_RANGE))
+VERIFY_SLOT_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.VERIFY_SLOT_OUT_OF_RANGE))
+PREV_SLOT_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.PREV_SLOT_OUT_OF_RANGE))
+REAL_KV_ROW_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.REAL_KV_ROW_OUT_OF_RANGE))
+PLAN_COUNT_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.PLAN_COUNT_OUT_OF_RANGE))
+
+MODE_PARTIAL: tl.constexpr = tl.constexpr(1)
+"""``RealKVMode.PARTIAL``: two words a slot and source, loaded without a loop."""
+
+
+@triton.jit
+def sm(x):
+    """The contract's ``sm`` on uint64 lanes (shifts are logical, products wrap)."""
+    x ^= x >> SHIFT1
+    x *= MUL1
+    x ^= x >> SHIFT2
+    x *= MUL2
+    x ^= x >> SHIFT3
+    return x
+
+
+@triton.jit
+def u64(x):
+    """The int64 lanes ``x`` as uint64, same bits."""
+    return x.to(tl.uint64, bitcast=True)
+
+
+@triton.jit
+def i64(x):
+    """The uint64 lanes ``x`` as int64, same bits."""
+    return x.to(tl.int64, bitcast=True)
+
+
+@triton.jit
+def mix3(a, b, c):
+    """``sm(sm(sm(a) ^ b) ^ c)``: ``a`` uint64, ``b`` and ``c`` int64; returns uint64."""
+    return sm(sm(sm(a) ^ u64(b)) ^ u64(c))
+
+
+@triton.jit
+def source_hash(src_ptr, row_stride_words, src_rows, page, first_word, mask, kv_words,
+                MODE: tl.constexpr):
+    """One source's hash of the slots' bytes (uint64 lanes) and the lanes whose page row
+    lies at or past the source (not read). ``first_word``: word offset within the row."""
+    row_bad = mask & (page >= src_rows)
+    ok = mask & ~row_bad
+    words = src_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+    base = words + page * row_stride_words + first_word
+    acc = tl.zeros(page.shape, tl.uint64)
+    if MODE == MODE_PARTIAL:
+        w0 = tl.load(base, mask=ok, other=0)
+        w1 = tl.load(base + 1, mask=ok, other=0)
+        acc = sm(acc ^ u64(w0))
+        acc = sm(acc ^ u64(w1))
+    else:
+        for k in range(0, kv_words):
+            acc = sm(acc ^ u64(tl.load(base + k, mask=ok, other=0)))
+    return acc, row_bad
+
+
+@triton.jit
+def real_kv_hash(
+    slot, mask, page_size, bpt_words, kv_words,
+    src0, src1, src2, src3, stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
+    NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
+):
+    """The contract's ``real_kv(s)`` for in-range slot lanes in ``mask`` (uint64), and the
+    lanes whose page row lies past some source (their hash is unspecified)."""
+    page = slot // page_size
+    first_word = (slot % page_size) * bpt_words
+    h = tl.zeros(slot.shape, tl.uint64)
+    bad = slot < 0  # all false for in-range lanes; gives the lane shape and dtype
+    if NUM_SOURCES > 0:
+        a, b = source_hash(src0, stride0, rows0, page, first_word, mask, kv_words, MODE)
+        h = sm(h ^ a)
+        bad |= b
+    if NUM_SOURCES > 1:
+        a, b = source_hash(src1, stride1, rows1, page, first_word, mask, kv_words, MODE)
+        h = sm(h ^ a)
+        bad |= b
+    if NUM_SOURCES > 2:
+        a, b = source_hash(src2, stride2, rows2, page, first_word, mask, kv_words, MODE)
+        h = sm(h ^ a)
+        bad |= b
+    if NUM_SOURCES > 3:
+        a, b = source_hash(src3, stride3, rows3, page, first_word, mask, kv_words, MODE)
+        h = sm(h ^ a)
+        bad |= b
+    return h, bad
+
+
+@triton.jit
+def append_violations(
+    bad, tag, slot, position, stored_token, expected_token, chain, aux, bits,
+    violations_ptr, count_ptr, capacity,
+):
+    """Append one row per lane in ``bad``: one atomic reserves the lanes' indices, rows
+    past ``capacity`` are counted but not stored (fill once)."""
+    flag = bad.to(tl.int64)
+    nbad = tl.sum(flag, 0)
+    if nbad > 0:
+        first = tl.atomic_add(count_ptr, nbad)
+        index = first + tl.cumsum(flag, 0) - 1
+        keep = bad & (index < capacity)
+        row = violations_ptr + index * VIOL_W
+        tl.store(row + 0, tl.zeros_like(slot) + tag, mask=keep)
+        tl.store(row + 1, slot, mask=keep)
+        tl.store(row + 2, position, mask=keep)
+        tl.store(row + 3, stored_token, mask=keep)
+        tl.store(row + 4, expected_token, mask=keep)
+        tl.store(row + 5, chain, mask=keep)
+        tl.store(row + 6, aux, mask=keep)
+        tl.store(row + 7, bits.to(tl.int64), mask=keep)
+
+
+@triton.jit
+def bitwise_or(a, b):
+    return a | b
+
+
+@triton.jit
+def raise_status(status_ptr, flags):
+    """OR the lanes' status bits (int32) into the store's status word, if any."""
+    bits = tl.reduce(flags, 0, bitwise_or)
+    if bits != 0:
+        tl.atomic_or(status_ptr, bits)

@@ -1,0 +1,35 @@
+"""Per-device launch settings of the write and verify kernels, read once per device."""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple
+
+import torch
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+"""Read once at import, as Triton does: the interpreter can't be switched on later."""
+
+INTERPRETER_PROGRAMS = 2
+"""Programs of a persistent grid under the interpreter, where each costs host time."""
+
+
+class DeviceConfig(NamedTuple):
+    multiprocessors: int
+    """Streaming multiprocessors (a stand-in under the interpreter)."""
+
+
+@functools.lru_cache(maxsize=None)
+def device_config(device: torch.device) -> DeviceConfig:
+    """The device's settings; a ``kv-canary:`` error where Triton cannot run."""
+    if INTERPRETING:
+        return DeviceConfig(INTERPRETER_PROGRAMS)
+    if device.type != "cuda":
+        raise RuntimeError(
+            f"kv-canary: the Triton kernels need a CUDA device, got {device}; on the CPU use "
+            "the torch references (plan_reference, write_reference, verify_reference), or "
+            "set TRITON_INTERPRET=1 before importing kv_canary_kernels to run the kernels "
+            "in Triton's interpreter"
+        )
+    return DeviceConfig(torch.cuda.get_device_properties(device).multi_processor_count)
