@@ -114,7 +114,7 @@ def real_kv_hash(
     page = slot // page_size
     first_word = (slot % page_size) * bpt_words
     h = tl.zeros(slot.shape, tl.uint64)
-    bad = slot < 0  # all false for in-range lanes; gives the lane shape and dtype
+    bad = mask & ~mask
     if NUM_SOURCES > 0:
         a, b = source_hash(src0, stride0, rows0, page, first_word, mask, kv_words, MODE)
         h = sm(h ^ a)
