@@ -90,11 +90,14 @@ def source_hash(src_ptr, row_stride_words, src_rows, page, first_word, mask, kv_
     row_bad = mask & (page >= src_rows)
     ok = mask & ~row_bad
     words = src_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
-    base = words + page * row_stride_words + first_word
+    # Rows, tokens and the source's start are 16-byte aligned (validated): tell the
+    # compiler, so that a 16-byte read is one vector load.
+    offset = tl.multiple_of(page * row_stride_words + first_word, 2)
+    base = words + offset
     acc = tl.zeros(page.shape, tl.uint64)
     if MODE == MODE_PARTIAL:
-        w0 = tl.load(base, mask=ok, other=0)
-        w1 = tl.load(base + 1, mask=ok, other=0)
+        pair = tl.load(base[:, None] + tl.arange(0, 2)[None, :], mask=ok[:, None], other=0)
+        w0, w1 = tl.split(pair)
         acc = sm(acc ^ u64(w0))
         acc = sm(acc ^ u64(w1))
     else:
@@ -135,27 +138,48 @@ def real_kv_hash(
 
 
 @triton.jit
+def store_rows(keep, index, tag, slot, position, stored_token, expected_token, chain, aux, bits,
+               violations_ptr):
+    """Store one violation row per lane in ``keep`` at ring row ``index``."""
+    row = violations_ptr + index * VIOL_W
+    tl.store(row + 0, tl.zeros_like(slot) + tag, mask=keep)
+    tl.store(row + 1, slot, mask=keep)
+    tl.store(row + 2, position, mask=keep)
+    tl.store(row + 3, stored_token, mask=keep)
+    tl.store(row + 4, expected_token, mask=keep)
+    tl.store(row + 5, chain, mask=keep)
+    tl.store(row + 6, aux, mask=keep)
+    tl.store(row + 7, bits.to(tl.int64), mask=keep)
+
+
+@triton.jit
 def append_violations(
     bad, tag, slot, position, stored_token, expected_token, chain, aux, bits,
     violations_ptr, count_ptr, capacity,
 ):
-    """Append one row per lane in ``bad``: one atomic reserves the lanes' indices, rows
-    past ``capacity`` are counted but not stored (fill once)."""
+    """Append one row per lane in ``bad``: one atomic reserves the block's indices, rows
+    past ``capacity`` are counted but not stored (fill once). For wide blocks, where a
+    reduction is cheap next to the block's work."""
     flag = bad.to(tl.int64)
     nbad = tl.sum(flag, 0)
     if nbad > 0:
         first = tl.atomic_add(count_ptr, nbad)
         index = first + tl.cumsum(flag, 0) - 1
-        keep = bad & (index < capacity)
-        row = violations_ptr + index * VIOL_W
-        tl.store(row + 0, tl.zeros_like(slot) + tag, mask=keep)
-        tl.store(row + 1, slot, mask=keep)
-        tl.store(row + 2, position, mask=keep)
-        tl.store(row + 3, stored_token, mask=keep)
-        tl.store(row + 4, expected_token, mask=keep)
-        tl.store(row + 5, chain, mask=keep)
-        tl.store(row + 6, aux, mask=keep)
-        tl.store(row + 7, bits.to(tl.int64), mask=keep)
+        store_rows(bad & (index < capacity), index, tag, slot, position, stored_token,
+                   expected_token, chain, aux, bits, violations_ptr)
+
+
+@triton.jit
+def append_violations_per_lane(
+    bad, tag, slot, position, stored_token, expected_token, chain, aux, bits,
+    violations_ptr, count_ptr, capacity,
+):
+    """The same with one predicated atomic per lane: no reduction and no branch, for the
+    write's serial loop, where a reduction would sit on every token's critical path."""
+    index = tl.atomic_add(count_ptr + tl.zeros_like(slot), tl.full(slot.shape, 1, tl.int64),
+                          mask=bad)
+    store_rows(bad & (index < capacity), index, tag, slot, position, stored_token,
+               expected_token, chain, aux, bits, violations_ptr)
 
 
 @triton.jit

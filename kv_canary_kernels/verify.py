@@ -43,7 +43,8 @@ from .canary_common import (
     real_kv_hash,
 )
 from .config import device_config
-from .write import source_args
+from .launcher import Launcher, alignment_key
+from .write import source_args, source_dtypes
 
 VERIFY_BLOCK = 256
 """Entries per block (one per lane)."""
@@ -65,10 +66,11 @@ def canary_verify_kernel(
     # the store
     records_ptr, violations_ptr, count_ptr, runs_ptr, processed_ptr, status_ptr,
     # real-KV sources
-    src0, src1, src2, src3, stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
-    # runtime sizes
-    num_slots, verify_capacity, violation_capacity, launch_tag, page_size, bpt_words,
-    kv_words,
+    src0, src1, src2, src3, stride0: tl.int64, stride1: tl.int64, stride2: tl.int64,
+    stride3: tl.int64, rows0: tl.int64, rows1: tl.int64, rows2: tl.int64, rows3: tl.int64,
+    # runtime sizes (int64 whatever their values: one compiled variant for all)
+    num_slots: tl.int64, verify_capacity: tl.int64, violation_capacity: tl.int64,
+    launch_tag: tl.int64, page_size: tl.int64, bpt_words: tl.int64, kv_words: tl.int64,
     CHECK_TOKENS: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -152,24 +154,33 @@ def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) 
     src, num_sources, mode, page_size, bpt_words, kv_words = source_args(
         args.real_kv, store.records
     )
-    grid = (
-        min(
-            triton.cdiv(buffers.verify_capacity, VERIFY_BLOCK),
-            config.multiprocessors * VERIFY_PROGRAMS_PER_SM,
+    grid = min(
+        triton.cdiv(buffers.verify_capacity, VERIFY_BLOCK),
+        config.multiprocessors * VERIFY_PROGRAMS_PER_SM,
+    )
+    key = (args.check_expected_tokens, num_sources, mode, source_dtypes(src),
+           alignment_key(src[:4]))
+    _VERIFY.launch(
+        store.device,
+        (grid, 1, 1),
+        key,
+        (
+            buffers.verify_slot_indices, buffers.verify_expected_tokens,
+            buffers.verify_expected_positions, buffers.verify_prev_slot_indices,
+            buffers.verify_num_valid, buffers.verify_enable,
+            store.records, store.violations, store.violation_count, store.kernel_runs,
+            store.slots_processed, store.status,
+            *src,
+            store.num_slots, buffers.verify_capacity, store.violation_capacity,
+            args.launch_tag, page_size, bpt_words, kv_words,
         ),
+        {"CHECK_TOKENS": args.check_expected_tokens, "NUM_SOURCES": num_sources, "MODE": mode,
+         "BLOCK": VERIFY_BLOCK},
+        {"num_warps": VERIFY_WARPS},
     )
-    canary_verify_kernel[grid](
-        buffers.verify_slot_indices, buffers.verify_expected_tokens,
-        buffers.verify_expected_positions, buffers.verify_prev_slot_indices,
-        buffers.verify_num_valid, buffers.verify_enable,
-        store.records, store.violations, store.violation_count, store.kernel_runs,
-        store.slots_processed, store.status,
-        *src,
-        store.num_slots, buffers.verify_capacity, store.violation_capacity, args.launch_tag,
-        page_size, bpt_words, kv_words,
-        CHECK_TOKENS=args.check_expected_tokens, NUM_SOURCES=num_sources, MODE=mode,
-        BLOCK=VERIFY_BLOCK, num_warps=VERIFY_WARPS,
-    )
+
+
+_VERIFY = Launcher(canary_verify_kernel)
 
 
 def launch_verify(

@@ -33,13 +33,14 @@ from .canary_common import (
     WRITE_POSITION_BIT,
     WRITE_SLOT_BAD,
     WRITE_TOKEN_BIT,
-    append_violations,
+    append_violations_per_lane,
     i64,
     mix3,
     raise_status,
     real_kv_hash,
 )
 from .config import device_config
+from .launcher import Launcher, alignment_key
 
 WRITE_ROWS = 32
 """Rows (lanes) per program: one warp, whose lanes each walk one row's chain."""
@@ -75,10 +76,12 @@ def canary_write_kernel(
     # the store
     records_ptr, violations_ptr, count_ptr, runs_ptr, processed_ptr, check_ptr, status_ptr,
     # real-KV sources
-    src0, src1, src2, src3, stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
-    # runtime sizes
-    n, write_capacity, num_slots, violation_capacity, launch_tag, page_size, bpt_words,
-    kv_words,
+    src0, src1, src2, src3, stride0: tl.int64, stride1: tl.int64, stride2: tl.int64,
+    stride3: tl.int64, rows0: tl.int64, rows1: tl.int64, rows2: tl.int64, rows3: tl.int64,
+    # runtime sizes (int64 whatever their values: one compiled variant for all)
+    n: tl.int64, write_capacity: tl.int64, num_slots: tl.int64,
+    violation_capacity: tl.int64, launch_tag: tl.int64, page_size: tl.int64,
+    bpt_words: tl.int64, kv_words: tl.int64,
     HAS_EXPECTED: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
     ROWS: tl.constexpr,
 ):
@@ -145,27 +148,28 @@ def canary_write_kernel(
             kv = i64(kv)
         else:
             kv = tl.zeros([ROWS], tl.int64)
+        # The chain first: everything below is off its critical path.
         chain = i64(running)
-        if HAS_EXPECTED:
-            bits = tl.where(t0 != et0, WRITE_TOKEN_BIT, 0) | tl.where(p0 != ep0, WRITE_POSITION_BIT, 0)
-            append_violations(
-                ok & (bits != 0), launch_tag, s0, p0, t0, et0, chain, ep0, bits,
-                violations_ptr, count_ptr, violation_capacity,
-            )
-        checked = ok & check_pos
-        want = prev_pos + 1
-        append_violations(
-            checked & (p0 != want), launch_tag, s0, p0, t0, t0, chain, want,
-            tl.full([ROWS], WRITE_POSITION_BIT, tl.int32),
-            violations_ptr, count_ptr, violation_capacity,
-        )
-        prev_pos = tl.where(checked, p0, prev_pos)
+        running = tl.where(ok, mix3(running, t0, p0), running)
         rec = records_ptr + s0 * REC_W
         tl.store(rec + REC_TOKEN, t0, mask=ok)
         tl.store(rec + REC_POSITION, p0, mask=ok)
         tl.store(rec + REC_PREV_HASH, chain, mask=ok)
         tl.store(rec + REC_REAL_KV, kv, mask=ok)
-        running = tl.where(ok, mix3(running, t0, p0), running)
+        if HAS_EXPECTED:
+            bits = tl.where(t0 != et0, WRITE_TOKEN_BIT, 0) | tl.where(p0 != ep0, WRITE_POSITION_BIT, 0)
+            append_violations_per_lane(
+                ok & (bits != 0), launch_tag, s0, p0, t0, et0, chain, ep0, bits,
+                violations_ptr, count_ptr, violation_capacity,
+            )
+        checked = ok & check_pos
+        want = prev_pos + 1
+        append_violations_per_lane(
+            checked & (p0 != want), launch_tag, s0, p0, t0, t0, chain, want,
+            tl.full([ROWS], WRITE_POSITION_BIT, tl.int32),
+            violations_ptr, count_ptr, violation_capacity,
+        )
+        prev_pos = tl.where(checked, p0, prev_pos)
         written += ok.to(tl.int64)
         s0, t0, p0, et0, ep0 = s1, t1, p1, et1, ep1
         s1, t1, p1, et1, ep1 = s2, t2, p2, et2, ep2
@@ -203,18 +207,36 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
     has_expected = args.expected_input_ids is not None
     exp_ids = args.expected_input_ids if has_expected else args.input_ids
     exp_pos = args.expected_positions if has_expected else args.positions
-    grid = (triton.cdiv(buffers.write_req_capacity, WRITE_ROWS),)
-    canary_write_kernel[grid](
-        args.input_ids, args.positions, args.out_cache_loc, exp_ids, exp_pos,
-        buffers.write_offsets, buffers.write_seed_slot_indices, buffers.write_num_valid_reqs,
-        store.records, store.violations, store.violation_count, store.kernel_runs,
-        store.slots_processed, store.chain_position_check, store.status,
-        *src,
-        args.n, buffers.write_req_capacity, store.num_slots, store.violation_capacity,
-        args.launch_tag, page_size, bpt_words, kv_words,
-        HAS_EXPECTED=has_expected, NUM_SOURCES=num_sources, MODE=mode, ROWS=WRITE_ROWS,
-        num_warps=1,
+    inputs = (args.input_ids, args.positions, args.out_cache_loc, exp_ids, exp_pos)
+    # The plan's and the store's tensors are aligned by construction (arena offsets,
+    # whole allocations); the inputs and sources are the caller's.
+    key = (has_expected, num_sources, mode, source_dtypes(src), alignment_key(inputs + src[:4]))
+    _WRITE.launch(
+        store.device,
+        (triton.cdiv(buffers.write_req_capacity, WRITE_ROWS), 1, 1),
+        key,
+        (
+            *inputs,
+            buffers.write_offsets, buffers.write_seed_slot_indices,
+            buffers.write_num_valid_reqs,
+            store.records, store.violations, store.violation_count, store.kernel_runs,
+            store.slots_processed, store.chain_position_check, store.status,
+            *src,
+            args.n, buffers.write_req_capacity, store.num_slots, store.violation_capacity,
+            args.launch_tag, page_size, bpt_words, kv_words,
+        ),
+        {"HAS_EXPECTED": has_expected, "NUM_SOURCES": num_sources, "MODE": mode,
+         "ROWS": WRITE_ROWS},
+        {"num_warps": 1},
     )
+
+
+_WRITE = Launcher(canary_write_kernel)
+
+
+def source_dtypes(src: tuple) -> tuple:
+    """The dtypes of the four source pointers (part of a compiled variant's signature)."""
+    return (src[0].dtype, src[1].dtype, src[2].dtype, src[3].dtype)
 
 
 def launch_write(
