@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 import attrs
 import torch
@@ -60,6 +60,20 @@ class Arena:
     device: torch.device
     fields: Tuple[ArenaField, ...] = attrs.field(repr=False)
     _owner: list = attrs.field(factory=list, repr=False)
+    device_index: int = attrs.field(init=False)
+    """``Tensor.get_device()`` of a tensor on the arena's device (-1 on the CPU)."""
+    _expected: Tuple[Tuple[Any, ...], ...] = attrs.field(init=False, repr=False)
+    """(addresses, dtypes, shapes, names) of the fields, transposed once for the check."""
+
+    def __attrs_post_init__(self) -> None:
+        index = self.device.index if self.device.type == "cuda" else -1
+        object.__setattr__(self, "device_index", index)
+        object.__setattr__(self, "_expected", (
+            tuple(self.base + f.offset for f in self.fields),
+            tuple(f.dtype for f in self.fields),
+            tuple(torch.Size(f.shape) for f in self.fields),
+            tuple(f.name for f in self.fields),
+        ))
     """A weak reference to the one object built on this arena (empty until claimed)."""
 
     @classmethod
@@ -90,24 +104,25 @@ class Arena:
     def first_bad_field(self, tensors: Sequence[object]) -> Optional[str]:
         """The name of the first field in ``tensors`` (in layout order) that is no longer
         its view of this arena, ``"<arena>"`` if the storage itself moved or shrank, or
-        None when all are intact. Reads no data; never syncs."""
+        None when all are intact. Reads no data; never syncs.
+
+        Per field: the data pointer at the field's offset, the dtype and the shape. With
+        the storage intact, that pins every byte a kernel addresses (kernels take their
+        bounds from the layout, not from the tensors), and it catches a field rebound,
+        swapped with ``.data =`` or ``set_()``, or a storage resized; strides are not
+        compared (a view whose strides were rewritten in place addresses the same bytes
+        through the launchers)."""
         storage = self.storage
         if storage.data_ptr() != self.base or storage.nbytes() != self.nbytes:
             return "<arena>"
-        base = self.base
         try:
-            for t, f in zip(tensors, self.fields):
-                if not (
-                    t.data_ptr() == base + f.offset  # type: ignore[attr-defined]
-                    and t.dtype is f.dtype  # type: ignore[attr-defined]
-                    and t.shape == f.shape  # type: ignore[attr-defined]
-                    and t.is_contiguous()  # type: ignore[attr-defined]
-                ):
-                    return f.name
+            for t, ptr, dtype, shape, name in zip(tensors, *self._expected):
+                if t.data_ptr() != ptr or t.dtype is not dtype or t.shape != shape:  # type: ignore[attr-defined]
+                    return name
         except (AttributeError, TypeError, RuntimeError):
-            for t, f in zip(tensors, self.fields):
+            for t, name in zip(tensors, self._expected[3]):
                 if not isinstance(t, torch.Tensor):
-                    return f.name
+                    return name
             raise
         return None
 

@@ -101,9 +101,44 @@ def source_hash(src_ptr, row_stride_words, src_rows, page, first_word, mask, kv_
         acc = sm(acc ^ u64(w0))
         acc = sm(acc ^ u64(w1))
     else:
-        for k in range(0, kv_words):
-            acc = sm(acc ^ u64(tl.load(base + k, mask=ok, other=0)))
+        # Eight words a slot at a time, as one [slots, 8] tile: lanes of a warp read
+        # neighbouring 16-byte pieces of a slot (coalesced) instead of one word of 32
+        # slots each; the chain then takes the words in order.
+        cols = tl.arange(0, 8)
+        for k in range(0, kv_words, 8):
+            tile = tl.load(
+                base[:, None] + k + cols[None, :],
+                mask=ok[:, None] & (k + cols[None, :] < kv_words), other=0,
+            )
+            acc = _hash_eight(acc, tl.reshape(tile, [page.shape[0], 2, 2, 2]), kv_words - k)
     return acc, row_bad
+
+
+@triton.jit
+def _step(acc, word, j: tl.constexpr, left):
+    return tl.where(j < left, sm(acc ^ u64(word)), acc)
+
+
+@triton.jit
+def _hash_eight(acc, tile, left):
+    """Chain the eight words of ``tile`` ([slots, 2, 2, 2]: word ``4a + 2b + c`` at
+    ``[:, a, b, c]``) into ``acc`` in order; words ``>= left`` are not there."""
+    even, odd = tl.split(tile)  # c
+    e0, e1 = tl.split(even)  # b: words 4a, 4a + 2
+    o0, o1 = tl.split(odd)  # b: words 4a + 1, 4a + 3
+    w0, w4 = tl.split(e0)
+    w2, w6 = tl.split(e1)
+    w1, w5 = tl.split(o0)
+    w3, w7 = tl.split(o1)
+    acc = _step(acc, w0, 0, left)
+    acc = _step(acc, w1, 1, left)
+    acc = _step(acc, w2, 2, left)
+    acc = _step(acc, w3, 3, left)
+    acc = _step(acc, w4, 4, left)
+    acc = _step(acc, w5, 5, left)
+    acc = _step(acc, w6, 6, left)
+    acc = _step(acc, w7, 7, left)
+    return acc
 
 
 @triton.jit
