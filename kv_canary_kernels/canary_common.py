@@ -192,25 +192,11 @@ def append_violations(
     bad, tag, slot, position, stored_token, expected_token, chain, aux, bits,
     violations_ptr, count_ptr, capacity,
 ):
-    """Append one row per lane in ``bad``: one atomic reserves the block's indices, rows
-    past ``capacity`` are counted but not stored (fill once). For wide blocks, where a
-    reduction is cheap next to the block's work."""
-    flag = bad.to(tl.int64)
-    nbad = tl.sum(flag, 0)
-    if nbad > 0:
-        first = tl.atomic_add(count_ptr, nbad)
-        index = first + tl.cumsum(flag, 0) - 1
-        store_rows(bad & (index < capacity), index, tag, slot, position, stored_token,
-                   expected_token, chain, aux, bits, violations_ptr)
-
-
-@triton.jit
-def append_violations_per_lane(
-    bad, tag, slot, position, stored_token, expected_token, chain, aux, bits,
-    violations_ptr, count_ptr, capacity,
-):
-    """The same with one predicated atomic per lane: no reduction and no branch, for the
-    write's serial loop, where a reduction would sit on every token's critical path."""
+    """Append one row per lane in ``bad``: one predicated atomic per lane reserves its ring
+    index, rows past ``capacity`` are counted but not stored (fill once). No reduction, no
+    branch and no shared memory: a clean step (no lane in ``bad``) pays a few predicated-off
+    instructions. A step with violations on most lanes serializes its atomics on one
+    counter, which is the cost of a badly broken engine, not of a healthy one."""
     index = tl.atomic_add(count_ptr + tl.zeros_like(slot), tl.full(slot.shape, 1, tl.int64),
                           mask=bad)
     store_rows(bad & (index < capacity), index, tag, slot, position, stored_token,

@@ -21,8 +21,14 @@ import torch
 from .config import INTERPRETING
 
 
-def _stream_of(index: int) -> int:
+def _raw_stream(index: int) -> int:
     return torch.cuda.current_stream(index).cuda_stream
+
+
+# The raw calls Triton itself uses, where this torch build has them (CUDA builds): a
+# fraction of a microsecond instead of a Stream object or a device query through Python.
+_stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", _raw_stream)
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 
 class Launcher:
@@ -51,7 +57,7 @@ class Launcher:
             self.fn[grid](*args, **constexprs, **options)
             return
         index = device.index
-        if torch.cuda.current_device() != index:
+        if _current_device() != index:
             with torch.cuda.device(index):
                 self._launch(index, grid, key, args, constexprs, options)
             return

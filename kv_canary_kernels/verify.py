@@ -2,9 +2,9 @@
 
 Entry-parallel: each lane checks one plan entry against its slot's record. A
 predecessor is almost always the previous entry's slot, whose record the lane to the left
-already loaded and hashed, so a lane takes its expected chain hash from that lane
-(``tl.gather``) and loads the predecessor's record only when it is another slot (a row's
-first entry, or a block's first lane). A persistent grid walks blocks below
+already loaded and hashed, so a lane takes its expected chain hash from that lane (a
+``tl.gather`` within each warp's 32 lanes) and loads the predecessor's record only when it
+is another slot (a row's first entry, or a warp's first lane). A persistent grid walks blocks below
 ``verify_num_valid``, read on the device: no sync, and no grid that depends on data.
 """
 
@@ -29,10 +29,6 @@ from .canary_common import (
     PREV_SLOT_BAD,
     REAL_KV_BIT,
     REAL_KV_ROW_BAD,
-    REC_POSITION,
-    REC_PREV_HASH,
-    REC_REAL_KV,
-    REC_TOKEN,
     REC_W,
     VERIFY_SLOT_BAD,
     VERIFY_TOKEN_BIT,
@@ -46,10 +42,10 @@ from .config import device_config
 from .launcher import Launcher, alignment_key
 from .write import source_args, source_dtypes
 
-VERIFY_BLOCK = 256
-"""Entries per block (one per lane)."""
+VERIFY_BLOCK = 128
+"""Entries per block (one per lane; a multiple of 32)."""
 VERIFY_WARPS = 4
-VERIFY_PROGRAMS_PER_SM = 8
+VERIFY_PROGRAMS_PER_SM = 16
 """Persistent grid: up to this many programs per multiprocessor, looping over blocks."""
 
 _RUNTIME_INTS = [
@@ -57,6 +53,26 @@ _RUNTIME_INTS = [
     "bpt_words", "kv_words", "stride0", "stride1", "stride2", "stride3",
     "rows0", "rows1", "rows2", "rows3",
 ]
+
+
+@triton.jit
+def from_left_lane(x, BLOCK: tl.constexpr):
+    """``x`` of the lane to the left, within each group of 32 lanes (one warp: shuffles, no
+    shared memory); a group's first lane gets its own value back."""
+    groups: tl.constexpr = BLOCK // 32
+    left = tl.broadcast_to(tl.maximum(tl.arange(0, 32) - 1, 0)[None, :], [groups, 32])
+    return tl.reshape(tl.gather(tl.reshape(x, [groups, 32]), left, 1), [BLOCK])
+
+
+@triton.jit
+def load_records(records_ptr, slot, mask, BLOCK: tl.constexpr):
+    """Token, position, prev hash and real-KV hash of each lane's record (zeros where not
+    ``mask``): two 16-byte loads a lane, each split into its two columns in registers."""
+    pair = tl.arange(0, 2)[None, :]
+    base = records_ptr + slot[:, None] * REC_W + pair
+    token, position = tl.split(tl.load(base, mask=mask[:, None], other=0))
+    prev_hash, real_kv = tl.split(tl.load(base + 2, mask=mask[:, None], other=0))
+    return token, position, prev_hash, real_kv
 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
@@ -86,7 +102,6 @@ def canary_verify_kernel(
         tl.atomic_add(runs_ptr, 1)
         if n > 0:
             tl.atomic_add(processed_ptr, n)
-    left = tl.maximum(lanes - 1, 0)
     for start in range(pid * BLOCK, n, nprog * BLOCK):
         entry = start + lanes
         in_range = entry < n
@@ -108,11 +123,8 @@ def canary_verify_kernel(
             kv = i64(kv)
         else:
             kv = tl.zeros([BLOCK], tl.int64)
-        rec = records_ptr + slot * REC_W
-        r_token = tl.load(rec + REC_TOKEN, mask=ok, other=0)
-        r_position = tl.load(rec + REC_POSITION, mask=ok, other=0)
-        r_prev = tl.load(rec + REC_PREV_HASH, mask=ok, other=0)
-        r_kv = tl.load(rec + REC_REAL_KV, mask=ok, other=0)
+        # The record in one 32-byte read (two 16-byte loads), split into its columns.
+        r_token, r_position, r_prev, r_kv = load_records(records_ptr, slot, ok, BLOCK)
         want_position = tl.load(position_ptr + entry, mask=ok, other=0)
         if CHECK_TOKENS:
             want_token = tl.load(token_ptr + entry, mask=ok, other=-1)
@@ -121,18 +133,15 @@ def canary_verify_kernel(
         # hash_of(slot) of every lane; the lane to the right may need it as its prev's.
         own = i64(mix3(r_prev.to(tl.uint64, bitcast=True), r_token, r_position))
         from_left = (
-            (lanes > 0)
-            & (tl.gather(ok.to(tl.int32), left, 0) != 0)
-            & (tl.gather(slot, left, 0) == prev)
+            (lanes % 32 != 0)
+            & (from_left_lane(ok.to(tl.int32), BLOCK) != 0)
+            & (from_left_lane(slot, BLOCK) == prev)
         )
         reachable = prev != 0
         load_prev = ok & (prev > 0) & ~from_left
-        prec = records_ptr + prev * REC_W
-        p_token = tl.load(prec + REC_TOKEN, mask=load_prev, other=0)
-        p_position = tl.load(prec + REC_POSITION, mask=load_prev, other=0)
-        p_prev = tl.load(prec + REC_PREV_HASH, mask=load_prev, other=0)
+        p_token, p_position, p_prev, _p_kv = load_records(records_ptr, prev, load_prev, BLOCK)
         loaded = i64(mix3(p_prev.to(tl.uint64, bitcast=True), p_token, p_position))
-        chain = tl.where(from_left, tl.gather(own, left, 0), loaded)
+        chain = tl.where(from_left, from_left_lane(own, BLOCK), loaded)
         chain = tl.where(prev < 0, i64(tl.full([BLOCK], ANCHOR, tl.uint64)), chain)
         expected_chain = tl.where(reachable, chain, r_prev)
         bits = (

@@ -2,7 +2,7 @@
 
 Rows run in parallel, one lane each (``WRITE_ROWS`` rows a program); within a row the chain
 is serial by definition, so each lane walks its row's tokens in order. The loads of a
-token do not depend on the chain, so they are issued ``2`` tokens ahead (carried in
+token do not depend on the chain, so they are issued four tokens ahead (carried in
 registers): a token's critical path is the hash itself, not a memory round trip.
 """
 
@@ -25,7 +25,6 @@ from .canary_common import (
     REAL_KV_ROW_BAD,
     REC_POSITION,
     REC_PREV_HASH,
-    REC_REAL_KV,
     REC_TOKEN,
     REC_W,
     SEED_BAD,
@@ -33,7 +32,7 @@ from .canary_common import (
     WRITE_POSITION_BIT,
     WRITE_SLOT_BAD,
     WRITE_TOKEN_BIT,
-    append_violations_per_lane,
+    append_violations,
     i64,
     mix3,
     raise_status,
@@ -121,17 +120,24 @@ def canary_write_kernel(
     prev_pos = tl.where(check_pos, seed_position, 0)
     written = tl.zeros([ROWS], tl.int64)
 
-    # Two tokens in flight ahead of the one being hashed (loads off the critical path).
+    # Four tokens in flight ahead of the one being hashed: their loads (a DRAM round trip
+    # at each new line) complete while the chain hashes, off its critical path.
     s0, t0, p0, et0, ep0 = _load_token(
         ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first, length > 0, HAS_EXPECTED
     )
     s1, t1, p1, et1, ep1 = _load_token(
         ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first + 1, length > 1, HAS_EXPECTED
     )
+    s2, t2, p2, et2, ep2 = _load_token(
+        ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first + 2, length > 2, HAS_EXPECTED
+    )
+    s3, t3, p3, et3, ep3 = _load_token(
+        ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first + 3, length > 3, HAS_EXPECTED
+    )
     for step in range(0, tl.max(length, 0)):
-        s2, t2, p2, et2, ep2 = _load_token(
-            ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first + step + 2,
-            length > step + 2, HAS_EXPECTED,
+        s4, t4, p4, et4, ep4 = _load_token(
+            ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first + step + 4,
+            length > step + 4, HAS_EXPECTED,
         )
         live = (step < length) & (s0 >= 0)
         slot_bad = live & (s0 >= num_slots)
@@ -151,20 +157,19 @@ def canary_write_kernel(
         # The chain first: everything below is off its critical path.
         chain = i64(running)
         running = tl.where(ok, mix3(running, t0, p0), running)
-        rec = records_ptr + s0 * REC_W
-        tl.store(rec + REC_TOKEN, t0, mask=ok)
-        tl.store(rec + REC_POSITION, p0, mask=ok)
-        tl.store(rec + REC_PREV_HASH, chain, mask=ok)
-        tl.store(rec + REC_REAL_KV, kv, mask=ok)
+        # One 32-byte record: two 16-byte stores (columns token, position, chain, kv).
+        record = tl.reshape(tl.join(tl.join(t0, chain), tl.join(p0, kv)), [ROWS, REC_W])
+        columns = tl.arange(0, REC_W)
+        tl.store(records_ptr + s0[:, None] * REC_W + columns[None, :], record, mask=ok[:, None])
         if HAS_EXPECTED:
             bits = tl.where(t0 != et0, WRITE_TOKEN_BIT, 0) | tl.where(p0 != ep0, WRITE_POSITION_BIT, 0)
-            append_violations_per_lane(
+            append_violations(
                 ok & (bits != 0), launch_tag, s0, p0, t0, et0, chain, ep0, bits,
                 violations_ptr, count_ptr, violation_capacity,
             )
         checked = ok & check_pos
         want = prev_pos + 1
-        append_violations_per_lane(
+        append_violations(
             checked & (p0 != want), launch_tag, s0, p0, t0, t0, chain, want,
             tl.full([ROWS], WRITE_POSITION_BIT, tl.int32),
             violations_ptr, count_ptr, violation_capacity,
@@ -173,6 +178,8 @@ def canary_write_kernel(
         written += ok.to(tl.int64)
         s0, t0, p0, et0, ep0 = s1, t1, p1, et1, ep1
         s1, t1, p1, et1, ep1 = s2, t2, p2, et2, ep2
+        s2, t2, p2, et2, ep2 = s3, t3, p3, et3, ep3
+        s3, t3, p3, et3, ep3 = s4, t4, p4, et4, ep4
     total = tl.sum(written, 0)
     if total > 0:
         tl.atomic_add(processed_ptr, total)
