@@ -84,7 +84,7 @@ def mix3(a, b, c):
 
 @triton.jit
 def source_hash(src_ptr, row_stride_words, src_rows, page, first_word, mask, kv_words,
-                MODE: tl.constexpr):
+                MODE: tl.constexpr, CHUNK: tl.constexpr):
     """One source's hash of the slots' bytes (uint64 lanes) and the lanes whose page row
     lies at or past the source (not read). ``first_word``: word offset within the row."""
     row_bad = mask & (page >= src_rows)
@@ -101,51 +101,67 @@ def source_hash(src_ptr, row_stride_words, src_rows, page, first_word, mask, kv_
         acc = sm(acc ^ u64(w0))
         acc = sm(acc ^ u64(w1))
     else:
-        # Eight words a slot at a time, as one [slots, 8] tile: lanes of a warp read
+        # CHUNK words a slot at a time, as one [slots, CHUNK] tile: lanes of a warp read
         # neighbouring 16-byte pieces of a slot (coalesced) instead of one word of 32
-        # slots each; the chain then takes the words in order.
-        cols = tl.arange(0, 8)
-        for k in range(0, kv_words, 8):
+        # slots each; the chain then takes the tile's words in order.
+        cols = tl.arange(0, CHUNK)
+        for k in range(0, kv_words, CHUNK):
             tile = tl.load(
                 base[:, None] + k + cols[None, :],
                 mask=ok[:, None] & (k + cols[None, :] < kv_words), other=0,
             )
-            acc = _hash_eight(acc, tl.reshape(tile, [page.shape[0], 2, 2, 2]), kv_words - k)
+            if CHUNK == 8:
+                chunk = _words8(tl.reshape(tile, [page.shape[0], 2, 2, 2]))
+            elif CHUNK == 16:
+                chunk = _words16(tl.reshape(tile, [page.shape[0], 2, 2, 2, 2]))
+            else:
+                chunk = _words32(tl.reshape(tile, [page.shape[0], 2, 2, 2, 2, 2]))
+            for j in tl.static_range(CHUNK):
+                acc = tl.where(k + j < kv_words, sm(acc ^ u64(chunk[j])), acc)
     return acc, row_bad
 
 
 @triton.jit
-def _step(acc, word, j: tl.constexpr, left):
-    return tl.where(j < left, sm(acc ^ u64(word)), acc)
-
-
-@triton.jit
-def _hash_eight(acc, tile, left):
-    """Chain the eight words of ``tile`` ([slots, 2, 2, 2]: word ``4a + 2b + c`` at
-    ``[:, a, b, c]``) into ``acc`` in order; words ``>= left`` are not there."""
-    even, odd = tl.split(tile)  # c
-    e0, e1 = tl.split(even)  # b: words 4a, 4a + 2
-    o0, o1 = tl.split(odd)  # b: words 4a + 1, 4a + 3
+def _words8(t):
+    """The eight words of ``t`` ([n, 2, 2, 2], word ``4a + 2b + c`` at ``[:, a, b, c]``),
+    in order, as eight [n] tensors."""
+    even, odd = tl.split(t)
+    e0, e1 = tl.split(even)
+    o0, o1 = tl.split(odd)
     w0, w4 = tl.split(e0)
     w2, w6 = tl.split(e1)
     w1, w5 = tl.split(o0)
     w3, w7 = tl.split(o1)
-    acc = _step(acc, w0, 0, left)
-    acc = _step(acc, w1, 1, left)
-    acc = _step(acc, w2, 2, left)
-    acc = _step(acc, w3, 3, left)
-    acc = _step(acc, w4, 4, left)
-    acc = _step(acc, w5, 5, left)
-    acc = _step(acc, w6, 6, left)
-    acc = _step(acc, w7, 7, left)
-    return acc
+    return w0, w1, w2, w3, w4, w5, w6, w7
+
+
+@triton.jit
+def _words16(t):
+    """The same for sixteen words ([n, 2, 2, 2, 2])."""
+    even, odd = tl.split(t)
+    e = _words8(even)
+    o = _words8(odd)
+    return (e[0], o[0], e[1], o[1], e[2], o[2], e[3], o[3],
+            e[4], o[4], e[5], o[5], e[6], o[6], e[7], o[7])
+
+
+@triton.jit
+def _words32(t):
+    """The same for thirty-two words ([n, 2, 2, 2, 2, 2])."""
+    even, odd = tl.split(t)
+    e = _words16(even)
+    o = _words16(odd)
+    return (e[0], o[0], e[1], o[1], e[2], o[2], e[3], o[3],
+            e[4], o[4], e[5], o[5], e[6], o[6], e[7], o[7],
+            e[8], o[8], e[9], o[9], e[10], o[10], e[11], o[11],
+            e[12], o[12], e[13], o[13], e[14], o[14], e[15], o[15])
 
 
 @triton.jit
 def real_kv_hash(
     slot, mask, page_size, bpt_words, kv_words,
     src0, src1, src2, src3, stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
-    NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
+    NUM_SOURCES: tl.constexpr, MODE: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """The contract's ``real_kv(s)`` for in-range slot lanes in ``mask`` (uint64), and the
     lanes whose page row lies past some source (their hash is unspecified)."""
@@ -154,19 +170,23 @@ def real_kv_hash(
     h = tl.zeros(slot.shape, tl.uint64)
     bad = mask & ~mask
     if NUM_SOURCES > 0:
-        a, b = source_hash(src0, stride0, rows0, page, first_word, mask, kv_words, MODE)
+        a, b = source_hash(src0, stride0, rows0, page, first_word, mask, kv_words, MODE,
+                           CHUNK)
         h = sm(h ^ a)
         bad |= b
     if NUM_SOURCES > 1:
-        a, b = source_hash(src1, stride1, rows1, page, first_word, mask, kv_words, MODE)
+        a, b = source_hash(src1, stride1, rows1, page, first_word, mask, kv_words, MODE,
+                           CHUNK)
         h = sm(h ^ a)
         bad |= b
     if NUM_SOURCES > 2:
-        a, b = source_hash(src2, stride2, rows2, page, first_word, mask, kv_words, MODE)
+        a, b = source_hash(src2, stride2, rows2, page, first_word, mask, kv_words, MODE,
+                           CHUNK)
         h = sm(h ^ a)
         bad |= b
     if NUM_SOURCES > 3:
-        a, b = source_hash(src3, stride3, rows3, page, first_word, mask, kv_words, MODE)
+        a, b = source_hash(src3, stride3, rows3, page, first_word, mask, kv_words, MODE,
+                           CHUNK)
         h = sm(h ^ a)
         bad |= b
     return h, bad

@@ -11,6 +11,10 @@ import torch
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 """Read once at import, as Triton does: the interpreter can't be switched on later."""
 
+REAL_KV_CHUNK = 16
+"""Words (8 bytes) of a slot that the real-KV hash of mode ALL reads at once, per source:
+8, 16 or 32 (a tile of [slots, REAL_KV_CHUNK] words, coalesced across the warp)."""
+
 INTERPRETER_PROGRAMS = 2
 """Programs of a persistent grid under the interpreter, where each costs host time."""
 

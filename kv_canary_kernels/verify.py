@@ -38,7 +38,7 @@ from .canary_common import (
     raise_status,
     real_kv_hash,
 )
-from .config import device_config
+from .config import REAL_KV_CHUNK, device_config
 from .launcher import Launcher, alignment_key
 from .write import source_args, source_dtypes
 
@@ -88,7 +88,7 @@ def canary_verify_kernel(
     num_slots: tl.int64, verify_capacity: tl.int64, violation_capacity: tl.int64,
     launch_tag: tl.int64, page_size: tl.int64, bpt_words: tl.int64, kv_words: tl.int64,
     CHECK_TOKENS: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, CHUNK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -116,7 +116,7 @@ def canary_verify_kernel(
             kv, row_bad = real_kv_hash(
                 slot, ok, page_size, bpt_words, kv_words, src0, src1, src2, src3,
                 stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
-                NUM_SOURCES, MODE,
+                NUM_SOURCES, MODE, CHUNK,
             )
             flags |= tl.where(row_bad, REAL_KV_ROW_BAD, 0)
             ok &= ~row_bad
@@ -184,7 +184,7 @@ def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) 
             args.launch_tag, page_size, bpt_words, kv_words,
         ),
         {"CHECK_TOKENS": args.check_expected_tokens, "NUM_SOURCES": num_sources, "MODE": mode,
-         "BLOCK": VERIFY_BLOCK},
+         "BLOCK": VERIFY_BLOCK, "CHUNK": REAL_KV_CHUNK},
         {"num_warps": VERIFY_WARPS},
     )
 
