@@ -1,61 +1,47 @@
-"""The benchmark entry point: every case of docs/performance.md, side by side in one run.
-
-    python benchmarks/bench_plan.py                 # every case: CPU, and GPU if present
-    python benchmarks/bench_plan.py --device cpu    # only plan_reference vs a Python loop
-    python benchmarks/bench_plan.py --tune          # sweep the entries launch constants
-    ncu --clock-control none --metrics gpu__time_duration.sum \
-        python benchmarks/bench_plan.py --profile-cases all    # per-kernel durations
+"""The plan stage's cases (``bench.py --stage plan``; ``bench_plan.py`` is its alias).
 
 CPU: time per ``plan_reference`` call against a plain-Python loop of the same plan
 (median over repeats, ``time.perf_counter``).
 CUDA: GPU time per plan (median over CUDA-graph replays timed with CUDA events) of
 ``launch_plan``, a torch-only plan and SGLang's design, next to the bandwidth floor, a
-kernel that makes only the plan's per-entry memory accesses, a memset of the outputs' bytes
-and an empty launch (timed the same way); host
-time per eager ``launch_plan`` against the bare dispatch of the same kernels; device
-allocations during 100 launches.
-
-Writes ``benchmarks/results/plan-<device>-<date>.csv`` (device, versions and date in every
-row) and, when matplotlib is installed, PNG plots into ``docs/``.
+kernel that makes only the plan's per-entry memory accesses and a memset of the outputs'
+bytes (timed the same way); host time per eager ``launch_plan`` against the bare dispatch
+of the same kernels; device allocations during 100 launches. ``--tune`` sweeps the launch
+constants; ``--profile-cases`` runs the cases alone for Nsight Compute.
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
-import datetime
 import functools
-import os
-import platform
 import statistics
-import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from kv_canary_buffers import PlanBuffers, plan_reference, plans_equal, validate_plan_args  # noqa: E402
+from harness import (
+    ENV, Recorder, count_allocations, graph_time_us, host_calls_for, host_times_us, on_gpu,
+    value_of,
+)
+from kv_canary_buffers import PlanBuffers, plan_reference, plans_equal, validate_plan_args
 
 WINDOW = 128
 MEAN_PREFIX = 512
 GPU_BATCHES = (1, 64, 256, 4096, 65536)
 
 
-def make_batch(bs: int, *, window: int, pool: bool, device: str, seed: int = 0) -> Dict:
-    """All rows active, prefix uniform in [1, 2 * MEAN_PREFIX - 1], one new token each."""
+def make_batch(bs: int, *, window: int, pool: bool, device: str, seed: int = 0,
+               mean_prefix: int = MEAN_PREFIX) -> Dict:
+    """All rows active, prefix uniform in [1, 2 * mean_prefix - 1], one new token each."""
     g = torch.Generator().manual_seed(seed)
-    max_seq_len = 2 * MEAN_PREFIX + 8
+    max_seq_len = 2 * mean_prefix + 8
     rows = bs + 1
     slots = torch.randperm(rows * max_seq_len, generator=g)[: rows * max_seq_len]
     table = slots.reshape(rows, max_seq_len).to(torch.int32)
     kwargs = dict(
         req_pool_indices=torch.randperm(bs, generator=g) + 1,
-        prefix_lens=torch.randint(1, 2 * MEAN_PREFIX, (bs,), generator=g),
+        prefix_lens=torch.randint(1, 2 * mean_prefix, (bs,), generator=g),
         extend_seq_lens=torch.ones(bs, dtype=torch.int64),
         req_to_token=table,
         swa_window_size=window,
@@ -88,43 +74,6 @@ def plan_bytes(kwargs: Dict, entries: int) -> int:
     return bs * per_row + entries * per_entry
 
 
-class Recorder:
-    def __init__(self, device_name: str):
-        self.rows: List[Dict] = []
-        self.meta = {
-            "device": device_name,
-            "torch": torch.__version__,
-            "triton": _triton_version(),
-            "python": platform.python_version(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        }
-
-    def add(self, section: str, impl: str, metric: str, value: float, **case) -> None:
-        row = {"section": section, "impl": impl, "metric": metric, "value": round(value, 4)}
-        row.update({k: case.get(k, "") for k in ("bs", "swa", "pool", "entries")})
-        row.update(self.meta)
-        self.rows.append(row)
-        print(f"{section:10s} {impl:22s} {metric:16s} {value:12.3f}  "
-              + " ".join(f"{k}={v}" for k, v in case.items()), flush=True)
-
-    def write(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(self.rows[0]))
-            writer.writeheader()
-            writer.writerows(self.rows)
-        print(f"wrote {path}")
-
-
-def _triton_version() -> str:
-    try:
-        import triton
-
-        return triton.__version__
-    except ImportError:
-        return "absent"
-
-
 # --- CPU --------------------------------------------------------------------------
 def bench_cpu(rec: Recorder, repeats: int) -> None:
     from baselines import python_loop_plan
@@ -146,142 +95,103 @@ def bench_cpu(rec: Recorder, repeats: int) -> None:
         rec.add("cpu", name, "us_per_call", statistics.median(times) * 1e6, **case)
 
 
-# --- CUDA -------------------------------------------------------------------------
-def copy_bandwidth(nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus written."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(25):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * nbytes / statistics.median(times[5:])
-
-
-def graph_time_us(fn: Callable[[], None], replays: int, plans_per_graph: int = 10) -> float:
-    """Median GPU time of one plan: a graph of ``plans_per_graph`` back-to-back plans,
-    each replay timed with CUDA events, divided by ``plans_per_graph``."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(plans_per_graph):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / plans_per_graph)
-    del graph
-    return statistics.median(times)
+# --- GPU (or the interpreter in smoke mode) ------------------------------------------
+SMOKE_BATCHES = (1, 5, 1030)
+"""Smoke mode's batches: both paths of launch_plan (1030 rows: the three-launch path)."""
+SMOKE_MEAN_PREFIX = 4
 
 
 def memset_time_us(entries: int, replays: int) -> float:
     """``graph_time_us`` of a memset of as many bytes as the four outputs of ``entries``."""
     from baselines import memset_outputs
 
-    outputs = torch.empty(4 * entries, dtype=torch.int64, device="cuda")
+    outputs = torch.empty(4 * entries, dtype=torch.int64, device=ENV.device)
     return graph_time_us(functools.partial(memset_outputs, outputs), replays)
 
 
-def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int) -> None:
-    from baselines import (
-        SGLANG_MAX_BS, empty_launch, sglang_design_plan, torch_plan, traffic_only_plan,
-    )
+def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: float) -> None:
+    """GPU time per plan of every implementation at every batch (SWA off and on), host
+    time per eager ``launch_plan`` against its bare dispatch and device allocations during
+    100 launches at every batch (SWA on). ``bandwidth``: the run's copy bandwidth (B/s)."""
+    from baselines import SGLANG_MAX_BS, sglang_design_plan, torch_plan, traffic_only_plan
+    from harness import guarded
     from kv_canary_kernels import dispatch_plan, launch_plan
 
-    bandwidth = copy_bandwidth()
-    rec.add("gpu", "d2d_copy", "GB_per_s", bandwidth / 1e9)
-    scratch = PlanBuffers.allocate(write_req_capacity=1, verify_capacity=1, device="cuda")
-    rec.add("gpu", "empty_launch", "us_per_launch",
-            graph_time_us(functools.partial(empty_launch, scratch), replays))
-    del scratch
+    device = ENV.device
+    mean_prefix = MEAN_PREFIX if on_gpu() else SMOKE_MEAN_PREFIX
 
     # GPU time per plan, all implementations side by side.
     for window in (0, WINDOW):
         for bs in batches:
-            kwargs = make_batch(bs, window=window, pool=True, device="cuda", seed=bs)
+            kwargs = make_batch(bs, window=window, pool=True, device=device, seed=bs,
+                                mean_prefix=mean_prefix)
             entries = verify_entries(kwargs)
             case = dict(bs=bs, swa=window, pool=1, entries=entries)
-            ref = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=entries, device="cuda")
+            ref = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=entries, device=device)
             plan_reference(ref, **kwargs)
             impls = {"launch_plan": launch_plan, "torch_only": torch_plan}
-            if bs <= SGLANG_MAX_BS:
+            # SGLang's design reads the CUDA device's properties: not in smoke mode.
+            if bs <= SGLANG_MAX_BS and on_gpu():
                 impls["sglang_design"] = sglang_design_plan
             for name, fn in impls.items():
-                buffers = PlanBuffers.allocate(
-                    write_req_capacity=bs, verify_capacity=entries, device="cuda"
-                )
-                fn(buffers, **kwargs)
-                if not plans_equal(buffers, ref, bs):
-                    raise AssertionError(f"{name} differs from plan_reference at bs={bs}")
-                us = graph_time_us(lambda: fn(buffers, **kwargs), replays)
-                rec.add("gpu_time", name, "us_per_plan", us, **case)
-                del buffers
+                def measure(name=name, fn=fn) -> None:
+                    buffers = PlanBuffers.allocate(
+                        write_req_capacity=bs, verify_capacity=entries, device=device
+                    )
+                    fn(buffers, **kwargs)
+                    if not plans_equal(buffers, ref, bs):
+                        raise AssertionError(f"{name} differs from plan_reference at bs={bs}")
+                    us = graph_time_us(lambda: fn(buffers, **kwargs), replays)
+                    rec.add("gpu_time", name, "us_per_plan", us, **case)
+
+                guarded(rec, f"plan {name} bs={bs} swa={window}", measure)
             # References: the plan's memory accesses alone, and a memset of its outputs.
-            buffers = PlanBuffers.allocate(
-                write_req_capacity=bs, verify_capacity=entries, device="cuda"
-            )
-            us = graph_time_us(
-                functools.partial(traffic_only_plan, buffers, entries, **kwargs), replays
-            )
-            rec.add("gpu_time", "traffic_only", "us_per_plan", us, **case)
-            del buffers
-            rec.add("gpu_time", "memset_outputs", "us_per_plan",
-                    memset_time_us(entries, replays), **case)
+            def references() -> None:
+                buffers = PlanBuffers.allocate(
+                    write_req_capacity=bs, verify_capacity=entries, device=device
+                )
+                us = graph_time_us(
+                    functools.partial(traffic_only_plan, buffers, entries, **kwargs), replays
+                )
+                rec.add("gpu_time", "traffic_only", "us_per_plan", us, **case)
+                rec.add("gpu_time", "memset_outputs", "us_per_plan",
+                        memset_time_us(entries, replays), **case)
+
+            guarded(rec, f"plan references bs={bs} swa={window}", references)
             floor = plan_bytes(kwargs, entries) / bandwidth * 1e6
             rec.add("gpu_time", "bandwidth_floor", "us_per_plan", floor, **case)
             del ref, kwargs
-            torch.cuda.empty_cache()
+            if device == "cuda":
+                torch.cuda.empty_cache()
 
-    # Host time per eager call: launch_plan against the bare dispatch of the same kernels.
-    for bs in (1, 256, 4096):
-        kwargs = make_batch(bs, window=WINDOW, pool=True, device="cuda", seed=bs)
-        entries = verify_entries(kwargs)
-        case = dict(bs=bs, swa=WINDOW, pool=1, entries=entries)
-        buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=entries, device="cuda")
-        args = validate_plan_args(buffers, **kwargs)
-        variants = {
-            "launch_plan": lambda: launch_plan(buffers, **kwargs),
-            "bare_dispatch": lambda: dispatch_plan(buffers, args),
-        }
-        results: Dict[str, List[float]] = {k: [] for k in variants}
-        for fn in variants.values():
-            fn()
-        torch.cuda.synchronize()
-        for _ in range(7):  # interleave the variants so drift hits both alike
-            for name, fn in variants.items():
-                t0 = time.perf_counter()
-                for _ in range(host_calls):
-                    fn()
-                results[name].append((time.perf_counter() - t0) / host_calls * 1e6)
-                torch.cuda.synchronize()
-        for name, times in results.items():
-            rec.add("host", name, "us_per_call", statistics.median(times), **case)
-        ratio = statistics.median(results["launch_plan"]) / statistics.median(results["bare_dispatch"])
-        rec.add("host", "launch_over_bare", "ratio", ratio, **case)
+    # Host time per eager call: launch_plan against the bare dispatch of the same kernels,
+    # and device allocations during 100 launches; every batch, SWA on.
+    for bs in batches:
+        def host() -> None:
+            kwargs = make_batch(bs, window=WINDOW, pool=True, device=device, seed=bs,
+                                mean_prefix=mean_prefix)
+            entries = verify_entries(kwargs)
+            case = dict(bs=bs, swa=WINDOW, pool=1, entries=entries)
+            buffers = PlanBuffers.allocate(
+                write_req_capacity=bs, verify_capacity=entries, device=device
+            )
+            args = validate_plan_args(buffers, **kwargs)
+            gpu_us = value_of(rec.rows, stage="plan", section="gpu_time", impl="launch_plan",
+                              bs=bs, swa=WINDOW)
+            times = host_times_us(
+                {"launch_plan": lambda: launch_plan(buffers, **kwargs),
+                 "bare_dispatch": lambda: dispatch_plan(buffers, args)},
+                host_calls_for(gpu_us, host_calls),
+            )
+            for name, us in times.items():
+                rec.add("host", name, "us_per_call", us, **case)
+            rec.add("host", "launch_over_bare", "ratio",
+                    times["launch_plan"] / times["bare_dispatch"], **case)
+            allocations = count_allocations(lambda: launch_plan(buffers, **kwargs))
+            if allocations is not None:
+                rec.add("alloc", "launch_plan", "allocations_per_100", allocations, **case)
 
-        # Device allocations during 100 launches after warm-up.
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_stats()["allocation.all.allocated"]
-        for _ in range(100):
-            launch_plan(buffers, **kwargs)
-        torch.cuda.synchronize()
-        after = torch.cuda.memory_stats()["allocation.all.allocated"]
-        rec.add("alloc", "launch_plan", "allocations_per_100", after - before, **case)
+        guarded(rec, f"plan host bs={bs}", host)
 
 
 TUNE_CONFIGS = [
@@ -378,6 +288,7 @@ def profile_cases(case: str) -> None:
 
 # --- plots ------------------------------------------------------------------------
 def plot(rows: List[Dict], out_dir: Path) -> None:
+    """plan_gpu_time.png and plan_host_overhead.png in ``out_dir`` (needs matplotlib)."""
     try:
         import matplotlib
 
@@ -386,6 +297,8 @@ def plot(rows: List[Dict], out_dir: Path) -> None:
     except ImportError:
         print("matplotlib not installed: no plots")
         return
+    rows = [r for r in rows if r["stage"] == "plan"]
+    out_dir.mkdir(parents=True, exist_ok=True)
     gpu = [r for r in rows if r["section"] == "gpu_time"]
     if gpu:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
@@ -406,6 +319,7 @@ def plot(rows: List[Dict], out_dir: Path) -> None:
         fig.suptitle(f"kv-canary plan on {rows[0]['device']}")
         fig.tight_layout()
         fig.savefig(out_dir / "plan_gpu_time.png", dpi=110)
+        plt.close(fig)
         print(f"wrote {out_dir / 'plan_gpu_time.png'}")
     host = [r for r in rows if r["section"] == "host" and r["metric"] == "us_per_call"]
     if host:
@@ -413,7 +327,8 @@ def plot(rows: List[Dict], out_dir: Path) -> None:
         bss = sorted({r["bs"] for r in host})
         width = 0.38
         for i, impl in enumerate(("bare_dispatch", "launch_plan")):
-            vals = [next(r["value"] for r in host if r["bs"] == b and r["impl"] == impl) for b in bss]
+            vals = [next((r["value"] for r in host if r["bs"] == b and r["impl"] == impl),
+                         float("nan")) for b in bss]
             ax.bar([j + (i - 0.5) * width for j in range(len(bss))], vals, width, label=impl)
         ax.set_xticks(range(len(bss)), [f"bs={b}" for b in bss])
         ax.set_ylabel("host time per eager call (us, median)")
@@ -421,43 +336,5 @@ def plot(rows: List[Dict], out_dir: Path) -> None:
         ax.legend()
         fig.tight_layout()
         fig.savefig(out_dir / "plan_host_overhead.png", dpi=110)
+        plt.close(fig)
         print(f"wrote {out_dir / 'plan_host_overhead.png'}")
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    parser.add_argument("--quick", action="store_true", help="fewer repeats, smaller batches")
-    parser.add_argument("--tune", action="store_true", help="sweep the entries launch constants")
-    parser.add_argument("--profile-cases", metavar="all|BS,WINDOW",
-                        help="only run launch_plan on the cases, for ncu; writes nothing")
-    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
-    parser.add_argument("--plots", type=Path, default=ROOT / "docs")
-    args = parser.parse_args(argv)
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.profile_cases:
-        profile_cases(args.profile_cases)
-        return 0
-    name = torch.cuda.get_device_name() if device == "cuda" else (platform.processor() or "cpu")
-    rec = Recorder(name)
-    if args.tune:
-        tune_gpu(rec, replays=30)
-    else:
-        # Every case of docs/performance.md: the CPU case everywhere (on a GPU machine it
-        # times that machine's host CPU), the GPU cases where there is a GPU.
-        bench_cpu(rec, repeats=2 if args.quick else 5)
-        if device == "cuda":
-            batches = GPU_BATCHES[:3] if args.quick else GPU_BATCHES
-            bench_gpu(rec, batches, replays=20 if args.quick else 100,
-                      host_calls=100 if args.quick else 1000)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    rec.write(args.results / f"plan-{device}-{stamp}.csv")
-    if (device == "cuda" and not args.tune) or os.environ.get("KV_CANARY_PLOT_CPU"):
-        plot(rec.rows, args.plots)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
