@@ -395,6 +395,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rec.add("run", "stage", "seconds", time.perf_counter() - t0)
         rec.stage = "run"
         rec.add("run", "total", "seconds", time.perf_counter() - started)
+    except Exception as err:  # noqa: BLE001 - a dead CUDA context: report what was measured
+        rec.error("run aborted", err)
     finally:
         rec.close()
     print_report(rec, args.smoke)

@@ -205,9 +205,8 @@ def gpu_time(fn: Callable[[], None], replays: int, calls_per_graph: int = 10) ->
     over ``replays`` replays (fewer for a slow call, see :data:`SLOW_CALL_US`).
     ``fn`` must be capturable (no sync, no host read of device data).
 
-    Smoke mode: two eager warm-up calls, then the median wall time of ``replays`` calls."""
+    Smoke mode: one eager warm-up call, then the median wall time of ``replays`` calls."""
     if not on_gpu():
-        fn()
         fn()
         times = []
         for _ in range(replays):
@@ -251,15 +250,20 @@ def graph_time_us(fn: Callable[[], None], replays: int, plans_per_graph: int = 1
     return gpu_time(fn, replays, plans_per_graph).us
 
 
-def eager_wall_us(fn: Callable[[], None], repeats: int, budget_s: float = 3.0) -> Timing:
+def eager_wall_us(fn: Callable[[], None], repeats: int, budget_s: float = 2.0) -> Timing:
     """Wall time of one eager call with a sync after it (for implementations that sync
     anyway, such as the torch write reference): the median of up to ``repeats`` calls
-    after one warm-up, fewer when they exceed ``budget_s`` (at least 2)."""
+    after a warm-up call, as many as fit in ``budget_s`` (at least one); a warm-up call
+    longer than ``budget_s`` is the result itself (``replays`` 1)."""
+    t0 = time.perf_counter()
     fn()
     sync()
+    warm = time.perf_counter() - t0
+    if warm > budget_s:
+        return Timing(warm * 1e6, 1, 1)
     times: List[float] = []
     spent = 0.0
-    while len(times) < repeats and (len(times) < 2 or spent < budget_s):
+    while len(times) < repeats and (not times or spent < budget_s):
         t0 = time.perf_counter()
         fn()
         sync()
@@ -282,7 +286,9 @@ def host_times_us(variants: Dict[str, Callable[[], None]], calls: int,
                   rounds: int = 7) -> Dict[str, float]:
     """Host time per eager call of each variant: ``rounds`` batches of ``calls`` calls
     without a sync, the variants interleaved so that drift hits all alike, a sync after
-    each batch (outside the timing); the median over batches."""
+    each batch (outside the timing); the median over batches (2 batches in smoke mode)."""
+    if ENV.smoke:
+        rounds = min(rounds, 2)
     for fn in variants.values():
         fn()
     sync()
@@ -302,8 +308,6 @@ def count_allocations(fn: Callable[[], None], calls: int = 100) -> Optional[int]
     a warm-up; None off CUDA (the CPU allocator keeps no such count)."""
     fn()
     if ENV.device != "cuda":
-        for _ in range(min(calls, 2)):
-            fn()
         return None
     torch.cuda.synchronize()
     before = torch.cuda.memory_stats()["allocation.all.allocated"]
