@@ -276,7 +276,8 @@ def bench_verify(rec: Recorder, sizes: Sizes, replays: int, host_calls: int,
                         lambda: verify_case(rec, world[0], buffers[0], mode, target, sizes,
                                             replays, host_calls, bandwidth))
                 _free()
-            del world, buffers
+            world.clear()
+            buffers.clear()
             _free()
 
 

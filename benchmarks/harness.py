@@ -194,15 +194,16 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
 
 
 SLOW_CALL_US = 2000.0
-"""Above this eager time per call, a graph holds 2 calls and is replayed 10 times (a
-torch-only baseline of thousands of kernels would otherwise cost seconds of device time
+"""Above this eager time per call, a graph holds 2 calls and is replayed at most 50 times
+(a torch-only baseline of thousands of kernels would otherwise cost seconds of device time
 and a graph of tens of thousands of nodes)."""
 
 
 def gpu_time(fn: Callable[[], None], replays: int, calls_per_graph: int = 10) -> Timing:
     """GPU time of one call of ``fn``: a CUDA graph of ``calls_per_graph`` back-to-back
     calls, each replay timed with CUDA events, divided by ``calls_per_graph``; the median
-    over ``replays`` replays (fewer for a slow call, see :data:`SLOW_CALL_US`).
+    over ``replays`` replays (fewer calls and replays for a slow call, see
+    :data:`SLOW_CALL_US`).
     ``fn`` must be capturable (no sync, no host read of device data).
 
     Smoke mode: one eager warm-up call, then the median wall time of ``replays`` calls."""
@@ -226,7 +227,7 @@ def gpu_time(fn: Callable[[], None], replays: int, calls_per_graph: int = 10) ->
     torch.cuda.synchronize()
     eager_us = start.elapsed_time(end) * 1e3
     if eager_us > SLOW_CALL_US:
-        calls_per_graph, replays = min(calls_per_graph, 2), min(replays, 10)
+        calls_per_graph, replays = min(calls_per_graph, 2), min(replays, 50)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(calls_per_graph):
