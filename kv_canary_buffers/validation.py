@@ -217,6 +217,8 @@ class WriteArgs(NamedTuple):
     expected_positions: Optional[torch.Tensor]
     real_kv: Optional[RealKV]
     """None when no real-KV hash is taken (no object, mode NONE or no sources)."""
+    aligned: bool
+    """Whether every per-token input starts 16-byte aligned (the kernels' fast variant)."""
 
 
 class VerifyArgs(NamedTuple):
@@ -324,6 +326,7 @@ def validate_write_args(
     index = arena.device_index
     n = out_cache_loc.shape[0] if isinstance(out_cache_loc, torch.Tensor) else -1
     shape = (n,)
+    aligned = True
     for t in inputs:
         if not (
             isinstance(t, torch.Tensor)
@@ -336,12 +339,14 @@ def validate_write_args(
         ptr = t.data_ptr()
         if ptr < end and start < ptr + 8 * n:
             _raise_write_input_error(st, inputs)
+        aligned = aligned and ptr % 16 == 0
     tag = launch_tag if type(launch_tag) is int and _I64_MIN <= launch_tag <= _I64_MAX else (
         check_int64("launch_tag", launch_tag)
     )
     kv = _check_real_kv(real_kv, st)
     return WriteArgs(
-        n, input_ids, positions, out_cache_loc, tag, expected_input_ids, expected_positions, kv
+        n, input_ids, positions, out_cache_loc, tag, expected_input_ids, expected_positions, kv,
+        aligned,
     )
 
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import os
-from typing import NamedTuple
+from typing import Dict, NamedTuple
 
 import torch
 
@@ -24,9 +23,18 @@ class DeviceConfig(NamedTuple):
     """Streaming multiprocessors (a stand-in under the interpreter)."""
 
 
-@functools.lru_cache(maxsize=None)
 def device_config(device: torch.device) -> DeviceConfig:
     """The device's settings; a ``kv-canary:`` error where Triton cannot run."""
+    config = _CONFIGS.get(device)
+    if config is None:
+        config = _CONFIGS[device] = _read_config(device)
+    return config
+
+
+_CONFIGS: Dict[torch.device, DeviceConfig] = {}
+
+
+def _read_config(device: torch.device) -> DeviceConfig:
     if INTERPRETING:
         return DeviceConfig(INTERPRETER_PROGRAMS)
     if device.type != "cuda":

@@ -39,8 +39,8 @@ from .canary_common import (
     real_kv_hash,
 )
 from .config import REAL_KV_CHUNK, device_config
-from .launcher import Launcher, alignment_key
-from .write import source_args, source_dtypes
+from .launcher import Launcher
+from .sources import source_args
 
 VERIFY_BLOCK = 128
 """Entries per block (one per lane; a multiple of 32)."""
@@ -159,16 +159,13 @@ def canary_verify_kernel(
 
 def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) -> None:
     """Launch the verify kernel on validated arguments (no check at all)."""
-    config = device_config(store.device)
-    src, num_sources, mode, page_size, bpt_words, kv_words = source_args(
-        args.real_kv, store.records
-    )
+    src = source_args(args.real_kv, store.records)
     grid = min(
         triton.cdiv(buffers.verify_capacity, VERIFY_BLOCK),
-        config.multiprocessors * VERIFY_PROGRAMS_PER_SM,
+        device_config(store.device).multiprocessors * VERIFY_PROGRAMS_PER_SM,
     )
-    key = (args.check_expected_tokens, num_sources, mode, source_dtypes(src),
-           alignment_key(src[:4]))
+    # Every tensor is 16-byte aligned by construction: the key needs no alignment part.
+    key = (args.check_expected_tokens, src.num_sources, src.mode, src.dtypes)
     _VERIFY.launch(
         store.device,
         (grid, 1, 1),
@@ -179,12 +176,12 @@ def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) 
             buffers.verify_num_valid, buffers.verify_enable,
             store.records, store.violations, store.violation_count, store.kernel_runs,
             store.slots_processed, store.status,
-            *src,
+            *src.tensors, *src.ints,
             store.num_slots, buffers.verify_capacity, store.violation_capacity,
-            args.launch_tag, page_size, bpt_words, kv_words,
+            args.launch_tag, src.page_size, src.bpt_words, src.kv_words,
         ),
-        {"CHECK_TOKENS": args.check_expected_tokens, "NUM_SOURCES": num_sources, "MODE": mode,
-         "BLOCK": VERIFY_BLOCK, "CHUNK": REAL_KV_CHUNK},
+        {"CHECK_TOKENS": args.check_expected_tokens, "NUM_SOURCES": src.num_sources,
+         "MODE": src.mode, "BLOCK": VERIFY_BLOCK, "CHUNK": REAL_KV_CHUNK},
         {"num_warps": VERIFY_WARPS},
     )
 

@@ -8,7 +8,7 @@ registers): a token's critical path is the hash itself, not a memory round trip.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 import triton
@@ -39,8 +39,9 @@ from .canary_common import (
     raise_status,
     real_kv_hash,
 )
-from .config import REAL_KV_CHUNK, device_config
+from .config import REAL_KV_CHUNK
 from .launcher import Launcher, alignment_key
+from .sources import source_args
 
 WRITE_ROWS = 32
 """Rows (lanes) per program: one warp, whose lanes each walk one row's chain."""
@@ -185,38 +186,17 @@ def canary_write_kernel(
     raise_status(status_ptr, flags)
 
 
-def source_args(real_kv: Optional[RealKV], stand_in: torch.Tensor) -> Tuple[tuple, int, int, int, int, int]:
-    """The kernels' real-KV arguments: ``(4 pointers, 4 row strides in words, 4 row
-    counts)``, sources, mode, page size, words per token and words hashed per source."""
-    sources = real_kv.sources if real_kv is not None else ()
-    pointers = list(sources) + [stand_in] * (4 - len(sources))
-    strides = [s.stride(0) * s.element_size() // 8 for s in sources] + [0] * (4 - len(sources))
-    rows = [s.shape[0] for s in sources] + [0] * (4 - len(sources))
-    if real_kv is None:
-        return (*pointers, *strides, *rows), 0, 0, 1, 0, 0
-    return (
-        (*pointers, *strides, *rows),
-        len(sources),
-        int(real_kv.mode),
-        real_kv.page_size,
-        real_kv.bytes_per_token // 8,
-        real_kv.hashed_bytes // 8,
-    )
-
-
 def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
     """Launch the write kernel on validated arguments (no check at all)."""
-    device_config(store.device)
-    src, num_sources, mode, page_size, bpt_words, kv_words = source_args(
-        args.real_kv, store.records
-    )
+    src = source_args(args.real_kv, store.records)
     has_expected = args.expected_input_ids is not None
     exp_ids = args.expected_input_ids if has_expected else args.input_ids
     exp_pos = args.expected_positions if has_expected else args.positions
     inputs = (args.input_ids, args.positions, args.out_cache_loc, exp_ids, exp_pos)
-    # The plan's and the store's tensors are aligned by construction (arena offsets,
-    # whole allocations); the inputs and sources are the caller's.
-    key = (has_expected, num_sources, mode, source_dtypes(src), alignment_key(inputs + src[:4]))
+    # The plan's, the store's and the sources' tensors are 16-byte aligned by
+    # construction; only the caller's inputs may not be.
+    key = (has_expected, src.num_sources, src.mode, src.dtypes,
+           True if args.aligned else alignment_key(inputs))
     _WRITE.launch(
         store.device,
         (triton.cdiv(buffers.write_req_capacity, WRITE_ROWS), 1, 1),
@@ -227,22 +207,17 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
             buffers.write_num_valid_reqs,
             store.records, store.violations, store.violation_count, store.kernel_runs,
             store.slots_processed, store.chain_position_check, store.status,
-            *src,
+            *src.tensors, *src.ints,
             args.n, buffers.write_req_capacity, store.num_slots, store.violation_capacity,
-            args.launch_tag, page_size, bpt_words, kv_words,
+            args.launch_tag, src.page_size, src.bpt_words, src.kv_words,
         ),
-        {"HAS_EXPECTED": has_expected, "NUM_SOURCES": num_sources, "MODE": mode,
+        {"HAS_EXPECTED": has_expected, "NUM_SOURCES": src.num_sources, "MODE": src.mode,
          "ROWS": WRITE_ROWS, "CHUNK": REAL_KV_CHUNK},
         {"num_warps": 1},
     )
 
 
 _WRITE = Launcher(canary_write_kernel)
-
-
-def source_dtypes(src: tuple) -> tuple:
-    """The dtypes of the four source pointers (part of a compiled variant's signature)."""
-    return (src[0].dtype, src[1].dtype, src[2].dtype, src[3].dtype)
 
 
 def launch_write(
