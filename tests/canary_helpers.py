@@ -160,16 +160,17 @@ def set_verify_plan(
 # --- real-KV sources ------------------------------------------------------------------
 def make_source(
     gen: torch.Generator, rows: int, row_bytes: int, dtype: torch.dtype = torch.uint8,
-    *, pad_bytes: int = 0, offset_bytes: int = 0, device="cpu",
+    *, pad_bytes: int = 0, offset_bytes: int = 0, spare_rows: int = 0, device="cpu",
 ) -> torch.Tensor:
     """A 2-D source of ``rows`` rows of ``row_bytes`` random bytes, as ``dtype``. With
     ``pad_bytes``/``offset_bytes`` (multiples of 16) it is a strided view into a wider
-    buffer, starting ``offset_bytes`` into each row of it."""
+    buffer, starting ``offset_bytes`` into each row of it; with ``spare_rows`` the buffer
+    has more rows than the source (a read past the source finds data, not a fault)."""
     width = row_bytes + pad_bytes
-    raw = torch.randint(0, 256, (rows, width), generator=gen, dtype=torch.int64)
+    raw = torch.randint(0, 256, (rows + spare_rows, width), generator=gen, dtype=torch.int64)
     base = raw.to(torch.uint8).to(device).view(dtype)
     item = base.element_size()
-    return base[:, offset_bytes // item : (offset_bytes + row_bytes) // item]
+    return base[:rows, offset_bytes // item : (offset_bytes + row_bytes) // item]
 
 
 def py_real_kv(real_kv: Optional[RealKV], slot: int) -> Optional[int]:
