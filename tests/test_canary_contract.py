@@ -290,12 +290,13 @@ def test_chain_head_expects_h0(canary):
 
 
 def test_chain_across_blocks_and_corruption(canary):
-    """A 270-entry chain (two verify blocks of the kernels): clean, then a record's
-    token corrupted at the last lane of the first block and one mid-block: the entry
-    itself shows VERIFY_TOKEN and its successor CHAIN (across the block edge too)."""
-    n = 270
+    """A 530-entry chain over three verify blocks of the kernels. Clean first; then a
+    record's token corrupted mid-block and at the last lane of the first and second
+    blocks: the entry itself shows VERIFY_TOKEN and its successor CHAIN (across block
+    edges too, where the successor loads its predecessor's record)."""
+    n = 530
     store = new_store(num_slots=n + 10, violation_capacity=16)
-    plan = new_plan(verify_capacity=300)
+    plan = new_plan(verify_capacity=600)
     slots = [n + 9 - k for k in range(n)]  # descending: neighbours are not adjacent slots
     tokens = [1000 + 3 * k for k in range(n)]
     chain_records(store, slots, tokens)
@@ -303,8 +304,9 @@ def test_chain_across_blocks_and_corruption(canary):
     canary.verify(store, plan)
     assert_no_rows(store)
     assert counters(store) == (0, 1, n, 0)
-    recs = {k: store.records[slots[k]].tolist() for k in (99, 100, 255, 256)}
-    for k in (99, 255):
+    bad = (99, 255, 511)
+    recs = {k: store.records[slots[k]].tolist() for k in bad + tuple(k + 1 for k in bad)}
+    for k in bad:
         store.records[slots[k], 0] = 7
     canary.verify(store, plan, launch_tag=9)
 
@@ -314,8 +316,43 @@ def test_chain_across_blocks_and_corruption(canary):
         exp_chain = rec[2] if bits == VT else hash_of([7, rec[1] - 1, recs[k - 1][2]])
         return (9, slots[k], rec[1], tok, tokens[k], rec[2], exp_chain, bits)
 
-    assert_rows(canary, store, [row(99, VT, 7), row(100, CHAIN), row(255, VT, 7), row(256, CHAIN)])
+    assert_rows(canary, store, [r for k in bad for r in (row(k, VT, 7), row(k + 1, CHAIN))])
     assert counters(store)[1:] == (2, 2 * n, 0)
+
+
+def test_persistent_verify_loop_reaches_every_block(canary):
+    """More blocks than the kernels' persistent grid has programs: program 0 takes a
+    second turn. The entry at the start of that turn takes its predecessor's hash from
+    the entry just before it (the last of the first turn); the last block is checked."""
+    from kv_canary_kernels.config import device_config
+    from kv_canary_kernels.verify import VERIFY_BLOCK, VERIFY_PROGRAMS_PER_SM
+
+    programs = device_config(torch.device(DEVICE)).multiprocessors * VERIFY_PROGRAMS_PER_SM
+    k = programs * VERIFY_BLOCK  # the first entry of program 0's second turn
+    n = k + VERIFY_BLOCK + 7
+    store, plan = new_store(), new_plan(verify_capacity=n)
+    plan.verify_slot_indices.fill_(0)  # padding entries, looked past
+    plan.verify_prev_slot_indices.fill_(-1)
+    plan.verify_expected_positions.fill_(0)
+    plan.verify_expected_tokens.fill_(-1)
+    plan.verify_num_valid.fill_(n)
+    plan.verify_enable.fill_(1)
+    for i, (s, p, pos, tok) in {k - 1: (3, -1, 0, 30), k: (4, 3, 1, 40), n - 1: (5, 0, 9, -1)}.items():
+        plan.verify_slot_indices[i], plan.verify_prev_slot_indices[i] = s, p
+        plan.verify_expected_positions[i], plan.verify_expected_tokens[i] = pos, tok
+    chain_records(store, [3, 4], [30, 40])
+    store.records[5] = i64([50, 0, 77, 0])
+    canary.verify(store, plan)
+    assert_rows(canary, store, [(0, 5, 0, 50, -1, 77, 77, POS)])
+    assert counters(store)[1:] == (1, n, 0)
+    store.records[3, 0] = 31
+    canary.verify(store, plan, launch_tag=1)
+    h4 = store.records[4, 2].item()
+    assert_rows(canary, store, [
+        (1, 3, 0, 31, 30, H0_SIGNED, H0_SIGNED, VT),
+        (1, 4, 1, 40, 40, h4, mix3_int(H0_SIGNED, 31, 0), CHAIN),
+        (1, 5, 0, 50, -1, 77, 77, POS),
+    ], start=1)
 
 
 @pytest.mark.parametrize("check", [True, False])
