@@ -204,15 +204,15 @@ def test_expected_input_check_rows(canary):
     assert counters(store)[1:] == (1, 4, 0)
 
 
-@pytest.mark.parametrize("enabled", [True, False])
-def test_chain_position_check(canary, enabled):
+@pytest.mark.parametrize("flag", [1, 0, -3])
+def test_chain_position_check(canary, flag):
     """With the check on, a position that does not follow the row's previous one (from
     the seed's record) appends (tag, s, pos, tok, tok, running, prev_pos + 1,
     WRITE_POSITION); rows seeded with -1 are not checked. Off: nothing."""
     store, plan = new_store(), new_plan()
     store.records[9] = i64([70, 4, 555, 0])
-    if enabled:
-        store.enable_chain_position_check()
+    store.chain_position_check.fill_(flag)  # any non-zero value turns it on
+    enabled = flag != 0
     before = snapshot_store(store)
     set_write_plan(plan, [0, 4, 6], [9, -1])
     ids, pos = [1, 2, 3, 4, 5, 6], [5, 7, 8, 10, 3, 9]
@@ -236,7 +236,7 @@ def test_chain_position_check(canary, enabled):
             (3, 14, 10, 4, 4, h[3], 9, WP),
         ]
     assert_rows(canary, store, expected)
-    assert int(store.chain_position_check) == int(enabled)
+    assert int(store.chain_position_check) == flag
 
 
 def test_chain_position_check_skipped_token_keeps_the_previous_position(canary):
@@ -327,10 +327,11 @@ def test_persistent_verify_loop_reaches_every_block(canary):
     from kv_canary_kernels.config import device_config
     from kv_canary_kernels.verify import VERIFY_BLOCK, VERIFY_PROGRAMS_PER_SM
 
-    programs = device_config(torch.device(DEVICE)).multiprocessors * VERIFY_PROGRAMS_PER_SM
+    store = new_store()
+    programs = device_config(store.device).multiprocessors * VERIFY_PROGRAMS_PER_SM
     k = programs * VERIFY_BLOCK  # the first entry of program 0's second turn
     n = k + VERIFY_BLOCK + 7
-    store, plan = new_store(), new_plan(verify_capacity=n)
+    plan = new_plan(verify_capacity=n)
     plan.verify_slot_indices.fill_(0)  # padding entries, looked past
     plan.verify_prev_slot_indices.fill_(-1)
     plan.verify_expected_positions.fill_(0)

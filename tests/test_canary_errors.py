@@ -10,6 +10,8 @@ import torch
 
 from kv_canary_buffers import CanaryStore, PlanBuffers, RealKV, RealKVMode
 
+from kv_canary_buffers.devices import normalize_device
+
 from canary_helpers import (
     DEVICE,
     assert_plan_equal,
@@ -25,6 +27,7 @@ from canary_helpers import (
 )
 
 I32 = torch.int32
+DEV = str(normalize_device(DEVICE))  # as messages spell it ("cuda:0", "cpu")
 TENSOR_ARGS = ("input_ids", "positions", "out_cache_loc", "expected_input_ids", "expected_positions")
 
 
@@ -104,7 +107,7 @@ def _bad_tensor(kind, name, t):
     if kind == "rank":
         return t[None, :], ValueError, rf"{name} must be 1-D \[n\], got 2-D shape \(1, {n}\)"
     if kind == "meta":
-        return t.to("meta"), ValueError, f"{name} must be on the buffers' device {DEVICE}, got meta"
+        return t.to("meta"), ValueError, f"{name} must be on the buffers' device {DEV}, got meta"
     if kind == "strided":
         wide = torch.stack([t, t], 1).reshape(-1)[::2]
         assert not wide.is_contiguous() and torch.equal(wide, t)
@@ -276,7 +279,7 @@ def test_plan_buffers_on_another_device(canary, setup, stage):
         call = lambda: canary.verify(meta, plan)  # noqa: E731
     run_refused(
         call, meta, plan, ValueError,
-        f"plan_buffers must be on the store's device meta, got {DEVICE}",
+        f"plan_buffers must be on the store's device meta, got {DEV}",
     )
 
 
@@ -328,7 +331,7 @@ def test_real_kv_on_another_device(canary, setup, stage):
     kv = RealKV(mode=RealKVMode.PARTIAL, sources=meta, page_size=1, bytes_per_token=32)
     run_refused(
         _call(canary, stage, store, plan, kv), store, plan, ValueError,
-        f"real_kv sources must be on the store's device {DEVICE}, got meta",
+        f"real_kv sources must be on the store's device {DEV}, got meta",
     )
 
 
@@ -414,7 +417,7 @@ REALKV_ERRORS = {
     ),
     "two devices": (
         dict(sources=[_src(), _src(device="meta")]), ValueError,
-        rf"RealKV.sources\[1\] must be on {DEVICE} like sources\[0\], got meta",
+        rf"RealKV.sources\[1\] must be on {DEV} like sources\[0\], got meta",
     ),
     "not a tuple": (dict(sources=iter([_src()])), TypeError, "RealKV.sources must be a tuple"),
     "not a tensor": (

@@ -62,7 +62,7 @@ def gen_real_kv(rng: random.Random, num_slots: int, *, short: bool = False) -> O
     read = rng.choice(range(16, bpt + 1, 16))
     pages = -(-num_slots // page)
     sources = []
-    for _ in range(rng.randint(1 if not short else 1, 4)):
+    for _ in range(rng.randint(1, 4)):
         rows = pages + rng.choice([0, 0, 1, 3])
         if short and rng.random() < 0.6:
             rows = max(0, pages - rng.randint(1, 3))
@@ -276,7 +276,6 @@ class Trio:
         self.ref = copy.deepcopy(store)
         self.ker = copy.deepcopy(store)
         self.full = copy.deepcopy(store).resize(violation_capacity=FULL_RING)
-        self.ring_before = store.violations.clone()
 
     def run(self, stage: str, plan: PlanBuffers, kwargs: Dict[str, Any]) -> None:
         model_fn = model_write if stage == "write" else model_verify
@@ -287,7 +286,7 @@ class Trio:
         event(f"{stage}: {'no rows' if not model.rows else 'rows'}")
         written = model.processed - int(self.ref.slots_processed)
         event(f"{stage}: {'nothing processed' if not written else 'processed'}")
-        before = {name: int(getattr(s, "violation_count")) for name, s in self.stores()}
+        before = {name: int(s.violation_count) for name, s in self.stores()}
         kept = {name: s.violations[: min(before[name], s.violation_capacity)].clone()
                 for name, s in self.stores()}
         for name, s in self.stores():

@@ -19,6 +19,7 @@ from kv_canary_buffers import (
     write_reference,
 )
 from kv_canary_buffers.arena import ALIGN
+from kv_canary_buffers.devices import normalize_device
 from kv_canary_buffers.layout import store_specs
 from kv_canary_kernels import launch_verify, launch_write
 
@@ -61,7 +62,7 @@ def test_allocate_shapes_dtypes_zeroed_and_bytes(num_slots, capacity):
     store = CanaryStore.allocate(num_slots=num_slots, violation_capacity=capacity, device=DEVICE)
     assert store.num_slots == num_slots and store.violation_capacity == capacity
     assert store.generation == 0
-    assert store.device == torch.device(DEVICE)
+    assert store.device == normalize_device(DEVICE)
     assert STORE_FIELDS == (
         "records", "violations", "violation_count", "kernel_runs", "slots_processed",
         "chain_position_check", "status",
