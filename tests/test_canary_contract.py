@@ -575,3 +575,31 @@ def test_real_kv_partial_reads_sixteen_bytes_of_each_source(canary):
     set_verify_plan(plan, [6, 7], [-1, 6], [0, 1])
     canary.verify(store, plan, real_kv=kv)
     assert [r[1] for r in kept_rows(store)] == [7]
+
+
+@pytest.mark.parametrize("read_bytes", [128, 144, 272, 512])
+def test_real_kv_all_hashes_many_words_in_order(canary, read_bytes):
+    """Mode ALL over more words than one read of the kernels takes (and a partial last
+    read): each record's hash is the contract's (words chained in order), the last byte
+    read is checked and the first one past read_bytes is not."""
+    g = torch.Generator().manual_seed(read_bytes)
+    bpt, page = 512, 2
+    sources = (
+        make_source(g, 8, page * bpt, device=DEVICE),
+        make_source(g, 8, page * bpt, torch.bfloat16, pad_bytes=32, offset_bytes=16,
+                    device=DEVICE),
+    )
+    kv = RealKV(mode=RealKVMode.ALL, sources=sources, page_size=page, bytes_per_token=bpt,
+                read_bytes=read_bytes)
+    store, plan = new_store(num_slots=16), new_plan()
+    slots = [5, 6, 7]
+    set_write_plan(plan, [0, 3], [-1])
+    write(canary, store, plan, [1, 2, 3], [0, 1, 2], slots, real_kv=kv)
+    assert store.records[slots, 3].tolist() == [py_real_kv(kv, s) for s in slots]
+    set_verify_plan(plan, slots, [-1, 5, 6], [0, 1, 2])
+    slot_bytes(sources[1], page, bpt, 6)[read_bytes - 1] ^= 0x80
+    if read_bytes < bpt:
+        slot_bytes(sources[0], page, bpt, 7)[read_bytes] ^= 0x80  # not read
+    canary.verify(store, plan, real_kv=kv)
+    assert [r[1] for r in kept_rows(store)] == [6]
+    assert int(store.status) == 0

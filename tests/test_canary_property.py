@@ -58,7 +58,7 @@ def gen_real_kv(rng: random.Random, num_slots: int, *, short: bool = False) -> O
         return None
     g = torch.Generator().manual_seed(rng.randint(0, 2**31))
     page = rng.choice([1, 1, 2, 3, 4])
-    bpt = rng.choice([16, 32, 48])
+    bpt = rng.choice([16, 32, 48, 16, 32, 48, 160, 288])  # up to three reads of 16 words
     read = rng.choice(range(16, bpt + 1, 16))
     pages = -(-num_slots // page)
     sources = []
