@@ -190,10 +190,14 @@ GUARD = 4
 
 
 def guarded(values: List[int], rng: random.Random, tail: Optional[List[int]] = None):
-    """``i64(values)`` as the head of a longer tensor whose tail holds plausible data
-    (for out_cache_loc: slots no row writes), so that a read past ``n`` shows."""
+    """``i64(values)`` inside a longer tensor whose tail holds plausible data (for
+    out_cache_loc: slots no row writes), so that a read past ``n`` shows; sometimes one
+    element in, so that it starts 8 bytes off a 16-byte boundary."""
     tail = list(tail or []) + [rng.randint(0, 5) for _ in range(GUARD)]
-    return i64(values + tail[:GUARD])[: len(values)]
+    skip = rng.choice([0, 0, 1])
+    t = i64([3] * skip + values + tail[:GUARD])[skip : skip + len(values)]
+    assert t.is_contiguous()
+    return t
 
 
 def gen_verify(rng: random.Random, store, plan: PlanBuffers, *, hostile: bool,
