@@ -323,7 +323,8 @@ def validate_write_args(
     # checks below run only to word the error.
     arena = st.arena
     start, end = arena.base, arena.base + arena.nbytes
-    index = arena.device_index
+    # get_device() alone is -1 on the CPU and on meta: compare the device type too
+    on_device = device_predicate(arena.device)
     n = out_cache_loc.shape[0] if isinstance(out_cache_loc, torch.Tensor) else -1
     shape = (n,)
     aligned = True
@@ -332,7 +333,7 @@ def validate_write_args(
             isinstance(t, torch.Tensor)
             and t.dtype is ROW_DTYPE
             and t.shape == shape
-            and t.get_device() == index
+            and on_device(t)
             and t.is_contiguous()
         ):
             _raise_write_input_error(st, inputs)
