@@ -450,3 +450,12 @@ def test_report_from_a_real_verify_names_slot_and_bits():
     text = str(report)
     assert "1 dropped (ring full)" in text
     assert "[POSITION] tag 42 slot 3 position 0" in text
+
+
+def test_sizes_given_as_tensors_are_refused_with_the_reason():
+    import torch
+
+    from kv_canary_buffers import CanaryStore
+
+    with pytest.raises(TypeError, match="kv-canary: num_slots must be an int, got Tensor.*sync"):
+        CanaryStore.allocate(num_slots=torch.tensor(8), violation_capacity=4, device="cpu")
