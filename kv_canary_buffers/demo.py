@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import enum
 import os
 import re
 import statistics
@@ -95,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch", type=int, default=32,
                         help="requests per step before the engine doubles it mid-run "
                              "(default 32)")
+    parser.add_argument("--max-seq-len", type=int, default=256,
+                        help="longest request in tokens; prompts, outputs, prefill chunks "
+                             "and the sliding window scale with it (default 256)")
     parser.add_argument("--device", default="cpu",
                         help=f"where the canary runs: {DEVICES_THAT_WORK} (default cpu)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -134,6 +138,8 @@ def _run(argv: Optional[List[str]]) -> int:
     try:
         if args.steps < 1 or args.max_batch < 1:
             raise DemoError("--steps and --max-batch must be >= 1")
+        if args.max_seq_len < 8:
+            raise DemoError(f"--max-seq-len must be >= 8, got {args.max_seq_len}")
         if args.inject_corruption and args.steps < MIN_INJECTION_STEPS:
             raise DemoError(f"--inject-corruption needs --steps >= {MIN_INJECTION_STEPS}, "
                             f"got {args.steps}")
@@ -142,8 +148,9 @@ def _run(argv: Optional[List[str]]) -> int:
     except DemoError as err:
         parser.exit(2, f"kv-canary demo: error: {err}\n")
     graphs = bool(args.graphs and kernels and device.type == "cuda")
-    config = SimConfig(max_batch=args.max_batch, device=str(device), seed=args.seed,
-                       kernels=kernels, graphs=graphs, tail=args.tail)
+    config = SimConfig.for_max_seq_len(
+        args.max_seq_len, max_batch=args.max_batch, device=str(device), seed=args.seed,
+        kernels=kernels, graphs=graphs, tail=args.tail)
 
     interactive = sys.stdout.isatty() and sys.stderr.isatty()
     console = Console(highlight=False, markup=False, emoji=False, soft_wrap=True,
@@ -197,13 +204,16 @@ def _summary(sim: Simulation, console: Console, injecting: bool) -> int:
     checked_stores = (str(s.store_mismatches) if sim.stages.kernels and sim.config.check_stores
                       else "not compared (the references are the stages)")
     unexplained = [seen for seen in sim.seen if not sim.explained(seen)]
-    table = Table(box=box.SIMPLE, show_header=False, title="summary", title_justify="left")
+    table = Table(box=None, show_header=False, title="summary", title_justify="left",
+                  padding=(0, 2))
     table.add_column("what")
     table.add_column("value")
     rows = [
         ("steps", s.steps),
         ("requests admitted / finished / aborted", f"{s.admitted} / {s.finished} / {s.aborted}"),
-        ("rows planned (padding included)", f"{s.rows} ({s.active_rows} active)"),
+        ("rows planned (padding included)", f"{s.rows} ({s.active_rows} active: "
+         f"{s.prefill_rows} prefill, {s.decode_rows} decode)"),
+        ("slots reused from earlier requests", s.reused_slots),
         ("tokens stamped (both groups)", s.write_entries),
         ("verify entries checked (HEAD + TAIL)", s.verify_entries),
         ("overflow steps (verify skipped)", s.overflow_steps),
@@ -212,8 +222,8 @@ def _summary(sim: Simulation, console: Console, injecting: bool) -> int:
         ("graph captures", s.captures),
         ("plans differing from plan_reference", s.plan_mismatches),
         ("stores differing from reference stores", checked_stores),
-        ("plan status flags", repr(s.plan_flags)),
-        ("store status flags", repr(s.canary_flags)),
+        ("plan status flags", _flag_names(s.plan_flags)),
+        ("store status flags", _flag_names(s.canary_flags)),
         ("violations", len(sim.seen)),
         ("violations outside injected requests", len(unexplained)),
     ]
@@ -231,7 +241,7 @@ def _summary(sim: Simulation, console: Console, injecting: bool) -> int:
     if s.plan_flags or s.canary_flags:
         failures.append("a status word is not OK")
     if injecting:
-        console.print(_injection_table(sim))
+        _print_injections(sim, console)
         missed = [k.value for k in Corruption
                   if not any(inj.kind is k and inj.caught for inj in sim.injections)]
         if missed:
@@ -253,26 +263,33 @@ def _summary(sim: Simulation, console: Console, injecting: bool) -> int:
     return 0
 
 
-def _injection_table(sim: Simulation) -> Table:
-    table = Table(box=box.SIMPLE, title="injected corruption", title_justify="left")
-    for name in ("kind", "injected", "caught", "expected bits", "first violation (decoded)"):
+def _print_injections(sim: Simulation, console: Console) -> None:
+    """Per kind: where it was injected, what caught it (and the bits it had to carry),
+    then the first violation of each kind, decoded."""
+    table = Table(box=box.SIMPLE_HEAD, title="injected corruption", title_justify="left")
+    for name in ("kind", "injected", "caught", "expected bits"):
         table.add_column(name)
+    firsts = []
     for kind in Corruption:
         done = [inj for inj in sim.injections if inj.kind is kind]
         if not done:
-            table.add_row(kind.value, "no", "-", _bits(kind), "never injected (no request "
-                          "could take it)")
+            table.add_row(kind.value, "no (no request could take it)", "-",
+                          _flag_names(kind.expected_bits))
             continue
         inj = done[0]
-        caught = (f"step {inj.caught_step}, {inj.caught_by}" if inj.caught else "NO")
-        table.add_row(kind.value, f"step {inj.step}", caught, _bits(kind),
-                      str(inj.first) if inj.first is not None else "-")
-    return table
+        caught = f"step {inj.caught_step}, {inj.caught_by}" if inj.caught else "NO"
+        table.add_row(kind.value, f"step {inj.step}", caught, _flag_names(kind.expected_bits))
+        if inj.first is not None:
+            firsts.append(f"  {kind.value}: {inj.first}")
+    console.print(table)
+    console.print("first violation of each kind (decoded):")
+    for line in firsts:
+        console.print(line)
 
 
-def _bits(kind: Corruption) -> str:
-    return "|".join(b.name or "" for b in type(kind.expected_bits)
-                    if b and b in kind.expected_bits)
+def _flag_names(flags: enum.IntFlag) -> str:
+    names = [b.name or "" for b in type(flags) if b and b in flags]
+    return "|".join(names) if names else "OK"
 
 
 def _timing_line(sim: Simulation) -> str:
@@ -289,7 +306,7 @@ def _timing_line(sim: Simulation) -> str:
         return f"timing: {what}: no step left to time ({left_out}); run more --steps"
     p90 = statistics.quantiles(us, n=10, method="inclusive")[-1] if len(us) > 1 else us[0]
     return (f"timing: {what}: min {_fmt(min(us))}, median {_fmt(statistics.median(us))}, "
-            f"p90 {_fmt(p90)} over {len(us)} steps ({left_out})")
+            f"p90 {_fmt(p90)} over {len(us)} step{'' if len(us) == 1 else 's'} ({left_out})")
 
 
 def _fmt(us: float) -> str:

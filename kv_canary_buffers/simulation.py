@@ -220,7 +220,22 @@ class SimConfig:
     records, counters and violations every step."""
     violation_capacity: int = 4096
 
+    @classmethod
+    def for_max_seq_len(cls, max_seq_len: int, **kwargs: object) -> "SimConfig":
+        """Request shapes scaled from the longest request (the defaults are those of
+        256): prompts up to 25/32 of it, outputs of 1/16 to 3/8 of it, prefill chunks of
+        1/4, a sliding window of 1/8 and an initial verify capacity of 1/8 per row."""
+        n = max_seq_len
+        shapes = dict(max_seq_len=n, max_prompt=max(1, 25 * n // 32),
+                      min_output=max(1, n // 16), max_output=max(1, 3 * n // 8),
+                      prefill_chunk=max(2, n // 4), swa_window=max(2, n // 8),
+                      verify_capacity_per_row=max(1, n // 8))
+        shapes.update(kwargs)
+        return cls(**shapes)  # type: ignore[arg-type]
+
     def __attrs_post_init__(self) -> None:
+        if self.max_seq_len < 8:
+            raise ValueError("kv-canary simulation: max_seq_len must be >= 8")
         if self.graphs and not (self.kernels and torch.device(self.device).type == "cuda"):
             raise ValueError("kv-canary simulation: graphs need the kernels on a CUDA device")
 
@@ -314,6 +329,10 @@ class Stats:
     aborted: int = 0
     rows: int = 0
     active_rows: int = 0
+    prefill_rows: int = 0
+    decode_rows: int = 0
+    reused_slots: int = 0
+    """Allocations of a slot that an earlier request had held."""
     write_entries: int = 0
     verify_entries: int = 0
     overflow_steps: int = 0
@@ -363,6 +382,7 @@ class Simulation:
         self.in_free: Set[int] = set()
         self._add_free(range(1, self.num_slots))
         self.holders: Dict[int, Set[int]] = {}
+        self.used_slots: Set[int] = set()
         self.lut = torch.cat([torch.zeros(1, dtype=torch.int64),
                               1 + torch.randperm(self.num_slots - 1, generator=self.gen)])
         self.inv_lut = torch.argsort(self.lut)
@@ -428,6 +448,9 @@ class Simulation:
             self.grow_pool("the free list ran out")
         s = self.free.pop()
         self.in_free.discard(s)
+        if s in self.used_slots:
+            self.stats.reused_slots += 1
+        self.used_slots.add(s)
         return s
 
     def _hold(self, req: Request, slot: int) -> None:
@@ -638,6 +661,7 @@ class Simulation:
         for req in batch:  # chunked prefill, then one token a step
             chunk = cfg.prefill_chunk if req.prefix < req.prompt_len else 1
             extends[req.id] = min(chunk, req.total - req.prefix)
+        prefill_rows = sum(1 for r in batch if r.prefix < r.prompt_len)
         self._inject_before_schedule(extends)
 
         # allocate this step's slots and schedule its tokens
@@ -745,6 +769,8 @@ class Simulation:
         s.steps += 1
         s.rows += len(rp)
         s.active_rows += len(batch)
+        s.prefill_rows += prefill_rows
+        s.decode_rows += len(batch) - prefill_rows
         s.write_entries += len(flat_slots) * len(self.groups)
         self.step_index += 1
 
@@ -894,7 +920,8 @@ class Simulation:
             P = kwargs["prefix_lens"].clamp(0, self.config.max_seq_len)
             on = kwargs["req_pool_indices"] != 0
             ws = (P - g.window).clamp_min(0) if g.window else torch.zeros_like(P)
-            total = int(torch.where(on, P - ws, 0).sum())
+            counts = torch.where(on, P - ws, 0)
+            total = int(counts.sum())
             self._verify_totals[g.name] = total
             overflow = total > b.verify_capacity
             if overflow:
@@ -911,9 +938,13 @@ class Simulation:
             ok &= int(b.verify_enable) == (0 if overflow else 1)
             ok &= int(b.verify_num_valid) == (b.verify_capacity if overflow else total)
             if not overflow and total:
+                # within a row, positions ascend by one and each entry's predecessor is
+                # the entry before it
+                row = torch.repeat_interleave(torch.arange(bs, device=P.device), counts)
+                same_row = row[1:] == row[:-1]
                 pos = b.verify_expected_positions[:total]
                 prev = b.verify_prev_slot_indices[1:total]
-                same_row = pos[1:] == pos[:-1] + 1
+                ok &= bool((pos[1:][same_row] == pos[:-1][same_row] + 1).all())
                 ok &= bool((prev[same_row] == b.verify_slot_indices[: total - 1][same_row]).all())
             plan_reference(g.oracle, **kwargs)
             ok &= plans_equal(b, g.oracle, bs)
@@ -982,7 +1013,8 @@ class Simulation:
                     and (v.fail_bits & inj.kind.expected_bits) == inj.kind.expected_bits):
                 inj.first = v
                 inj.caught_step = self.step_index
-                inj.caught_by = f"{seen.store} store, {seen.group} group"
+                inj.caught_by = f"{seen.store} store, {seen.group} group" + (
+                    "" if seen.group == "full" else f" (slot {v.slot} = LUT[{seen.full_slot}])")
 
     def explained(self, seen: Seen) -> bool:
         """Whether a violation concerns a request some injection damaged."""
