@@ -121,15 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
 def run(argv: Optional[List[str]] = None) -> int:
     """Run the demo with command-line arguments ``argv`` (``sys.argv[1:]`` when None) and
     return the exit status (see the module docstring). A closed output pipe (``| head``)
-    ends it quietly with status 141, as a shell reports a SIGPIPE."""
+    ends it quietly with status 1, no traceback (rich's console does the same when its
+    write fails)."""
     try:
         return _run(argv)
     except BrokenPipeError:
-        # Python's recipe: point stdout at devnull so that the interpreter's final flush
-        # does not raise again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 141
+        # Python's recipe (docs of the signal module, "Note on SIGPIPE"): point stdout at
+        # devnull so that the interpreter's final flush does not raise again.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 def _run(argv: Optional[List[str]]) -> int:
