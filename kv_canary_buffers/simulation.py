@@ -40,6 +40,29 @@ in a correct run. Every step:
    request that holds a flagged slot. A real engine reads every N steps; the simulation
    reads every step so that it can say which step caught what.
 
+In code, per step and group (each launch has its own ``launch_tag``, :class:`LaunchTag`,
+so a violation row names the endpoint and group that saw it)::
+
+    launch_plan(buffers, req_pool_indices=..., prefix_lens=..., extend_seq_lens=...,
+                req_to_token=..., req_to_verify_expected_tokens=pool,
+                req_to_verify_expected_tokens_valid_lens=prefix_lens_of_rows)
+    launch_verify(head, buffers, launch_tag=HEAD_VERIFY, real_kv=real_kv)
+    model.forward(...)                     # writes KV at out_cache_loc
+    launch_write(head, buffers, input_ids=..., positions=..., out_cache_loc=...,
+                 expected_input_ids=..., expected_positions=..., real_kv=real_kv,
+                 launch_tag=HEAD_WRITE)
+    launch_write(tail, buffers, input_ids=..., positions=..., out_cache_loc=...,
+                 real_kv=real_kv, launch_tag=TAIL_WRITE)
+    launch_verify(tail, buffers, launch_tag=TAIL_VERIFY, real_kv=real_kv)
+    if step % N == 0:                      # a sync: outside graphs, not every step
+        report = head.take_violations()    # and tail's, and take_status() of each
+
+The ``swa`` group passes its LUT to the plan and its translated slots
+(``LUT[out_cache_loc]``) to the write. The stores are created once per pool with
+``enable_chain_position_check()``; when the KV pool grows, each store is replaced by
+``store.resize(num_slots=...)`` (records kept) and each ``RealKV`` rebuilt on the new KV
+tensors; a grown batch or prefix total is ``buffers.ensure_capacity(...)``.
+
 Turning the TAIL store off (``tail=False``) halves the canary's memory and launches; the
 HEAD store alone still catches every corruption kind, one step later for those that
 happen during a forward. On CUDA with the kernels, steps 2-3 and 5-6 are each captured
@@ -409,14 +432,13 @@ class Simulation:
             write_req_capacity=self.max_batch, verify_capacity=verify_capacity,
             device=self.device)
         kv = torch.zeros(self.num_slots, KV_ELEMS, dtype=torch.bfloat16, device=self.device)
-        stores = [self._store() for _ in range(2)]
-        shadows = [None, None]
-        if self.stages.kernels and self.config.check_stores:
-            shadows = [self._store() for _ in range(2)]
+        tail = self.config.tail
+        shadow = self.stages.kernels and self.config.check_stores
         return Group(
             name=name, window=window, buffers=make(), oracle=make(),
-            head=stores[0], tail=stores[1] if self.config.tail else None,
-            shadow_head=shadows[0], shadow_tail=shadows[1] if self.config.tail else None,
+            head=self._store(), tail=self._store() if tail else None,
+            shadow_head=self._store() if shadow else None,
+            shadow_tail=self._store() if shadow and tail else None,
             kv=kv, real_kv=_real_kv(kv),
         )
 
@@ -655,59 +677,9 @@ class Simulation:
         """One engine step: schedule, plan, HEAD verify, forward, write, TAIL verify, read
         back (see the module docstring)."""
         cfg = self.config
-        self._admit()
-        batch = list(self.running)
-        extends: Dict[int, int] = {}
-        for req in batch:  # chunked prefill, then one token a step
-            chunk = cfg.prefill_chunk if req.prefix < req.prompt_len else 1
-            extends[req.id] = min(chunk, req.total - req.prefix)
-        prefill_rows = sum(1 for r in batch if r.prefix < r.prompt_len)
-        self._inject_before_schedule(extends)
-
-        # allocate this step's slots and schedule its tokens
-        new_slots = {r.id: [self._alloc() for _ in range(extends[r.id])] for r in batch}
-        self._inject_double_allocation(batch, new_slots)
-        for req in batch:
-            e = extends[req.id]
-            if not e:
-                continue
-            span = slice(req.prefix, req.prefix + e)
-            req.slots[span] = new_slots[req.id]
-            for s in new_slots[req.id]:
-                self._hold(req, s)
-            new_tokens = torch.randint(0, VOCAB, (e,), generator=self.gen).tolist()
-            req.tokens[span] = new_tokens
-            self.req_to_token[req.row, span] = torch.tensor(new_slots[req.id],
-                                                             dtype=torch.int32)
-            self.token_pool[req.row, span] = torch.tensor(new_tokens, dtype=torch.int32)
-
-        # the batch as the plan sees it: rows (padding rows with garbage lengths)
-        pad = (-len(batch)) % ROW_BUCKET
-        garbage = lambda: torch.randint(-9, 10**6, (pad,), generator=self.gen).tolist()  # noqa: E731
-        rp = [r.row for r in batch] + [0] * pad
-        rows = dict(
-            req_pool_indices=_i64(rp, self.device),
-            prefix_lens=_i64([r.prefix for r in batch] + garbage(), self.device),
-            extend_seq_lens=_i64([extends[r.id] for r in batch] + garbage(), self.device),
-        )
-        valid_lens = _i64([r.prefix for r in batch] + [0] * pad, self.device)
-        # ... and the tokens as the write sees them, flat in row order
-        offsets, flat_slots, flat_pos, flat_tok = {}, [], [], []
-        for req in batch:
-            e = extends[req.id]
-            offsets[req.id] = len(flat_slots)
-            flat_slots += req.slots[req.prefix : req.prefix + e]
-            flat_pos += list(range(req.prefix, req.prefix + e))
-            flat_tok += req.tokens[req.prefix : req.prefix + e]
-        tokens = {
-            "input_ids": _i64(flat_tok, self.device),
-            "positions": _i64(flat_pos, self.device),
-            "out_cache_loc": _i64(flat_slots, self.device),
-            "expected_input_ids": _i64(flat_tok, self.device),
-            "expected_positions": _i64(flat_pos, self.device),
-        }
-
-        self._grow_plan_buffers(len(rp), len(flat_slots))
+        batch, extends = self._schedule()  # 1
+        rows, valid_lens, tokens, offsets = self._step_inputs(batch, extends)
+        self._grow_plan_buffers(rows["req_pool_indices"].shape[0], len(tokens["positions"]))
         eager = self._prepare_graphs()
         self._step_rows = rows
         if cfg.graphs:
@@ -722,14 +694,9 @@ class Simulation:
         self._check_plans(valid_lens)
         self._shadow_pre()
 
-        # 4: the forward
+        # 4: the forward writes this step's KV bytes
         self._inject_in_forward(batch, tokens, offsets, extends)
-        if flat_slots:
-            values = torch.randn(len(flat_slots), KV_ELEMS, generator=self.gen)
-            slots_t = tokens["out_cache_loc"]
-            for g in self.groups:
-                idx = slots_t if g.name == "full" else self.lut[slots_t]
-                g.kv[idx] = values.to(device=self.device, dtype=torch.bfloat16)
+        self._forward(tokens["out_cache_loc"])
 
         # 5-6: write and TAIL verify (the swa group writes its LUT-translated slots)
         token_inputs = {g.name: self._group_tokens(g, tokens) for g in self.groups}
@@ -756,23 +723,91 @@ class Simulation:
 
         # 7: read back, abort flagged requests, retire finished ones
         self._read_back()
-        self._grow_after_overflow(sum(extends.values()))
+        self._grow_after_overflow(len(tokens["positions"]))
+        self._finish_step(batch, extends, rows)
+        self._inject_after_step()
+        self.step_index += 1
+
+    def _schedule(self) -> Tuple[List[Request], Dict[int, int]]:
+        """Admit requests, pick the batch (every running request) and its token counts,
+        allocate the slots into ``req_to_token`` and the tokens into the token pool."""
+        self._admit()
+        batch = list(self.running)
+        extends: Dict[int, int] = {}
+        for req in batch:  # chunked prefill, then one token a step
+            chunk = self.config.prefill_chunk if req.prefix < req.prompt_len else 1
+            extends[req.id] = min(chunk, req.total - req.prefix)
+        self.stats.prefill_rows += sum(1 for r in batch if r.prefix < r.prompt_len)
+        self.stats.decode_rows += sum(1 for r in batch if r.prefix >= r.prompt_len)
+        self._inject_before_schedule(extends)
+        new_slots = {r.id: [self._alloc() for _ in range(extends[r.id])] for r in batch}
+        self._inject_double_allocation(batch, new_slots)
+        for req in batch:
+            e = extends[req.id]
+            span = slice(req.prefix, req.prefix + e)
+            req.slots[span] = new_slots[req.id]
+            for s in new_slots[req.id]:
+                self._hold(req, s)
+            new_tokens = torch.randint(0, VOCAB, (e,), generator=self.gen).tolist()
+            req.tokens[span] = new_tokens
+            self.req_to_token[req.row, span] = torch.tensor(new_slots[req.id],
+                                                             dtype=torch.int32)
+            self.token_pool[req.row, span] = torch.tensor(new_tokens, dtype=torch.int32)
+        return batch, extends
+
+    def _step_inputs(self, batch: List[Request], extends: Dict[int, int]):
+        """The batch as the plan sees it (rows, padded to a bucket with padding rows of
+        garbage lengths, and the token pool's valid lengths) and as the write sees it (the
+        tokens flat in row order; ``offsets``: each request's first index)."""
+        pad = (-len(batch)) % ROW_BUCKET
+
+        def garbage() -> List[int]:  # a padding row's lengths may hold anything
+            return torch.randint(-9, 10**6, (pad,), generator=self.gen).tolist()
+
+        rows = dict(
+            req_pool_indices=_i64([r.row for r in batch] + [0] * pad, self.device),
+            prefix_lens=_i64([r.prefix for r in batch] + garbage(), self.device),
+            extend_seq_lens=_i64([extends[r.id] for r in batch] + garbage(), self.device),
+        )
+        valid_lens = _i64([r.prefix for r in batch] + [0] * pad, self.device)
+        offsets, flat_slots, flat_pos, flat_tok = {}, [], [], []
+        for req in batch:
+            e = extends[req.id]
+            offsets[req.id] = len(flat_slots)
+            flat_slots += req.slots[req.prefix : req.prefix + e]
+            flat_pos += list(range(req.prefix, req.prefix + e))
+            flat_tok += req.tokens[req.prefix : req.prefix + e]
+        tokens = {
+            "input_ids": _i64(flat_tok, self.device),  # what the forward consumes
+            "positions": _i64(flat_pos, self.device),
+            "out_cache_loc": _i64(flat_slots, self.device),
+            "expected_input_ids": _i64(flat_tok, self.device),  # the scheduler's view
+            "expected_positions": _i64(flat_pos, self.device),
+        }
+        return rows, valid_lens, tokens, offsets
+
+    def _forward(self, slots: torch.Tensor) -> None:
+        """The model's KV write: fresh bytes at this step's slots in both groups' layers."""
+        if not slots.numel():
+            return
+        values = torch.randn(slots.numel(), KV_ELEMS, generator=self.gen)
+        values = values.to(device=self.device, dtype=torch.bfloat16)
+        for g in self.groups:
+            g.kv[slots if g.name == "full" else self.lut[slots]] = values
+
+    def _finish_step(self, batch: List[Request], extends: Dict[int, int], rows: dict) -> None:
+        """Advance the surviving requests, retire the finished ones, count the step."""
         for req in batch:
             if req in self.running:
                 req.prefix += extends[req.id]
         for req in [r for r in self.running if r.done]:
             self._release(req)
             self.stats.finished += 1
-        self._inject_after_step()
-
         s = self.stats
         s.steps += 1
-        s.rows += len(rp)
+        s.rows += rows["req_pool_indices"].shape[0]
         s.active_rows += len(batch)
-        s.prefill_rows += prefill_rows
-        s.decode_rows += len(batch) - prefill_rows
-        s.write_entries += len(flat_slots) * len(self.groups)
-        self.step_index += 1
+        s.write_entries += sum(extends.values()) * len(self.groups)
 
     def _admit(self) -> None:
         cfg = self.config
