@@ -154,9 +154,10 @@ def _run(argv: Optional[List[str]]) -> int:
         args.max_seq_len, max_batch=args.max_batch, device=str(device), seed=args.seed,
         kernels=kernels, graphs=graphs, tail=args.tail)
 
+    # a bar only on a terminal; piped output is not wrapped to 80 columns
     interactive = sys.stdout.isatty() and sys.stderr.isatty()
     console = Console(highlight=False, markup=False, emoji=False, soft_wrap=True,
-                      width=None if interactive else 200)
+                      width=None if sys.stdout.isatty() else 200)
     with _one_thread_on_cpu(device):
         return _main(args, config, console, interactive)
 
