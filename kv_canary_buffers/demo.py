@@ -297,13 +297,13 @@ def _flag_names(flags: enum.IntFlag) -> str:
 
 def _timing_line(sim: Simulation) -> str:
     us = sim.stats.step_us
+    post = "write + TAIL verify" if sim.config.tail else "write"
     if sim.config.graphs:
-        what = ("GPU time of one step's graph replays (pre: plan + HEAD verify; post: "
-                "write + TAIL verify; both groups)")
+        what = (f"GPU time of one step's graph replays (pre: plan + HEAD verify; post: "
+                f"{post}; both groups)")
     else:
-        endpoints = "plan + HEAD verify + write + TAIL verify" if sim.config.tail else \
-            "plan + HEAD verify + write"
-        what = f"host time of one eager step's canary launches ({endpoints}; both groups)"
+        what = (f"host time of one eager step's canary launches (plan + HEAD verify + {post}; "
+                "both groups)")
     left_out = (f"{sim.stats.untimed_steps} warm-up, capture or resize step(s) left out")
     if not us:
         return f"timing: {what}: no step left to time ({left_out}); run more --steps"
