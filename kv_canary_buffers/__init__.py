@@ -18,6 +18,7 @@ The Triton kernels live in the separate package ``kv_canary_kernels`` so that th
 never imports Triton.
 """
 
+from ._version import __version__
 from .buffers import PlanBuffers
 from .compare import plans_equal
 from .plan_reference import plan_reference
@@ -31,6 +32,7 @@ from .verify_reference import verify_reference
 from .write_reference import write_reference
 
 __all__ = [
+    "__version__",
     "CanaryStatus",
     "CanaryStore",
     "FailBits",
@@ -48,4 +50,3 @@ __all__ = [
     "verify_reference",
     "write_reference",
 ]
-__version__ = "0.1.0"

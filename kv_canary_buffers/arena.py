@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 import attrs
 import torch
@@ -61,16 +61,22 @@ class Arena:
     fields: Tuple[ArenaField, ...] = attrs.field(repr=False)
     _owner: list = attrs.field(factory=list, repr=False)
     """A weak reference to the one object built on this arena (empty until claimed)."""
-    _expected: tuple = attrs.field(init=False, repr=False)
-    """Per field, what :meth:`first_bad_field` compares: ``(data pointer, dtype, shape,
-    whether contiguity needs a test)``; a one-element field is always contiguous."""
+    device_index: int = attrs.field(init=False)
+    """``Tensor.get_device()`` of a tensor on the arena's device (-1 on the CPU)."""
+    _expected: Tuple[Tuple[Any, ...], ...] = attrs.field(init=False, repr=False)
+    """(addresses, dtypes, shapes, names, whether the field has more than one element) of
+    the fields, transposed once for the check."""
 
     def __attrs_post_init__(self) -> None:
-        expected = tuple(
-            (self.base + f.offset, f.dtype, tuple(f.shape), math.prod(f.shape) > 1)
-            for f in self.fields
-        )
-        object.__setattr__(self, "_expected", expected)
+        index = self.device.index if self.device.type == "cuda" else -1
+        object.__setattr__(self, "device_index", index)
+        object.__setattr__(self, "_expected", (
+            tuple(self.base + f.offset for f in self.fields),
+            tuple(f.dtype for f in self.fields),
+            tuple(torch.Size(f.shape) for f in self.fields),
+            tuple(f.name for f in self.fields),
+            tuple(math.prod(f.shape) > 1 for f in self.fields),
+        ))
 
     @classmethod
     def allocate(
@@ -110,28 +116,33 @@ class Arena:
     def first_bad_field(self, tensors: Sequence[object]) -> Optional[str]:
         """The name of the first field in ``tensors`` (in layout order) that is no longer
         its view of this arena, ``"<arena>"`` if the storage itself moved or shrank, or
-        None when all are intact. Reads no data; never syncs."""
+        None when all are intact. Reads no data; never syncs.
+
+        Per field: the data pointer at the field's offset, the dtype and the shape. With
+        the storage intact, that pins every byte a kernel addresses (kernels take their
+        bounds from the layout, not from the tensors), and it catches a field rebound,
+        swapped with ``.data =`` or ``set_()``, or a storage resized. Fields of more than
+        one element are also tested for contiguity: the torch references write through
+        each tensor's own strides, so a same-shaped view whose strides were rewritten in
+        place (``as_strided_``) would scatter their writes over other fields."""
         storage = self.storage
         if storage.data_ptr() != self.base or storage.nbytes() != self.nbytes:
             return "<arena>"
         try:
-            # Hot path (every launch): four reads a field at most, against expectations
-            # computed once; the pointer also proves the device and the storage.
-            for t, (ptr, dtype, shape, multi) in zip(tensors, self._expected):
-                if not (
-                    t.data_ptr() == ptr  # type: ignore[attr-defined]
-                    and t.dtype is dtype  # type: ignore[attr-defined]
-                    and t.shape == shape  # type: ignore[attr-defined]
-                    and (not multi or t.is_contiguous())  # type: ignore[attr-defined]
+            for t, ptr, dtype, shape, name, multi in zip(tensors, *self._expected):
+                if (
+                    t.data_ptr() != ptr  # type: ignore[attr-defined]
+                    or t.dtype is not dtype  # type: ignore[attr-defined]
+                    or t.shape != shape  # type: ignore[attr-defined]
+                    or (multi and not t.is_contiguous())  # type: ignore[attr-defined]
                 ):
-                    break
-            else:
-                return None
+                    return name
         except (AttributeError, TypeError, RuntimeError):
-            pass
-        for t, expected, f in zip(tensors, self._expected, self.fields):
-            if not _is_view(t, expected):
-                return f.name
+            # Something is not a tensor (or not a plain one): name the first field that
+            # is not its view, testing each without raising.
+            for t, ptr, dtype, shape, name, _multi in zip(tensors, *self._expected):
+                if not _is_view(t, ptr, dtype, shape):
+                    return name
         return None
 
     def overlaps(self, t: torch.Tensor) -> bool:
@@ -139,9 +150,8 @@ class Arena:
         return spans_overlap(tensor_span(t), (self.base, self.base + self.nbytes))
 
 
-def _is_view(t: object, expected: tuple) -> bool:
-    """The slow form of the hot-path test, safe on any object."""
-    ptr, dtype, shape, _multi = expected
+def _is_view(t: object, ptr: int, dtype: torch.dtype, shape: torch.Size) -> bool:
+    """The hot-path test of one field, safe on any object."""
     try:
         return (
             isinstance(t, torch.Tensor)

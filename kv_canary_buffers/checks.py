@@ -14,9 +14,13 @@ from .layout import INT64_MAX, INT64_MIN, MAX_CAPACITY
 
 
 def check_index(name: str, value: object) -> int:
-    """``operator.index(value)`` (Python and numpy integers; bools refused)."""
-    if isinstance(value, bool):
-        raise TypeError(f"kv-canary: {name} must be an int, got bool {value!r}")
+    """``operator.index(value)`` (Python and numpy integers; bools and tensors refused: a
+    device tensor would sync at every launch)."""
+    if isinstance(value, bool) or type(value).__module__.startswith("torch"):
+        raise TypeError(
+            f"kv-canary: {name} must be an int, got {type(value).__name__} {value!r} "
+            "(a Python or numpy integer; a tensor would sync at every launch)"
+        )
     try:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:

@@ -1,382 +1,316 @@
-"""The main job: a serving engine's KV pool over many steps, planned and checked.
+"""The main job, ``python -m kv_canary_buffers``: the whole canary around a toy engine.
 
-``python -m kv_canary_buffers`` simulates requests arriving, prefilling in chunks,
-decoding and finishing over a KV pool with two buffer groups: a full-attention group and a
-sliding-window group with its slot LUT, both with an expected-token pool. Every step it
-plans each group, checks the plan against the contract's invariants and against
-``plan_reference``, and prints a summary at the end. The write-request capacity grows
-mid-run (``ensure_capacity``: a new generation, and on a GPU a re-captured CUDA graph), and
-the full group's verify capacity starts small so that at least one step overflows.
+It runs :class:`~kv_canary_buffers.simulation.Simulation` (read its docstring for the step
+order and the HEAD/TAIL stores) for ``--steps`` steps: two buffer groups (full attention,
+and a sliding window with its slot LUT), an expected-token pool, padding rows, a batch
+limit and KV pool that double mid-run (plan buffers grow a generation, stores are resized),
+and a full group whose verify capacity starts small so that a step overflows. Every plan
+is checked against the contract and ``plan_reference``; when the kernels run, reference
+stores fed the same inputs are compared with the kernels' stores every step.
 
-It plans with ``kv_canary_kernels.launch_plan`` where Triton can run (a GPU, or the CPU
-with ``TRITON_INTERPRET=1``) and with ``plan_reference`` otherwise. This module imports
-Triton only in that case, and only when the demo runs.
+``--inject-corruption`` puts each of seven corruption kinds in at a random step and shows
+which launch caught it; the run exits 0 only if every kind was caught and every violation
+belongs to a request some injection damaged. A clean run exits 0 only with no violation
+at all. The stages are the Triton kernels where Triton can run (a GPU, replayed from CUDA
+graphs, or the CPU with ``TRITON_INTERPRET=1``) and the torch references elsewhere; this
+module imports Triton only in the first case, when the demo runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import enum
 import os
+import re
 import statistics
 import sys
-import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Iterator, List, Optional, Tuple
 
-import attrs
 import torch
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-from .buffers import PlanBuffers
-from .compare import plans_equal
-from .plan_reference import plan_reference
-from .staging import GraphInputs
-from .status import PlanStatus
+from ._version import __version__
+from .simulation import Corruption, SimConfig, Simulation
 
-CORRUPTIONS = ("req_pool_indices past the table", "prefix_lens past max_seq_len",
-               "valid length past the token pool")
-
-
-@attrs.define
-class Request:
-    row: int
-    prompt_len: int
-    output_len: int
-    prefix: int = 0  # tokens already in the KV cache
-
-    @property
-    def done(self) -> bool:
-        return self.prefix >= self.prompt_len + self.output_len
+DEVICES_THAT_WORK = "cpu, cuda, cuda:N"
+MIN_INJECTION_STEPS = 20
+"""Seven kinds at distinct steps, each with a few steps left to be caught."""
 
 
-@attrs.define
-class Group:
-    """One buffer group: its window, LUT, buffers and (on a GPU) its captured graph."""
-
-    name: str
-    window: int
-    lut: Optional[torch.Tensor]
-    buffers: PlanBuffers
-    oracle: PlanBuffers
-    staging: Optional[GraphInputs] = None
-    graph: Optional["torch.cuda.CUDAGraph"] = None
-    graph_generation: int = -1
+class DemoError(Exception):
+    """A one-line refusal of the arguments (printed without a traceback, exit 2)."""
 
 
-@attrs.define
-class Stats:
-    steps: int = 0
-    rows: int = 0
-    active_rows: int = 0
-    write_entries: int = 0
-    verify_entries: int = 0
-    overflow_steps: int = 0
-    resizes: int = 0
-    captures: int = 0
-    mismatches: int = 0
-    corrupt_steps: int = 0
-    flags: PlanStatus = PlanStatus.OK
-    plan_us: List[float] = attrs.Factory(list)
+def parse_device(text: str) -> torch.device:
+    """``cpu``, ``cuda`` or ``cuda:N`` on a machine that has it; else :class:`DemoError`."""
+    m = re.fullmatch(r"(cpu|cuda)(?::(\d+))?", text.strip())
+    if m is None or (m.group(1) == "cpu" and m.group(2) not in (None, "0")):
+        raise DemoError(f"--device {text}: not supported; devices that work: {DEVICES_THAT_WORK}")
+    if m.group(1) == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise DemoError(f"--device {text}: CUDA is not available on this machine; "
+                        "devices that work here: cpu")
+    index = int(m.group(2)) if m.group(2) is not None else torch.cuda.current_device()
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise DemoError(f"--device {text}: this machine has {count} CUDA device(s); "
+                        f"devices that work: cpu, cuda, cuda:0..cuda:{count - 1}")
+    return torch.device("cuda", index)
 
 
-def pick_planner(device: torch.device, choice: str):
-    """``(name, plan function)``: the kernels where Triton can run, else the reference."""
+def pick_kernels(device: torch.device, choice: str) -> bool:
+    """Whether the Triton kernels run: where Triton can (``auto``), or as asked."""
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
-    can_triton = device.type == "cuda" or (device.type == "cpu" and interpreting)
-    if choice == "reference" or (choice == "auto" and not can_triton):
-        return "plan_reference (torch)", plan_reference
-    if not can_triton:
-        raise SystemExit(
-            "kv-canary demo: --planner kernels needs a CUDA device, "
-            "or TRITON_INTERPRET=1 on the CPU"
-        )
-    from kv_canary_kernels import launch_plan  # deferred: this package never needs Triton
-
-    where = "GPU" if device.type == "cuda" else "CPU, Triton interpreter"
-    return f"launch_plan (Triton kernels, {where})", launch_plan
+    can_triton = device.type == "cuda" or interpreting
+    if choice == "reference":
+        return False
+    if choice == "kernels" and not can_triton:
+        raise DemoError("--stages kernels: the Triton kernels need a CUDA device, or "
+                        "TRITON_INTERPRET=1 to run them on the CPU in Triton's interpreter")
+    return can_triton
 
 
-class Engine:
-    """A toy serving engine: a request table, a slot allocator and the plan each step."""
-
-    def __init__(self, *, max_batch: int, device: torch.device, seed: int, planner: Callable,
-                 use_graphs: bool, inject_corruption: bool):
-        self.device = device
-        self.gen = torch.Generator().manual_seed(seed)
-        self.max_batch = max_batch
-        self.max_seq_len = 256
-        self.rows = 4 * max_batch + 1  # row 0 is never a request: it marks padding
-        self.n_slots = self.rows * self.max_seq_len
-        self.planner = planner
-        self.use_graphs = use_graphs
-        self.inject_corruption = inject_corruption
-        shape = (self.rows, self.max_seq_len)
-        self.req_to_token = torch.zeros(shape, dtype=torch.int32, device=device)
-        self.tokens = torch.zeros(shape, dtype=torch.int32, device=device)
-        perm = torch.randperm(self.n_slots, generator=self.gen)
-        self.free_slots: List[int] = [s for s in perm.tolist() if s != 0]  # slot 0: dummy
-        self.free_rows = list(range(1, self.rows))
-        self.running: List[Request] = []
-        self.stats = Stats()
-        swa_lut = torch.randperm(self.n_slots, generator=self.gen).to(device)
-        self.groups = [
-            # the full group's verify capacity starts small: the first long batch overflows
-            self._group("full", window=0, lut=None, verify_capacity=max_batch * 32),
-            self._group("swa", window=32, lut=swa_lut, verify_capacity=max_batch * 32),
-        ]
-
-    def _group(self, name, *, window, lut, verify_capacity) -> Group:
-        make = lambda: PlanBuffers.allocate(  # noqa: E731
-            write_req_capacity=self.max_batch, verify_capacity=verify_capacity, device=self.device
-        )
-        return Group(name=name, window=window, lut=lut, buffers=make(), oracle=make())
-
-    # --- the engine loop ----------------------------------------------------------
-    def admit(self) -> None:
-        arrivals = int(torch.randint(0, 5, (1,), generator=self.gen))
-        for _ in range(arrivals):
-            if len(self.running) >= self.max_batch or not self.free_rows:
-                break
-            prompt = int(torch.randint(1, 200, (1,), generator=self.gen))
-            output = int(torch.randint(16, 96, (1,), generator=self.gen))
-            self.running.append(Request(row=self.free_rows.pop(), prompt_len=prompt,
-                                        output_len=min(output, self.max_seq_len - prompt)))
-
-    def step(self, index: int) -> None:
-        self.admit()
-        batch = self.running[: self.max_batch]
-        extends = []
-        for req in batch:
-            chunk = 64 if req.prefix < req.prompt_len else 1  # chunked prefill, then decode
-            extends.append(min(chunk, req.prompt_len + req.output_len - req.prefix))
-        pad = (-len(batch)) % 4  # pad to a bucket, as graph-captured engines do
-        rp = [r.row for r in batch] + [0] * pad
-        garbage = lambda: torch.randint(-9, 10**6, (pad,), generator=self.gen).tolist()  # noqa: E731
-        prefix = [r.prefix for r in batch] + garbage()  # padding rows: any lengths at all
-        extend = extends + garbage()
-        valid = [r.prefix for r in batch] + [0] * pad  # tokens known: the prefix
-        corrupt = None
-        if self.inject_corruption and index % 5 == 3 and batch:
-            corrupt = CORRUPTIONS[(index // 5) % len(CORRUPTIONS)]
-            if corrupt == CORRUPTIONS[0]:
-                rp[0] = self.rows + 7
-            elif corrupt == CORRUPTIONS[1]:
-                prefix[0] = self.max_seq_len + 3
-            else:
-                valid[0] = self.max_seq_len + 5
-        as_tensor = lambda v: torch.tensor(v, dtype=torch.int64, device=self.device)  # noqa: E731
-        rows = dict(req_pool_indices=as_tensor(rp), prefix_lens=as_tensor(prefix),
-                    extend_seq_lens=as_tensor(extend))
-        valid_lens = as_tensor(valid)
-        self._grow_if_needed(len(rp))
-        for group in self.groups:
-            self._plan_group(group, rows, valid_lens, corrupt, index)
-        # the step's forward pass: write the new tokens' slots, then retire finished requests
-        for req, n in zip(batch, extends):
-            slots = [self.free_slots.pop() for _ in range(n)]
-            span = slice(req.prefix, req.prefix + n)
-            self.req_to_token[req.row, span] = torch.tensor(slots, dtype=torch.int32)
-            self.tokens[req.row, span] = torch.randint(
-                0, 32000, (n,), generator=self.gen, dtype=torch.int32).to(self.device)
-            req.prefix += n
-        for req in [r for r in self.running if r.done]:
-            self.running.remove(req)
-            self.free_slots.extend(self.req_to_token[req.row, : req.prefix].tolist())
-            self.req_to_token[req.row].zero_()
-            self.free_rows.append(req.row)
-        self.stats.steps += 1
-        self.stats.rows += len(rp)
-        self.stats.active_rows += len(batch)
-        self.stats.corrupt_steps += corrupt is not None
-
-    def _grow_if_needed(self, bs: int) -> None:
-        for group in self.groups:
-            grown = group.buffers.ensure_capacity(write_reqs=bs)
-            if grown is not group.buffers:
-                print(f"  {group.name:4s}: pool grew: write_req_capacity "
-                      f"{group.buffers.write_req_capacity} -> {grown.write_req_capacity}, "
-                      f"generation {grown.generation}"
-                      + (" (graph re-captured)" if self.use_graphs else ""))
-                group.buffers = grown
-                group.oracle = group.oracle.ensure_capacity(write_reqs=bs)
-                self.stats.resizes += 1
-
-    def _plan_group(self, group: Group, rows: Dict[str, torch.Tensor], valid_lens: torch.Tensor,
-                    corrupt: Optional[str], index: int) -> None:
-        bs = rows["req_pool_indices"].shape[0]
-        tables: Dict[str, Any] = dict(
-            req_to_token=self.req_to_token, swa_window_size=group.window,
-            full_to_swa_index_mapping=group.lut, req_to_verify_expected_tokens=self.tokens,
-        )
-        P = rows["prefix_lens"].clamp(0, self.max_seq_len)
-        active = rows["req_pool_indices"] != 0
-        ws = (P - group.window).clamp_min(0) if group.window else torch.zeros_like(P)
-        total = int(torch.where(active, P - ws, 0).sum())
-        kwargs: Dict[str, Any]
-        if self.use_graphs:
-            kwargs = self._replay(group, rows, valid_lens, tables)
-            bs = group.buffers.write_req_capacity
-        else:
-            kwargs = dict(rows, req_to_verify_expected_tokens_valid_lens=valid_lens, **tables)
-            start = time.perf_counter()
-            try:
-                self.planner(group.buffers, **kwargs)
-            except ValueError as err:  # plan_reference rejects data outside the tables
-                print(f"  step {index:4d} {group.name:4s}: {corrupt} -> rejected: {err}")
-                self.stats.flags |= _flags_of(err)
-                return
-            if self.device.type == "cuda":
-                torch.cuda.synchronize()
-            self.stats.plan_us.append((time.perf_counter() - start) * 1e6)
-        flags = group.buffers.take_status()  # a sync: the demo reads it every step
-        self.stats.flags |= flags
-        if corrupt is not None:
-            print(f"  step {index:4d} {group.name:4s}: injected {corrupt} -> status {flags!r}")
-            try:
-                plan_reference(group.oracle, **kwargs)
-                self.stats.mismatches += 1  # the reference must reject it
-            except ValueError:
-                pass
-            return
-        if flags:
-            self.stats.mismatches += 1
-        if total > group.buffers.verify_capacity:
-            self.stats.overflow_steps += 1
-            print(f"  step {index:4d} {group.name:4s}: {total} verify entries > capacity "
-                  f"{group.buffers.verify_capacity}: verify skipped (enable=0), growing")
-        self._check(group, kwargs, bs, total)
-        if total > group.buffers.verify_capacity:
-            group.buffers = group.buffers.ensure_capacity(verify_entries=total)
-            group.oracle = group.oracle.ensure_capacity(verify_entries=total)
-            self.stats.resizes += 1
-        self.stats.write_entries += int(group.buffers.write_offsets[bs])
-        b = group.buffers
-        self.stats.verify_entries += int(b.verify_num_valid) * int(b.verify_enable)
-
-    def _replay(self, group: Group, rows, valid_lens, tables) -> Dict[str, Any]:
-        """Fill the group's staging in place and replay its graph (capture it first, or
-        again after a resize made a new generation)."""
-        if group.staging is None or group.staging.built_for is not group.buffers:
-            group.staging = GraphInputs.for_buffers(group.buffers)  # linked to these buffers
-        group.staging.fill(valid_lens=valid_lens, **rows)
-        kwargs = dict(group.staging.plan_kwargs(with_valid_lens=True), **tables)
-        if group.graph_generation != group.buffers.generation:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self.planner(group.buffers, **kwargs)  # compile outside the capture
-            torch.cuda.current_stream().wait_stream(stream)
-            group.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(group.graph):
-                self.planner(group.buffers, **kwargs)
-            group.graph_generation = group.buffers.generation
-            self.stats.captures += 1
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        assert group.graph is not None
-        group.graph.replay()
-        end.record()
-        end.synchronize()
-        self.stats.plan_us.append(start.elapsed_time(end) * 1e3)
-        # The staging is linked to group.buffers (other buffers refuse it): the oracle
-        # plans the same staged rows from copies.
-        staged = group.staging.plan_kwargs(with_valid_lens=True)
-        return dict(kwargs, **{name: t.clone() for name, t in staged.items()})
-
-    def _check(self, group: Group, kwargs, bs: int, total: int) -> None:
-        """The contract's invariants, then equality with plan_reference."""
-        b = group.buffers
-        offsets = b.write_offsets
-        ok = int(offsets[0]) == 0 and bool((offsets[1 : bs + 1] >= offsets[:bs]).all())
-        ok &= bool((offsets[bs + 1 :] == 0).all()) and int(b.write_num_valid_reqs) == bs
-        overflow = total > b.verify_capacity
-        ok &= int(b.verify_enable) == (0 if overflow else 1)
-        ok &= int(b.verify_num_valid) == (b.verify_capacity if overflow else total)
-        if not overflow and total:
-            pos = b.verify_expected_positions[:total]
-            prev = b.verify_prev_slot_indices[1:total]
-            same_row = pos[1:] == pos[:-1] + 1
-            ok &= bool((prev[same_row] == b.verify_slot_indices[: total - 1][same_row]).all())
-        plan_reference(group.oracle, **kwargs)
-        ok &= plans_equal(b, group.oracle, bs)
-        self.stats.mismatches += not ok
+def injection_schedule(steps: int, seed: int) -> List[Tuple[int, Corruption]]:
+    """Each corruption kind at its own random step in ``[2, steps - 8)``."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    kinds = list(Corruption)
+    at = (torch.randperm(steps - 10, generator=gen)[: len(kinds)] + 2).tolist()
+    order = torch.randperm(len(kinds), generator=gen).tolist()
+    return sorted(zip(at, (kinds[i] for i in order)), key=lambda pair: pair[0])
 
 
-def _flags_of(err: ValueError) -> PlanStatus:
-    """The status bit matching a reference rejection, so both paths report alike."""
-    text = str(err)
-    if "valid_lens" in text:
-        return PlanStatus.VALID_LEN_OUT_OF_RANGE
-    if "prefix_lens" in text:
-        return PlanStatus.PREFIX_LEN_OUT_OF_RANGE
-    if "full_to_swa_index_mapping" in text:
-        return PlanStatus.LUT_SLOT_OUT_OF_RANGE
-    return PlanStatus.REQ_POOL_INDEX_OUT_OF_RANGE
-
-
-def _progress(done: int, total: int) -> None:
-    width = 30
-    filled = width * done // total
-    sys.stderr.write(f"\r  [{'#' * filled}{'.' * (width - filled)}] {done}/{total} steps")
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m kv_canary_buffers",
+        description="Run the whole KV-cache canary (plan, HEAD verify, write, TAIL verify) "
+                    "around a simulated serving engine, step by step.",
+    )
+    parser.add_argument("--version", action="version",
+                        version=f"kv-canary-buffers {__version__}")
+    parser.add_argument("--steps", type=int, default=200, help="engine steps (default 200)")
+    parser.add_argument("--max-batch", type=int, default=32,
+                        help="requests per step before the engine doubles it mid-run "
+                             "(default 32)")
+    parser.add_argument("--max-seq-len", type=int, default=256,
+                        help="longest request in tokens; prompts, outputs, prefill chunks "
+                             "and the sliding window scale with it (default 256)")
+    parser.add_argument("--device", default="cpu",
+                        help=f"where the canary runs: {DEVICES_THAT_WORK} (default cpu)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--inject-corruption", action="store_true",
+                        help="inject each of the seven corruption kinds at a random step and "
+                             f"show it caught (needs --steps >= {MIN_INJECTION_STEPS})")
+    parser.add_argument("--stages", "--planner", dest="stages", default="auto",
+                        choices=["auto", "kernels", "reference"],
+                        help="auto: the Triton kernels where Triton can run (a GPU, or "
+                             "TRITON_INTERPRET=1), else the torch references")
+    parser.add_argument("--no-tail", dest="tail", action="store_false",
+                        help="keep only the HEAD store (no TAIL store written and verified "
+                             "after the forward)")
+    parser.add_argument("--no-graphs", dest="graphs", action="store_false",
+                        help="on CUDA, launch the kernels eagerly instead of replaying "
+                             "CUDA graphs")
+    return parser
 
 
 def run(argv: Optional[List[str]] = None) -> int:
-    """Run the demo with command-line arguments ``argv`` (``sys.argv[1:]`` when None).
+    """Run the demo with command-line arguments ``argv`` (``sys.argv[1:]`` when None) and
+    return the exit status (see the module docstring). A closed output pipe (``| head``)
+    ends it quietly with status 1, no traceback (rich's console does the same when its
+    write fails)."""
+    try:
+        return _run(argv)
+    except BrokenPipeError:
+        # Python's recipe (docs of the signal module, "Note on SIGPIPE"): point stdout at
+        # devnull so that the interpreter's final flush does not raise again.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
-    Returns the exit status: 0, or 1 if any plan differed from ``plan_reference``.
-    """
-    parser = argparse.ArgumentParser(
-        prog="python -m kv_canary_buffers",
-        description="Simulate a serving engine's KV pool and plan every step of its canary.",
-    )
-    parser.add_argument("--steps", type=int, default=200, help="engine steps (default 200)")
-    parser.add_argument("--max-batch", type=int, default=32,
-                        help="rows per step before the pool grows (default 32; doubles mid-run)")
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--inject-corruption", action="store_true",
-                        help="feed out-of-range data on some steps and show it being caught")
-    parser.add_argument("--planner", choices=["auto", "kernels", "reference"], default="auto",
-                        help="auto: the Triton kernels where Triton can run, else plan_reference")
+
+def _run(argv: Optional[List[str]]) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.max_batch < 1:
-        parser.error("--steps and --max-batch must be >= 1")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: CUDA is not available here")
-    name, planner = pick_planner(device, args.planner)
-    use_graphs = device.type == "cuda" and planner is not plan_reference
-    print(f"kv-canary demo: {args.steps} steps on {device}, planner: {name}"
-          + (", replayed from CUDA graphs" if use_graphs else ""))
-    engine = Engine(max_batch=args.max_batch, device=device, seed=args.seed, planner=planner,
-                    use_graphs=use_graphs, inject_corruption=args.inject_corruption)
-    show_bar = args.steps >= 50 and sys.stderr.isatty()
-    for i in range(args.steps):
-        if i == args.steps // 2:
-            engine.max_batch *= 2  # the engine raises its batch limit: buffers must grow
-            print(f"  step {i:4d}: max batch -> {engine.max_batch}")
-        engine.step(i)
-        if show_bar:
-            _progress(i + 1, args.steps)
-    s = engine.stats
-    gens = ", ".join(f"{g.name} gen {g.buffers.generation}" for g in engine.groups)
-    median = statistics.median(s.plan_us) if s.plan_us else float("nan")
-    table = [
+    try:
+        if args.steps < 1 or args.max_batch < 1:
+            raise DemoError("--steps and --max-batch must be >= 1")
+        if args.max_seq_len < 8:
+            raise DemoError(f"--max-seq-len must be >= 8, got {args.max_seq_len}")
+        if args.inject_corruption and args.steps < MIN_INJECTION_STEPS:
+            raise DemoError(f"--inject-corruption needs --steps >= {MIN_INJECTION_STEPS}, "
+                            f"got {args.steps}")
+        device = parse_device(args.device)
+        kernels = pick_kernels(device, args.stages)
+    except DemoError as err:
+        parser.exit(2, f"kv-canary demo: error: {err}\n")
+    graphs = bool(args.graphs and kernels and device.type == "cuda")
+    config = SimConfig.for_max_seq_len(
+        args.max_seq_len, max_batch=args.max_batch, device=str(device), seed=args.seed,
+        kernels=kernels, graphs=graphs, tail=args.tail)
+
+    # a bar only on a terminal; piped output is not wrapped to 80 columns
+    interactive = sys.stdout.isatty() and sys.stderr.isatty()
+    console = Console(highlight=False, markup=False, emoji=False, soft_wrap=True,
+                      width=None if sys.stdout.isatty() else 200)
+    with _one_thread_on_cpu(device):
+        return _main(args, config, console, interactive)
+
+
+@contextlib.contextmanager
+def _one_thread_on_cpu(device: torch.device) -> Iterator[None]:
+    """The simulation's tensors are tiny: on the CPU, intra-op threads only add overhead
+    (about 3x on a 2-core machine), so the demo uses one and restores the setting."""
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _main(args: argparse.Namespace, config: SimConfig, console: Console,
+          interactive: bool) -> int:
+    progress = Progress(TextColumn("steps"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, transient=True,
+                        disable=not interactive)
+    sim = Simulation(config, log=console.print)
+    stores = "HEAD and TAIL stores" if config.tail else "HEAD store only"
+    console.print(f"kv-canary demo {__version__}: {args.steps} steps on {sim.device}, "
+                  f"{stores}, stages: {sim.stages.name}"
+                  + (", replayed from CUDA graphs" if config.graphs else ""))
+    schedule = dict(injection_schedule(args.steps, args.seed)) if args.inject_corruption else {}
+    with progress:
+        task = progress.add_task("steps", total=args.steps)
+        for i in range(args.steps):
+            if i == args.steps // 2 and i > 0:
+                sim.raise_batch_limit()
+            if i in schedule:
+                sim.inject(schedule[i])
+            sim.step()
+            progress.advance(task)
+    return _summary(sim, console, args.inject_corruption)
+
+
+def _summary(sim: Simulation, console: Console, injecting: bool) -> int:
+    s = sim.stats
+    groups = ", ".join(f"{g.name} generation {g.buffers.generation}" for g in sim.groups)
+    stores = ", ".join(f"{g.name} generation {g.head.generation}" for g in sim.groups)
+    checked_stores = (str(s.store_mismatches) if sim.stages.kernels and sim.config.check_stores
+                      else "not compared (the references are the stages)")
+    unexplained = [seen for seen in sim.seen if not sim.explained(seen)]
+    table = Table(box=None, show_header=False, title="summary", title_justify="left",
+                  padding=(0, 2))
+    table.add_column("what")
+    table.add_column("value")
+    rows = [
         ("steps", s.steps),
-        ("rows planned (padding included)", s.rows),
-        ("active rows", s.active_rows),
-        ("write entries", s.write_entries),
-        ("verify entries", s.verify_entries),
+        ("requests admitted / finished / aborted", f"{s.admitted} / {s.finished} / {s.aborted}"),
+        ("rows planned (padding included)", f"{s.rows} ({s.active_rows} active: "
+         f"{s.prefill_rows} prefill, {s.decode_rows} decode)"),
+        ("slots reused from earlier requests", s.reused_slots),
+        ("tokens stamped (both groups)", s.write_entries),
+        ("verify entries checked (HEAD + TAIL)", s.verify_entries),
         ("overflow steps (verify skipped)", s.overflow_steps),
-        ("resizes", f"{s.resizes} ({gens})"),
+        ("plan buffer resizes", f"{s.plan_resizes} ({groups})"),
+        ("KV pool resizes", f"{s.pool_resizes} ({sim.num_slots} slots; stores {stores})"),
         ("graph captures", s.captures),
-        ("corrupted steps injected", s.corrupt_steps),
-        ("status flags seen", repr(s.flags)),
-        ("time per plan, median", f"{median:.1f} us ({name})"),
-        ("plans differing from plan_reference", s.mismatches),
+        ("plans differing from plan_reference", s.plan_mismatches),
+        ("stores differing from reference stores", checked_stores),
+        ("plan status flags", _flag_names(s.plan_flags)),
+        ("store status flags", _flag_names(s.canary_flags)),
+        ("violations", len(sim.seen)),
+        ("violations outside injected requests", len(unexplained)),
     ]
-    print("\nsummary")
-    for key, value in table:
-        print(f"  {key:36s} {value}")
-    return 1 if s.mismatches else 0
+    for key, value in rows:
+        table.add_row(key, str(value))
+    console.print()
+    console.print(table)
+    console.print(_timing_line(sim))
+
+    failures = []
+    if s.plan_mismatches:
+        failures.append(f"{s.plan_mismatches} plan(s) differ from plan_reference")
+    if s.store_mismatches:
+        failures.append(f"{s.store_mismatches} store check(s) differ from the references")
+    if s.plan_flags or s.canary_flags:
+        failures.append("a status word is not OK")
+    if injecting:
+        _print_injections(sim, console)
+        missed = [k.value for k in Corruption
+                  if not any(inj.kind is k and inj.caught for inj in sim.injections)]
+        if missed:
+            failures.append(f"not caught: {', '.join(missed)}")
+        if unexplained:
+            failures.append(f"{len(unexplained)} violation(s) outside the injected requests, "
+                            f"first: {unexplained[0].violation}")
+    elif sim.seen:
+        failures.append(f"{len(sim.seen)} violation(s) in a clean run, first: "
+                        f"{sim.seen[0].violation}")
+    if failures:
+        console.print("result: FAILED: " + "; ".join(failures))
+        return 1
+    if injecting:
+        console.print(f"result: OK: all {len(Corruption)} injected kinds caught, "
+                      f"{len(sim.seen)} violations, all in the injected requests")
+    else:
+        console.print("result: OK: 0 violations, every plan equal to plan_reference")
+    return 0
+
+
+def _print_injections(sim: Simulation, console: Console) -> None:
+    """Per kind: where it was injected, what caught it (and the bits it had to carry),
+    then the first violation of each kind, decoded."""
+    table = Table(box=box.SIMPLE_HEAD, title="injected corruption", title_justify="left")
+    for name in ("kind", "injected", "caught", "expected bits"):
+        table.add_column(name)
+    firsts = []
+    for kind in Corruption:
+        done = [inj for inj in sim.injections if inj.kind is kind]
+        if not done:
+            table.add_row(kind.value, "no (no request could take it)", "-",
+                          _flag_names(kind.expected_bits))
+            continue
+        inj = done[0]
+        caught = f"step {inj.caught_step}, {inj.caught_by}" if inj.caught else "NO"
+        table.add_row(kind.value, f"step {inj.step}", caught, _flag_names(kind.expected_bits))
+        if inj.first is not None:
+            firsts.append(f"  {kind.value}: {inj.first}")
+    console.print(table)
+    console.print("first violation of each kind (decoded):")
+    for line in firsts:
+        console.print(line)
+
+
+def _flag_names(flags: enum.IntFlag) -> str:
+    names = [b.name or "" for b in type(flags) if b and b in flags]
+    return "|".join(names) if names else "OK"
+
+
+def _timing_line(sim: Simulation) -> str:
+    us = sim.stats.step_us
+    post = "write + TAIL verify" if sim.config.tail else "write"
+    if sim.config.graphs:
+        what = (f"GPU time of one step's graph replays (pre: plan + HEAD verify; post: "
+                f"{post}; both groups)")
+    else:
+        what = (f"host time of one eager step's canary launches (plan + HEAD verify + {post}; "
+                "both groups)")
+    left_out = (f"{sim.stats.untimed_steps} warm-up, capture or resize step(s) left out")
+    if not us:
+        return f"timing: {what}: no step left to time ({left_out}); run more --steps"
+    p90 = statistics.quantiles(us, n=10, method="inclusive")[-1] if len(us) > 1 else us[0]
+    return (f"timing: {what}: min {_fmt(min(us))}, median {_fmt(statistics.median(us))}, "
+            f"p90 {_fmt(p90)} over {len(us)} step{'' if len(us) == 1 else 's'} ({left_out})")
+
+
+def _fmt(us: float) -> str:
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"

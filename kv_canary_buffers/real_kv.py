@@ -45,6 +45,26 @@ def _check_positive(name: str, value: object, multiple: int = 1) -> int:
     return number
 
 
+def _to_mode(value: object) -> RealKVMode:
+    if isinstance(value, RealKVMode):
+        return value
+    if isinstance(value, bool):
+        raise TypeError(f"kv-canary: RealKV.mode must be a RealKVMode, got bool {value!r}")
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"kv-canary: RealKV.mode must be a RealKVMode, got {type(value).__name__} {value!r}"
+        ) from None
+    try:
+        return RealKVMode(number)
+    except ValueError:
+        raise ValueError(
+            "kv-canary: RealKV.mode must be a RealKVMode (0 NONE, 1 PARTIAL, 2 ALL), "
+            f"got {number}"
+        ) from None
+
+
 def _fingerprint(src: torch.Tensor) -> Tuple[int, Tuple[int, ...], Tuple[int, ...], int]:
     storage = src.untyped_storage()
     end = storage.data_ptr() + storage.nbytes()
@@ -84,7 +104,7 @@ class RealKV:
             always hashes 16.
     """
 
-    mode: RealKVMode = attrs.field(converter=RealKVMode)
+    mode: RealKVMode = attrs.field(converter=_to_mode)
     sources: Tuple[torch.Tensor, ...] = attrs.field(converter=_to_sources, repr=False)
     page_size: int
     bytes_per_token: int

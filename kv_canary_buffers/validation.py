@@ -339,6 +339,8 @@ class WriteArgs(NamedTuple):
     expected_positions: Optional[torch.Tensor]
     real_kv: Optional[RealKV]
     """None when no real-KV hash is taken (no object, mode NONE or no sources)."""
+    aligned: bool
+    """Whether every per-token input starts 16-byte aligned (the kernels' fast variant)."""
 
 
 class VerifyArgs(NamedTuple):
@@ -427,33 +429,66 @@ def validate_write_args(
     st = check_store(store)
     bufs = check_plan_buffers(plan_buffers)
     _check_same_device(st, bufs)
-    device = st.device
-    on = device_predicate(device)
-    check_tensor("out_cache_loc", out_cache_loc, ROW_DTYPE, 1, device, on)
-    n = out_cache_loc.shape[0]
-    check_length("input_ids", input_ids, n, device, on)
-    check_length("positions", positions, n, device, on)
-    if (expected_input_ids is None) != (expected_positions is None):
+    has_expected = expected_input_ids is not None
+    if has_expected != (expected_positions is not None):
         given = "expected_input_ids" if expected_positions is None else "expected_positions"
         raise ValueError(
             "kv-canary: expected_input_ids and expected_positions must be given together, "
             f"got only {given}"
         )
-    inputs = [("input_ids", input_ids), ("positions", positions), ("out_cache_loc", out_cache_loc)]
-    if expected_input_ids is not None:
-        check_length("expected_input_ids", expected_input_ids, n, device, on)
-        check_length("expected_positions", expected_positions, n, device, on)
-        inputs += [
-            ("expected_input_ids", expected_input_ids),
-            ("expected_positions", expected_positions),
-        ]
-    tag = check_int64("launch_tag", launch_tag)
-    kv = _check_real_kv(real_kv, st)
-    for name, t in inputs:
-        _check_not_aliasing_store(name, t, st)
-    return WriteArgs(
-        n, input_ids, positions, out_cache_loc, tag, expected_input_ids, expected_positions, kv
+    inputs = (
+        (input_ids, positions, out_cache_loc, expected_input_ids, expected_positions)
+        if has_expected
+        else (input_ids, positions, out_cache_loc)
     )
+    # Hot path (every launch): a handful of attribute reads per input; the detailed
+    # checks below run only to word the error.
+    arena = st.arena
+    start, end = arena.base, arena.base + arena.nbytes
+    # get_device() alone is -1 on the CPU and on meta: compare the device type too
+    on_device = device_predicate(arena.device)
+    n = out_cache_loc.shape[0] if isinstance(out_cache_loc, torch.Tensor) else -1
+    shape = (n,)
+    aligned = True
+    for t in inputs:
+        if not (
+            isinstance(t, torch.Tensor)
+            and t.dtype is ROW_DTYPE
+            and t.shape == shape
+            and on_device(t)
+            and t.is_contiguous()
+        ):
+            _raise_write_input_error(st, inputs)
+        ptr = t.data_ptr()
+        if ptr < end and start < ptr + 8 * n:
+            _raise_write_input_error(st, inputs)
+        aligned = aligned and ptr % 16 == 0
+    tag = launch_tag if type(launch_tag) is int and _I64_MIN <= launch_tag <= _I64_MAX else (
+        check_int64("launch_tag", launch_tag)
+    )
+    kv = _check_real_kv(real_kv, st)
+    return WriteArgs(
+        n, input_ids, positions, out_cache_loc, tag, expected_input_ids, expected_positions, kv,
+        aligned,
+    )
+
+
+_WRITE_INPUT_NAMES = (
+    "input_ids", "positions", "out_cache_loc", "expected_input_ids", "expected_positions"
+)
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+
+
+def _raise_write_input_error(store: CanaryStore, inputs: tuple) -> None:
+    """Word the first failing check of the write's per-token inputs."""
+    device = store.device
+    check_tensor("out_cache_loc", inputs[2], ROW_DTYPE, 1, device)
+    n = inputs[2].shape[0]
+    for name, t in zip(_WRITE_INPUT_NAMES, inputs):
+        check_length(name, t, n, device)
+    for name, t in zip(_WRITE_INPUT_NAMES, inputs):
+        _check_not_aliasing_store(name, t, store)
+    raise AssertionError("kv-canary: internal error: the fast input check failed alone")
 
 
 def validate_verify_args(

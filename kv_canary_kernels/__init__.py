@@ -1,10 +1,20 @@
-"""kv-canary-kernels: the Triton plan kernels behind :func:`launch_plan`.
+"""kv-canary-kernels: the Triton kernels of the canary's three stages.
 
-``launch_plan(buffers, **same keyword arguments as plan_reference)`` accepts nothing but a
-:class:`kv_canary_buffers.PlanBuffers`. To run the kernels on CPU tensors (tests), set
-``TRITON_INTERPRET=1`` before this package is imported.
+Each launcher accepts nothing but the library's own buffer classes and takes the same
+keyword arguments as its torch reference in ``kv_canary_buffers``:
+
+- :func:`launch_plan` (``plan_reference``): fill a :class:`PlanBuffers` from a batch.
+- :func:`launch_write` (``write_reference``): stamp the records of the slots a step wrote.
+- :func:`launch_verify` (``verify_reference``): check the records of a plan's entries.
+
+To run the kernels on CPU tensors (tests), set ``TRITON_INTERPRET=1`` before this
+package is imported.
 """
 
-from .plan import dispatch_plan, launch_plan
+from kv_canary_buffers._version import __version__
 
-__all__ = ["dispatch_plan", "launch_plan"]
+from .plan import dispatch_plan, launch_plan
+from .verify import launch_verify
+from .write import launch_write
+
+__all__ = ["__version__", "dispatch_plan", "launch_plan", "launch_verify", "launch_write"]

@@ -27,3 +27,11 @@ def plan(request):
 @pytest.fixture
 def device():
     return DEVICE
+
+
+@pytest.fixture(params=["reference", "kernels"])
+def canary(request):
+    """Each write/verify path in turn: the torch references and the Triton launchers."""
+    from canary_helpers import CANARY_PATHS
+
+    return CANARY_PATHS[request.param]

@@ -1,0 +1,343 @@
+"""The plan stage's cases (``bench.py --stage plan``; ``bench_plan.py`` is its alias).
+
+CPU: time per ``plan_reference`` call against a plain-Python loop of the same plan
+(median over repeats, ``time.perf_counter``).
+CUDA: GPU time per plan (median over CUDA-graph replays timed with CUDA events) of
+``launch_plan``, a torch-only plan and SGLang's design, next to the bandwidth floor, a
+kernel that makes only the plan's per-entry memory accesses and a memset of the outputs'
+bytes (timed the same way); host time per eager ``launch_plan`` against the bare dispatch
+of the same kernels; device allocations during 100 launches. ``--tune`` sweeps the launch
+constants; ``--profile-cases`` runs the cases alone for Nsight Compute.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+
+from harness import (
+    ENV, Recorder, count_allocations, graph_time_us, host_calls_for, host_times_us, on_gpu,
+    value_of,
+)
+from kv_canary_buffers import PlanBuffers, plan_reference, plans_equal, validate_plan_args
+
+WINDOW = 128
+MEAN_PREFIX = 512
+GPU_BATCHES = (1, 64, 256, 4096, 65536)
+HOST_TARGET_US = 30.0
+"""Issue 9: host time per eager call of every launcher."""
+
+
+def make_batch(bs: int, *, window: int, pool: bool, device: str, seed: int = 0,
+               mean_prefix: int = MEAN_PREFIX) -> Dict:
+    """All rows active, prefix uniform in [1, 2 * mean_prefix - 1], one new token each."""
+    g = torch.Generator().manual_seed(seed)
+    max_seq_len = 2 * mean_prefix + 8
+    rows = bs + 1
+    slots = torch.randperm(rows * max_seq_len, generator=g)[: rows * max_seq_len]
+    table = slots.reshape(rows, max_seq_len).to(torch.int32)
+    kwargs = dict(
+        req_pool_indices=torch.randperm(bs, generator=g) + 1,
+        prefix_lens=torch.randint(1, 2 * mean_prefix, (bs,), generator=g),
+        extend_seq_lens=torch.ones(bs, dtype=torch.int64),
+        req_to_token=table,
+        swa_window_size=window,
+    )
+    if window > 0:
+        kwargs["full_to_swa_index_mapping"] = torch.randperm(rows * max_seq_len, generator=g)
+    if pool:
+        kwargs["req_to_verify_expected_tokens"] = torch.randint(
+            0, 150_000, (rows, max_seq_len), generator=g, dtype=torch.int32
+        )
+        kwargs["req_to_verify_expected_tokens_valid_lens"] = kwargs["prefix_lens"] + 1
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+
+
+def verify_entries(kwargs: Dict) -> int:
+    P, W = kwargs["prefix_lens"], kwargs["swa_window_size"]
+    counts = P - (P - W).clamp_min(0) if W > 0 else P
+    return int(counts.clamp_min(0).sum())
+
+
+def plan_bytes(kwargs: Dict, entries: int) -> int:
+    """Bytes the plan must move: per row, read rp/P/E (and the valid length), write an
+    offset and a seed; per entry, read a slot (and a token, and a LUT value), write four
+    int64 values."""
+    bs = kwargs["req_pool_indices"].shape[0]
+    has_lut = kwargs.get("full_to_swa_index_mapping") is not None
+    has_pool = kwargs.get("req_to_verify_expected_tokens") is not None
+    per_row = 3 * 8 + 8 + 8 + (8 if has_pool else 0)
+    per_entry = 4 + 4 * 8 + (4 if has_pool else 0) + (8 if has_lut else 0)
+    return bs * per_row + entries * per_entry
+
+
+# --- CPU --------------------------------------------------------------------------
+def bench_cpu(rec: Recorder, repeats: int) -> None:
+    from baselines import python_loop_plan
+
+    kwargs = make_batch(256, window=WINDOW, pool=True, device="cpu")
+    entries = verify_entries(kwargs)
+    case = dict(bs=256, swa=WINDOW, pool=1, entries=entries)
+    buffers = PlanBuffers.allocate(write_req_capacity=256, verify_capacity=entries, device="cpu")
+    for name, fn, reps in (
+        ("plan_reference", plan_reference, repeats * 10),
+        ("python_loop", python_loop_plan, repeats),
+    ):
+        fn(buffers, **kwargs)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn(buffers, **kwargs)
+            times.append(time.perf_counter() - t0)
+        rec.add("cpu", name, "us_per_call", statistics.median(times) * 1e6, **case)
+
+
+# --- GPU (or the interpreter in smoke mode) ------------------------------------------
+SMOKE_BATCHES = (5, 1030)
+"""Smoke mode's batches: both paths of launch_plan (1030 rows: the three-launch path)."""
+SMOKE_MEAN_PREFIX = 4
+
+
+def memset_time_us(entries: int, replays: int) -> float:
+    """``graph_time_us`` of a memset of as many bytes as the four outputs of ``entries``."""
+    from baselines import memset_outputs
+
+    outputs = torch.empty(4 * entries, dtype=torch.int64, device=ENV.device)
+    return graph_time_us(functools.partial(memset_outputs, outputs), replays)
+
+
+def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: float) -> None:
+    """GPU time per plan of every implementation at every batch (SWA off and on), host
+    time per eager ``launch_plan`` against its bare dispatch and device allocations during
+    100 launches at every batch (SWA on). ``bandwidth``: the run's copy bandwidth (B/s)."""
+    from baselines import SGLANG_MAX_BS, sglang_design_plan, torch_plan, traffic_only_plan
+    from harness import guarded
+    from kv_canary_kernels import dispatch_plan, launch_plan
+
+    device = ENV.device
+    mean_prefix = MEAN_PREFIX if on_gpu() else SMOKE_MEAN_PREFIX
+
+    # GPU time per plan, all implementations side by side.
+    for window in (0, WINDOW):
+        for bs in batches:
+            kwargs = make_batch(bs, window=window, pool=True, device=device, seed=bs,
+                                mean_prefix=mean_prefix)
+            entries = verify_entries(kwargs)
+            case = dict(bs=bs, swa=window, pool=1, entries=entries)
+            ref = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=entries, device=device)
+            plan_reference(ref, **kwargs)
+            impls = {"launch_plan": launch_plan, "torch_only": torch_plan}
+            # SGLang's design reads the CUDA device's properties: not in smoke mode.
+            if bs <= SGLANG_MAX_BS and on_gpu():
+                impls["sglang_design"] = sglang_design_plan
+            for name, fn in impls.items():
+                def measure(name=name, fn=fn) -> None:
+                    buffers = PlanBuffers.allocate(
+                        write_req_capacity=bs, verify_capacity=entries, device=device
+                    )
+                    fn(buffers, **kwargs)
+                    if not plans_equal(buffers, ref, bs):
+                        raise AssertionError(f"{name} differs from plan_reference at bs={bs}")
+                    us = graph_time_us(lambda: fn(buffers, **kwargs), replays)
+                    rec.add("gpu_time", name, "us_per_plan", us, **case)
+
+                guarded(rec, f"plan {name} bs={bs} swa={window}", measure)
+            # References: the plan's memory accesses alone, and a memset of its outputs.
+            def references() -> None:
+                buffers = PlanBuffers.allocate(
+                    write_req_capacity=bs, verify_capacity=entries, device=device
+                )
+                us = graph_time_us(
+                    functools.partial(traffic_only_plan, buffers, entries, **kwargs), replays
+                )
+                rec.add("gpu_time", "traffic_only", "us_per_plan", us, **case)
+                rec.add("gpu_time", "memset_outputs", "us_per_plan",
+                        memset_time_us(entries, replays), **case)
+
+            guarded(rec, f"plan references bs={bs} swa={window}", references)
+            floor = plan_bytes(kwargs, entries) / bandwidth * 1e6
+            rec.add("gpu_time", "bandwidth_floor", "us_per_plan", floor, **case)
+            ref = kwargs = None  # free before the next batch
+            if device == "cuda":
+                torch.cuda.empty_cache()
+
+    # Host time per eager call: launch_plan against the bare dispatch of the same kernels,
+    # and device allocations during 100 launches; every batch, SWA on.
+    for bs in batches:
+        def host() -> None:
+            kwargs = make_batch(bs, window=WINDOW, pool=True, device=device, seed=bs,
+                                mean_prefix=mean_prefix)
+            entries = verify_entries(kwargs)
+            case = dict(bs=bs, swa=WINDOW, pool=1, entries=entries)
+            buffers = PlanBuffers.allocate(
+                write_req_capacity=bs, verify_capacity=entries, device=device
+            )
+            args = validate_plan_args(buffers, **kwargs)
+            gpu_us = value_of(rec.rows, stage="plan", section="gpu_time", impl="launch_plan",
+                              bs=bs, swa=WINDOW)
+            times = host_times_us(
+                {"launch_plan": lambda: launch_plan(buffers, **kwargs),
+                 "bare_dispatch": lambda: dispatch_plan(buffers, args)},
+                host_calls_for(gpu_us, host_calls),
+            )
+            for name, us in times.items():
+                rec.add("host", name, "us_per_call", us, **case)
+            rec.add("host", "launch_over_bare", "ratio",
+                    times["launch_plan"] / times["bare_dispatch"], **case)
+            rec.add("target", "launch_plan", "max_us", HOST_TARGET_US, note="host", **case)
+            allocations = count_allocations(lambda: launch_plan(buffers, **kwargs))
+            if allocations is not None:
+                rec.add("alloc", "launch_plan", "allocations_per_100", allocations, **case)
+
+        guarded(rec, f"plan host bs={bs}", host)
+
+
+TUNE_CONFIGS = [
+    {},  # the defaults of kv_canary_kernels/plan.py
+    {"SMALL_ENTRY_BLOCK": 128},
+    {"SMALL_ENTRY_BLOCK": 512},
+    {"SMALL_ENTRY_WARPS": 4},
+    {"SMALL_PROGRAMS_PER_SM": 4},
+    {"ENTRY_BLOCK": 512},
+    {"ENTRY_WARPS": 4},
+    {"LUT_ENTRY_BLOCK": 512},
+    {"LUT_ENTRY_WARPS": 4},
+    {"ENTRY_PROGRAMS_PER_SM": 8},
+    {"ROW_WINDOW": 16},
+    {"ROW_WINDOW": 64},
+    {"_ENTRIES_OPTIONS": {"maxnreg": 40}},
+    {"_ENTRIES_OPTIONS": {"num_stages": 1}},
+]
+"""One launch constant changed at a time from the defaults (a register cap and the
+software-pipelining depth included)."""
+
+TRAFFIC_CONFIGS = [(128, 4), (256, 4), (512, 4), (1024, 4), (1024, 8)]
+"""(entries, warps) per program of the traffic-only reference kernel."""
+
+
+def tune_gpu(rec: Recorder, replays: int) -> None:
+    """Sweep the launch constants of ``kv_canary_kernels.plan``, one at a time from the
+    defaults (:data:`TUNE_CONFIGS`), over batches of both paths, SWA off and on."""
+    from kv_canary_kernels import plan as launch, launch_plan
+
+    names = sorted({name for config in TUNE_CONFIGS for name in config})
+    saved = {n: getattr(launch, n) for n in names}
+    cases = [(bs, w) for bs in (64, 256, 1000, 4096, 65536) for w in (0, WINDOW)]
+    inputs = {c: make_batch(c[0], window=c[1], pool=True, device="cuda", seed=c[0]) for c in cases}
+    try:
+        for config in TUNE_CONFIGS:
+            for name, value in saved.items():
+                setattr(launch, name, config.get(name, value))
+            launch._device_config.cache_clear()
+            impl = " ".join(f"{k}={v}" for k, v in config.items()) or "defaults"
+            for (bs, w), kwargs in inputs.items():
+                entries = verify_entries(kwargs)
+                bufs = PlanBuffers.allocate(
+                    write_req_capacity=bs, verify_capacity=entries, device="cuda")
+                us = graph_time_us(functools.partial(launch_plan, bufs, **kwargs), replays)
+                rec.add("tune", impl, "us_per_plan", us, bs=bs, swa=w, pool=1, entries=entries)
+    finally:
+        for name, value in saved.items():
+            setattr(launch, name, value)
+        launch._device_config.cache_clear()
+
+    # The shape of the stores decides the write rate: the traffic-only reference over
+    # (block, warps), next to a memset of the same bytes.
+    import baselines
+
+    saved_traffic = baselines.TRAFFIC_BLOCK, baselines.TRAFFIC_WARPS
+    try:
+        for (bs, w), kwargs in inputs.items():
+            entries = verify_entries(kwargs)
+            case = dict(bs=bs, swa=w, pool=1, entries=entries)
+            bufs = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=entries, device="cuda")
+            for block, warps in TRAFFIC_CONFIGS:
+                baselines.TRAFFIC_BLOCK, baselines.TRAFFIC_WARPS = block, warps
+                us = graph_time_us(
+                    functools.partial(baselines.traffic_only_plan, bufs, entries, **kwargs), replays
+                )
+                rec.add("tune_traffic", f"block={block} warps={warps}", "us_per_plan", us, **case)
+            rec.add("tune_traffic", "memset_outputs", "us_per_plan",
+                    memset_time_us(entries, replays), **case)
+            del bufs
+    finally:
+        baselines.TRAFFIC_BLOCK, baselines.TRAFFIC_WARPS = saved_traffic
+
+
+def profile_cases(case: str) -> None:
+    """Two eager launch_plan calls per case and nothing else, for Nsight Compute.
+    ``case`` is ``all`` or ``BS,WINDOW``."""
+    from kv_canary_kernels import launch_plan
+
+    cases = [(bs, w) for bs in (1, 256, 4096, 65536) for w in (0, WINDOW)]
+    if case != "all":
+        bs, window = (int(x) for x in case.split(","))
+        cases = [(bs, window)]
+    for bs, window in cases:
+        kwargs = make_batch(bs, window=window, pool=True, device="cuda", seed=bs)
+        buffers = PlanBuffers.allocate(
+            write_req_capacity=bs, verify_capacity=verify_entries(kwargs), device="cuda"
+        )
+        print(f"case bs={bs} swa={window}", flush=True)
+        for _ in range(2):
+            launch_plan(buffers, **kwargs)
+        torch.cuda.synchronize()
+
+
+# --- plots ------------------------------------------------------------------------
+def plot(rows: List[Dict], out_dir: Path) -> None:
+    """plan_gpu_time.png and plan_host_overhead.png in ``out_dir`` (needs matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plots")
+        return
+    rows = [r for r in rows if r["stage"] == "plan"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gpu = [r for r in rows if r["section"] == "gpu_time"]
+    if gpu:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+        for ax, swa in zip(axes, sorted({r["swa"] for r in gpu})):
+            for impl in ("launch_plan", "sglang_design", "torch_only", "traffic_only",
+                         "memset_outputs", "bandwidth_floor"):
+                pts = sorted((r["bs"], r["value"]) for r in gpu if r["swa"] == swa and r["impl"] == impl)
+                if pts:
+                    style = "-o" if impl in ("launch_plan", "sglang_design", "torch_only") else "--"
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=impl)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("batch size (rows), mean prefix 512, pool on")
+            ax.set_title("SWA off" if not swa else f"SWA on (W={swa}, LUT)")
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].set_ylabel("GPU time per plan (us, median of graph replays)")
+        axes[0].legend()
+        fig.suptitle(f"kv-canary plan on {rows[0]['device']}")
+        fig.tight_layout()
+        fig.savefig(out_dir / "plan_gpu_time.png", dpi=110)
+        plt.close(fig)
+        print(f"wrote {out_dir / 'plan_gpu_time.png'}")
+    host = [r for r in rows if r["section"] == "host" and r["metric"] == "us_per_call"]
+    if host:
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        bss = sorted({r["bs"] for r in host})
+        width = 0.38
+        for i, impl in enumerate(("bare_dispatch", "launch_plan")):
+            vals = [next((r["value"] for r in host if r["bs"] == b and r["impl"] == impl),
+                         float("nan")) for b in bss]
+            ax.bar([j + (i - 0.5) * width for j in range(len(bss))], vals, width, label=impl)
+        ax.set_xticks(range(len(bss)), [f"bs={b}" for b in bss])
+        ax.set_ylabel("host time per eager call (us, median)")
+        ax.set_title("Host overhead: validated launch vs bare dispatch")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / "plan_host_overhead.png", dpi=110)
+        plt.close(fig)
+        print(f"wrote {out_dir / 'plan_host_overhead.png'}")

@@ -1,0 +1,236 @@
+"""Triton helpers shared by the write and verify kernels: the contract's hashes in
+unsigned 64-bit arithmetic, the real-KV hash, and the violation-ring append. Constants
+come from ``kv_canary_buffers.layout`` and ``kv_canary_buffers.status``."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kv_canary_buffers.layout import (
+    H0,
+    POSITION,
+    PREV_HASH,
+    REAL_KV_HASH,
+    RECORD_WIDTH,
+    SM_MUL1,
+    SM_MUL2,
+    SM_SHIFTS,
+    TOKEN,
+    VIOLATION_WIDTH,
+)
+from kv_canary_buffers.status import CanaryStatus, FailBits
+
+ANCHOR: tl.constexpr = tl.constexpr(H0)
+MUL1: tl.constexpr = tl.constexpr(SM_MUL1)
+MUL2: tl.constexpr = tl.constexpr(SM_MUL2)
+SHIFT1: tl.constexpr = tl.constexpr(SM_SHIFTS[0])
+SHIFT2: tl.constexpr = tl.constexpr(SM_SHIFTS[1])
+SHIFT3: tl.constexpr = tl.constexpr(SM_SHIFTS[2])
+REC_W: tl.constexpr = tl.constexpr(RECORD_WIDTH)
+REC_TOKEN: tl.constexpr = tl.constexpr(TOKEN)
+REC_POSITION: tl.constexpr = tl.constexpr(POSITION)
+REC_PREV_HASH: tl.constexpr = tl.constexpr(PREV_HASH)
+REC_REAL_KV: tl.constexpr = tl.constexpr(REAL_KV_HASH)
+VIOL_W: tl.constexpr = tl.constexpr(VIOLATION_WIDTH)
+
+CHAIN_BIT: tl.constexpr = tl.constexpr(int(FailBits.CHAIN))
+POSITION_BIT: tl.constexpr = tl.constexpr(int(FailBits.POSITION))
+REAL_KV_BIT: tl.constexpr = tl.constexpr(int(FailBits.REAL_KV))
+WRITE_TOKEN_BIT: tl.constexpr = tl.constexpr(int(FailBits.WRITE_TOKEN))
+WRITE_POSITION_BIT: tl.constexpr = tl.constexpr(int(FailBits.WRITE_POSITION))
+VERIFY_TOKEN_BIT: tl.constexpr = tl.constexpr(int(FailBits.VERIFY_TOKEN))
+
+SEED_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.SEED_OUT_OF_RANGE))
+WRITE_SLOT_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.WRITE_SLOT_OUT_OF_RANGE))
+WRITE_INDEX_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.WRITE_INDEX_OUT_OF_RANGE))
+VERIFY_SLOT_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.VERIFY_SLOT_OUT_OF_RANGE))
+PREV_SLOT_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.PREV_SLOT_OUT_OF_RANGE))
+REAL_KV_ROW_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.REAL_KV_ROW_OUT_OF_RANGE))
+PLAN_COUNT_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.PLAN_COUNT_OUT_OF_RANGE))
+
+MODE_PARTIAL: tl.constexpr = tl.constexpr(1)
+"""``RealKVMode.PARTIAL``: two words a slot and source, loaded without a loop."""
+
+
+@triton.jit
+def sm(x):
+    """The contract's ``sm`` on uint64 lanes (shifts are logical, products wrap)."""
+    x ^= x >> SHIFT1
+    x *= MUL1
+    x ^= x >> SHIFT2
+    x *= MUL2
+    x ^= x >> SHIFT3
+    return x
+
+
+@triton.jit
+def u64(x):
+    """The int64 lanes ``x`` as uint64, same bits."""
+    return x.to(tl.uint64, bitcast=True)
+
+
+@triton.jit
+def i64(x):
+    """The uint64 lanes ``x`` as int64, same bits."""
+    return x.to(tl.int64, bitcast=True)
+
+
+@triton.jit
+def mix3(a, b, c):
+    """``sm(sm(sm(a) ^ b) ^ c)``: ``a`` uint64, ``b`` and ``c`` int64; returns uint64."""
+    return sm(sm(sm(a) ^ u64(b)) ^ u64(c))
+
+
+@triton.jit
+def source_hash(src_ptr, row_stride_words, src_rows, page, first_word, mask, kv_words,
+                MODE: tl.constexpr, CHUNK: tl.constexpr):
+    """One source's hash of the slots' bytes (uint64 lanes) and the lanes whose page row
+    lies at or past the source (not read). ``first_word``: word offset within the row."""
+    row_bad = mask & (page >= src_rows)
+    ok = mask & ~row_bad
+    words = src_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+    # Rows, tokens and the source's start are 16-byte aligned (validated): tell the
+    # compiler, so that a 16-byte read is one vector load.
+    offset = tl.multiple_of(page * row_stride_words + first_word, 2)
+    base = words + offset
+    acc = tl.zeros(page.shape, tl.uint64)
+    if MODE == MODE_PARTIAL:
+        pair = tl.load(base[:, None] + tl.arange(0, 2)[None, :], mask=ok[:, None], other=0)
+        w0, w1 = tl.split(pair)
+        acc = sm(acc ^ u64(w0))
+        acc = sm(acc ^ u64(w1))
+    else:
+        # CHUNK words a slot at a time, as one [slots, CHUNK] tile: lanes of a warp read
+        # neighbouring 16-byte pieces of a slot (coalesced) instead of one word of 32
+        # slots each; the chain then takes the tile's words in order.
+        cols = tl.arange(0, CHUNK)
+        for k in range(0, kv_words, CHUNK):
+            tile = tl.load(
+                base[:, None] + k + cols[None, :],
+                mask=ok[:, None] & (k + cols[None, :] < kv_words), other=0,
+            )
+            if CHUNK == 8:
+                chunk = _words8(tl.reshape(tile, [page.shape[0], 2, 2, 2]))
+            elif CHUNK == 16:
+                chunk = _words16(tl.reshape(tile, [page.shape[0], 2, 2, 2, 2]))
+            else:
+                chunk = _words32(tl.reshape(tile, [page.shape[0], 2, 2, 2, 2, 2]))
+            for j in tl.static_range(CHUNK):
+                acc = tl.where(k + j < kv_words, sm(acc ^ u64(chunk[j])), acc)
+    return acc, row_bad
+
+
+@triton.jit
+def _words8(t):
+    """The eight words of ``t`` ([n, 2, 2, 2], word ``4a + 2b + c`` at ``[:, a, b, c]``),
+    in order, as eight [n] tensors."""
+    even, odd = tl.split(t)
+    e0, e1 = tl.split(even)
+    o0, o1 = tl.split(odd)
+    w0, w4 = tl.split(e0)
+    w2, w6 = tl.split(e1)
+    w1, w5 = tl.split(o0)
+    w3, w7 = tl.split(o1)
+    return w0, w1, w2, w3, w4, w5, w6, w7
+
+
+@triton.jit
+def _words16(t):
+    """The same for sixteen words ([n, 2, 2, 2, 2])."""
+    even, odd = tl.split(t)
+    e = _words8(even)
+    o = _words8(odd)
+    return (e[0], o[0], e[1], o[1], e[2], o[2], e[3], o[3],
+            e[4], o[4], e[5], o[5], e[6], o[6], e[7], o[7])
+
+
+@triton.jit
+def _words32(t):
+    """The same for thirty-two words ([n, 2, 2, 2, 2, 2])."""
+    even, odd = tl.split(t)
+    e = _words16(even)
+    o = _words16(odd)
+    return (e[0], o[0], e[1], o[1], e[2], o[2], e[3], o[3],
+            e[4], o[4], e[5], o[5], e[6], o[6], e[7], o[7],
+            e[8], o[8], e[9], o[9], e[10], o[10], e[11], o[11],
+            e[12], o[12], e[13], o[13], e[14], o[14], e[15], o[15])
+
+
+@triton.jit
+def real_kv_hash(
+    slot, mask, page_size, bpt_words, kv_words,
+    src0, src1, src2, src3, stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
+    NUM_SOURCES: tl.constexpr, MODE: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """The contract's ``real_kv(s)`` for in-range slot lanes in ``mask`` (uint64), and the
+    lanes whose page row lies past some source (their hash is unspecified)."""
+    page = slot // page_size
+    first_word = (slot % page_size) * bpt_words
+    h = tl.zeros(slot.shape, tl.uint64)
+    bad = mask & ~mask
+    if NUM_SOURCES > 0:
+        a, b = source_hash(src0, stride0, rows0, page, first_word, mask, kv_words, MODE,
+                           CHUNK)
+        h = sm(h ^ a)
+        bad |= b
+    if NUM_SOURCES > 1:
+        a, b = source_hash(src1, stride1, rows1, page, first_word, mask, kv_words, MODE,
+                           CHUNK)
+        h = sm(h ^ a)
+        bad |= b
+    if NUM_SOURCES > 2:
+        a, b = source_hash(src2, stride2, rows2, page, first_word, mask, kv_words, MODE,
+                           CHUNK)
+        h = sm(h ^ a)
+        bad |= b
+    if NUM_SOURCES > 3:
+        a, b = source_hash(src3, stride3, rows3, page, first_word, mask, kv_words, MODE,
+                           CHUNK)
+        h = sm(h ^ a)
+        bad |= b
+    return h, bad
+
+
+@triton.jit
+def store_rows(keep, index, tag, slot, position, stored_token, expected_token, chain, aux, bits,
+               violations_ptr):
+    """Store one violation row per lane in ``keep`` at ring row ``index``."""
+    row = violations_ptr + index * VIOL_W
+    tl.store(row + 0, tl.zeros_like(slot) + tag, mask=keep)
+    tl.store(row + 1, slot, mask=keep)
+    tl.store(row + 2, position, mask=keep)
+    tl.store(row + 3, stored_token, mask=keep)
+    tl.store(row + 4, expected_token, mask=keep)
+    tl.store(row + 5, chain, mask=keep)
+    tl.store(row + 6, aux, mask=keep)
+    tl.store(row + 7, bits.to(tl.int64), mask=keep)
+
+
+@triton.jit
+def append_violations(
+    bad, tag, slot, position, stored_token, expected_token, chain, aux, bits,
+    violations_ptr, count_ptr, capacity,
+):
+    """Append one row per lane in ``bad``: one predicated atomic per lane reserves its ring
+    index, rows past ``capacity`` are counted but not stored (fill once). No reduction, no
+    branch and no shared memory: a clean step (no lane in ``bad``) pays a few predicated-off
+    instructions. A step with violations on most lanes serializes its atomics on one
+    counter, which is the cost of a badly broken engine, not of a healthy one."""
+    index = tl.atomic_add(count_ptr + tl.zeros_like(slot), tl.full(slot.shape, 1, tl.int64),
+                          mask=bad)
+    store_rows(bad & (index < capacity), index, tag, slot, position, stored_token,
+               expected_token, chain, aux, bits, violations_ptr)
+
+
+@triton.jit
+def bitwise_or(a, b):
+    return a | b
+
+
+@triton.jit
+def raise_status(status_ptr, flags):
+    """OR the lanes' status bits (int32) into the store's status word, if any."""
+    bits = tl.reduce(flags, 0, bitwise_or)
+    if bits != 0:
+        tl.atomic_or(status_ptr, bits)

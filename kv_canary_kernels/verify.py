@@ -1,0 +1,217 @@
+"""The verify stage: ``canary_verify_kernel`` and ``launch_verify``, the only door to it.
+
+Entry-parallel: each lane checks one plan entry against its slot's record. A
+predecessor is almost always the previous entry's slot, whose record the lane to the left
+already loaded and hashed, so a lane takes its expected chain hash from that lane (a
+``tl.gather`` within each warp's 32 lanes) and loads the predecessor's record only when it
+is another slot (a row's first entry, or a warp's first lane). A persistent grid walks blocks below
+``verify_num_valid``, read on the device: no sync, and no grid that depends on data.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from kv_canary_buffers.buffers import PlanBuffers
+from kv_canary_buffers.real_kv import RealKV
+from kv_canary_buffers.store import CanaryStore
+from kv_canary_buffers.validation import VerifyArgs, validate_verify_args
+
+from .canary_common import (
+    ANCHOR,
+    CHAIN_BIT,
+    PLAN_COUNT_BAD,
+    POSITION_BIT,
+    PREV_SLOT_BAD,
+    REAL_KV_BIT,
+    REAL_KV_ROW_BAD,
+    REC_W,
+    VERIFY_SLOT_BAD,
+    VERIFY_TOKEN_BIT,
+    append_violations,
+    i64,
+    mix3,
+    raise_status,
+    real_kv_hash,
+)
+from .config import REAL_KV_CHUNK, device_config
+from .launcher import Launcher
+from .sources import source_args
+
+VERIFY_BLOCK = 128
+"""Entries per block (one per lane; a multiple of 32)."""
+VERIFY_WARPS = 4
+VERIFY_PROGRAMS_PER_SM = 16
+"""Persistent grid: up to this many programs per multiprocessor, looping over blocks."""
+
+_RUNTIME_INTS = [
+    "num_slots", "verify_capacity", "violation_capacity", "launch_tag", "page_size",
+    "bpt_words", "kv_words", "stride0", "stride1", "stride2", "stride3",
+    "rows0", "rows1", "rows2", "rows3",
+]
+
+
+@triton.jit
+def from_left_lane(x, BLOCK: tl.constexpr):
+    """``x`` of the lane to the left, within each group of 32 lanes (one warp: shuffles, no
+    shared memory); a group's first lane gets its own value back."""
+    groups: tl.constexpr = BLOCK // 32
+    left = tl.broadcast_to(tl.maximum(tl.arange(0, 32) - 1, 0)[None, :], [groups, 32])
+    return tl.reshape(tl.gather(tl.reshape(x, [groups, 32]), left, 1), [BLOCK])
+
+
+@triton.jit
+def load_records(records_ptr, slot, mask, BLOCK: tl.constexpr):
+    """Token, position, prev hash and real-KV hash of each lane's record (zeros where not
+    ``mask``): two 16-byte loads a lane, each split into its two columns in registers."""
+    pair = tl.arange(0, 2)[None, :]
+    base = records_ptr + slot[:, None] * REC_W + pair
+    token, position = tl.split(tl.load(base, mask=mask[:, None], other=0))
+    prev_hash, real_kv = tl.split(tl.load(base + 2, mask=mask[:, None], other=0))
+    return token, position, prev_hash, real_kv
+
+
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
+def canary_verify_kernel(
+    # the plan
+    slot_ptr, token_ptr, position_ptr, prev_ptr, num_valid_ptr, enable_ptr,
+    # the store
+    records_ptr, violations_ptr, count_ptr, runs_ptr, processed_ptr, status_ptr,
+    # real-KV sources
+    src0, src1, src2, src3, stride0: tl.int64, stride1: tl.int64, stride2: tl.int64,
+    stride3: tl.int64, rows0: tl.int64, rows1: tl.int64, rows2: tl.int64, rows3: tl.int64,
+    # runtime sizes (int64 whatever their values: one compiled variant for all)
+    num_slots: tl.int64, verify_capacity: tl.int64, violation_capacity: tl.int64,
+    launch_tag: tl.int64, page_size: tl.int64, bpt_words: tl.int64, kv_words: tl.int64,
+    CHECK_TOKENS: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
+    BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    lanes = tl.arange(0, BLOCK)
+    enabled = tl.load(enable_ptr) != 0
+    num_valid = tl.load(num_valid_ptr).to(tl.int64)
+    count_bad = enabled & ((num_valid < 0) | (num_valid > verify_capacity))
+    flags = tl.where((lanes == 0) & (pid == 0) & count_bad, PLAN_COUNT_BAD, 0)
+    n = tl.where(enabled, tl.minimum(tl.maximum(num_valid, 0), verify_capacity), 0)
+    if pid == 0:
+        tl.atomic_add(runs_ptr, 1)
+        if n > 0:
+            tl.atomic_add(processed_ptr, n)
+    for start in range(pid * BLOCK, n, nprog * BLOCK):
+        entry = start + lanes
+        in_range = entry < n
+        slot = tl.load(slot_ptr + entry, mask=in_range, other=0)
+        looked = in_range & (slot != 0)  # slot 0: the padding slot
+        slot_bad = looked & ((slot < 0) | (slot >= num_slots))
+        prev = tl.load(prev_ptr + entry, mask=looked, other=0)
+        prev_bad = looked & ~slot_bad & (prev >= num_slots)
+        ok = looked & ~slot_bad & ~prev_bad
+        flags |= tl.where(slot_bad, VERIFY_SLOT_BAD, 0) | tl.where(prev_bad, PREV_SLOT_BAD, 0)
+        if NUM_SOURCES > 0:
+            kv, row_bad = real_kv_hash(
+                slot, ok, page_size, bpt_words, kv_words, src0, src1, src2, src3,
+                stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
+                NUM_SOURCES, MODE, CHUNK,
+            )
+            flags |= tl.where(row_bad, REAL_KV_ROW_BAD, 0)
+            ok &= ~row_bad
+            kv = i64(kv)
+        else:
+            kv = tl.zeros([BLOCK], tl.int64)
+        # The record in one 32-byte read (two 16-byte loads), split into its columns.
+        r_token, r_position, r_prev, r_kv = load_records(records_ptr, slot, ok, BLOCK)
+        want_position = tl.load(position_ptr + entry, mask=ok, other=0)
+        if CHECK_TOKENS:
+            want_token = tl.load(token_ptr + entry, mask=ok, other=-1)
+        else:
+            want_token = tl.full([BLOCK], -1, tl.int64)
+        # hash_of(slot) of every lane; the lane to the right may need it as its prev's.
+        own = i64(mix3(r_prev.to(tl.uint64, bitcast=True), r_token, r_position))
+        from_left = (
+            (lanes % 32 != 0)
+            & (from_left_lane(ok.to(tl.int32), BLOCK) != 0)
+            & (from_left_lane(slot, BLOCK) == prev)
+        )
+        reachable = prev != 0
+        load_prev = ok & (prev > 0) & ~from_left
+        p_token, p_position, p_prev, _p_kv = load_records(records_ptr, prev, load_prev, BLOCK)
+        loaded = i64(mix3(p_prev.to(tl.uint64, bitcast=True), p_token, p_position))
+        chain = tl.where(from_left, from_left_lane(own, BLOCK), loaded)
+        chain = tl.where(prev < 0, i64(tl.full([BLOCK], ANCHOR, tl.uint64)), chain)
+        expected_chain = tl.where(reachable, chain, r_prev)
+        bits = (
+            tl.where(reachable & (r_prev != expected_chain), CHAIN_BIT, 0)
+            | tl.where(r_position != want_position, POSITION_BIT, 0)
+            | tl.where(r_kv != kv, REAL_KV_BIT, 0)
+            | tl.where((want_token != -1) & (r_token != want_token), VERIFY_TOKEN_BIT, 0)
+        )
+        append_violations(
+            ok & (bits != 0), launch_tag, slot, r_position, r_token, want_token, r_prev,
+            expected_chain, bits, violations_ptr, count_ptr, violation_capacity,
+        )
+    raise_status(status_ptr, flags)
+
+
+def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) -> None:
+    """Launch the verify kernel on validated arguments (no check at all)."""
+    src = source_args(args.real_kv, store.records)
+    grid = min(
+        triton.cdiv(buffers.verify_capacity, VERIFY_BLOCK),
+        device_config(store.device).multiprocessors * VERIFY_PROGRAMS_PER_SM,
+    )
+    # Every tensor is 16-byte aligned by construction: the key needs no alignment part.
+    key = (args.check_expected_tokens, src.num_sources, src.mode, src.dtypes)
+    _VERIFY.launch(
+        store.device,
+        (grid, 1, 1),
+        key,
+        (
+            buffers.verify_slot_indices, buffers.verify_expected_tokens,
+            buffers.verify_expected_positions, buffers.verify_prev_slot_indices,
+            buffers.verify_num_valid, buffers.verify_enable,
+            store.records, store.violations, store.violation_count, store.kernel_runs,
+            store.slots_processed, store.status,
+            *src.tensors, *src.ints,
+            store.num_slots, buffers.verify_capacity, store.violation_capacity,
+            args.launch_tag, src.page_size, src.bpt_words, src.kv_words,
+        ),
+        {"CHECK_TOKENS": args.check_expected_tokens, "NUM_SOURCES": src.num_sources,
+         "MODE": src.mode, "BLOCK": VERIFY_BLOCK, "CHUNK": REAL_KV_CHUNK},
+        {"num_warps": VERIFY_WARPS},
+    )
+
+
+_VERIFY = Launcher(canary_verify_kernel)
+
+
+def launch_verify(
+    store: CanaryStore,
+    plan_buffers: PlanBuffers,
+    *,
+    launch_tag: int = 0,
+    check_expected_tokens: bool = True,
+    real_kv: Optional[RealKV] = None,
+) -> None:
+    """Check the records of every verify entry of a plan on the GPU, equal to
+    :func:`kv_canary_buffers.verify_reference` (same arguments; violation rows of one call
+    in unspecified order).
+
+    Runs the shared validation first (a rejected call writes nothing), then one kernel
+    launch on the current stream. Never allocates, never syncs, never recompiles for a new
+    plan size or capacity, and is safe to capture in a CUDA graph. Entries whose slot,
+    predecessor or real-KV row lies outside the store are skipped with a
+    :class:`CanaryStatus` bit in ``store.status``.
+    """
+    args = validate_verify_args(
+        store,
+        plan_buffers,
+        launch_tag=launch_tag,
+        check_expected_tokens=check_expected_tokens,
+        real_kv=real_kv,
+    )
+    dispatch_verify(store, plan_buffers, args)

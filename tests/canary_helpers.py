@@ -1,0 +1,365 @@
+"""Helpers of the write/verify tests: the two canary paths, store poisoning and
+snapshots, plans filled by hand, real-KV sources, and a plain-Python loop model of the
+contract (docs: canary-contract.md), written independently of the library.
+
+The model states the contract's sequential semantics and, for data out of range, what the
+kernels do (skip the entry, raise a :class:`CanaryStatus` bit): it is the oracle of the
+out-of-range tests, and the property tests check it against the torch reference on valid
+data.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+from kv_canary_buffers import (
+    CanaryStatus,
+    CanaryStore,
+    FailBits,
+    PlanBuffers,
+    RealKV,
+    RealKVMode,
+    verify_reference,
+    write_reference,
+)
+from kv_canary_buffers.hashing import H0_SIGNED, mix3_int, sm_int
+from kv_canary_buffers.layout import BUFFER_SPECS, store_specs
+from kv_canary_kernels import launch_verify, launch_write
+
+I64 = torch.int64
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+JUNK = -7777
+"""Poison of violation rows and plan outputs: an element nobody should write shows."""
+
+STORE_FIELDS = tuple(name for name, _dtype, _shape in store_specs(1, 1))
+
+
+class Canary(NamedTuple):
+    """One path of the write and verify stages."""
+
+    name: str
+    write: Any
+    verify: Any
+
+
+CANARY_PATHS = {
+    "reference": Canary("reference", write_reference, verify_reference),
+    "kernels": Canary("kernels", launch_write, launch_verify),
+}
+
+
+def i64(values, device=DEVICE) -> torch.Tensor:
+    return torch.tensor(values, dtype=I64, device=device)
+
+
+# --- stores ---------------------------------------------------------------------------
+def new_store(num_slots=32, violation_capacity=16, device=DEVICE, *, junk_records=True):
+    """A store whose ring holds junk rows (count 0) and whose records hold a distinct
+    junk pattern, so that a row or record nobody should write shows."""
+    store = CanaryStore.allocate(
+        num_slots=num_slots, violation_capacity=violation_capacity, device=device
+    )
+    store.violations.fill_(JUNK)
+    if junk_records:
+        s = torch.arange(num_slots, dtype=I64, device=device)[:, None]
+        store.records.copy_(s * 1000 + torch.tensor([1, 2, 3, 4], device=device) + 10**6)
+    return store
+
+
+def snapshot_store(store: CanaryStore) -> Dict[str, torch.Tensor]:
+    return {name: getattr(store, name).clone() for name in STORE_FIELDS}
+
+
+def assert_store_equal(store: CanaryStore, before: Dict[str, torch.Tensor]) -> None:
+    for name, old in before.items():
+        assert torch.equal(getattr(store, name), old), f"CanaryStore.{name} was written"
+
+
+def snapshot_plan(buffers: PlanBuffers) -> Dict[str, torch.Tensor]:
+    return {name: getattr(buffers, name).clone() for name in BUFFER_SPECS}
+
+
+def assert_plan_equal(buffers: PlanBuffers, before: Dict[str, torch.Tensor]) -> None:
+    for name, old in before.items():
+        assert torch.equal(getattr(buffers, name), old), f"PlanBuffers.{name} was written"
+
+
+def counters(store: CanaryStore) -> Tuple[int, int, int, int]:
+    """(violation_count, kernel_runs, slots_processed, status)."""
+    return (
+        int(store.violation_count), int(store.kernel_runs), int(store.slots_processed),
+        int(store.status),
+    )
+
+
+def kept_rows(store: CanaryStore, start: int = 0) -> List[Tuple[int, ...]]:
+    """The ring rows ``[start, min(count, capacity))`` as tuples, in ring order."""
+    end = min(int(store.violation_count), store.violation_capacity)
+    return [tuple(r) for r in store.violations[start:end].tolist()]
+
+
+def multiset(rows: Sequence[Sequence[int]]) -> collections.Counter:
+    return collections.Counter(tuple(int(v) for v in r) for r in rows)
+
+
+def is_sub_multiset(small, big) -> bool:
+    small, big = multiset(small), multiset(big)
+    return all(big[k] >= v for k, v in small.items())
+
+
+def record(store: CanaryStore, slot: int) -> List[int]:
+    return store.records[slot].tolist()
+
+
+def hash_of(rec: Sequence[int]) -> int:
+    """The contract's hash_of of one record (token, position, prev_hash, ...)."""
+    return mix3_int(rec[2], rec[0], rec[1])
+
+
+# --- plans filled by hand -----------------------------------------------------------------
+def new_plan(write_req_capacity=4, verify_capacity=16, device=DEVICE) -> PlanBuffers:
+    """Plan buffers whose outputs hold junk (an element read past a count shows)."""
+    buffers = PlanBuffers.allocate(
+        write_req_capacity=write_req_capacity, verify_capacity=verify_capacity, device=device
+    )
+    for name, (_dtype, _shape, role) in BUFFER_SPECS.items():
+        if role == "output":
+            getattr(buffers, name).fill_(JUNK)
+    return buffers
+
+
+def set_write_plan(buffers: PlanBuffers, offsets, seeds, num_rows=None) -> None:
+    """Write plan of ``len(seeds)`` rows (``offsets`` has one more element); rows past
+    them keep their junk (a path that reads them shows)."""
+    rows = len(seeds) if num_rows is None else num_rows
+    buffers.write_offsets[: len(offsets)] = i64(offsets)
+    buffers.write_seed_slot_indices[: len(seeds)] = i64(seeds)
+    buffers.write_num_valid_reqs.fill_(rows)
+
+
+def set_verify_plan(
+    buffers: PlanBuffers, slots, prevs, positions, tokens=None, *, enable=1, num_valid=None
+) -> None:
+    """Verify entries given by hand (tokens default to -1); entries past them keep junk."""
+    n = len(slots)
+    tokens = [-1] * n if tokens is None else tokens
+    for name, values in (
+        ("verify_slot_indices", slots),
+        ("verify_prev_slot_indices", prevs),
+        ("verify_expected_positions", positions),
+        ("verify_expected_tokens", tokens),
+    ):
+        getattr(buffers, name)[:n] = i64(values)
+    buffers.verify_num_valid.fill_(n if num_valid is None else num_valid)
+    buffers.verify_enable.fill_(enable)
+
+
+# --- real-KV sources ------------------------------------------------------------------
+def make_source(
+    gen: torch.Generator, rows: int, row_bytes: int, dtype: torch.dtype = torch.uint8,
+    *, pad_bytes: int = 0, offset_bytes: int = 0, spare_rows: int = 0, device="cpu",
+) -> torch.Tensor:
+    """A 2-D source of ``rows`` rows of ``row_bytes`` random bytes, as ``dtype``. With
+    ``pad_bytes``/``offset_bytes`` (multiples of 16) it is a strided view into a wider
+    buffer, starting ``offset_bytes`` into each row of it; with ``spare_rows`` the buffer
+    has more rows than the source (a read past the source finds data, not a fault)."""
+    width = row_bytes + pad_bytes
+    raw = torch.randint(0, 256, (rows + spare_rows, width), generator=gen, dtype=torch.int64)
+    base = raw.to(torch.uint8).to(device).view(dtype)
+    item = base.element_size()
+    return base[:rows, offset_bytes // item : (offset_bytes + row_bytes) // item]
+
+
+def py_real_kv(real_kv: Optional[RealKV], slot: int) -> Optional[int]:
+    """The contract's real_kv(s) from the bytes, in plain Python; None when the slot's
+    page row lies past a source (the kernels skip it)."""
+    if real_kv is None or real_kv.mode == RealKVMode.NONE or not real_kv.sources:
+        return 0
+    page = slot // real_kv.page_size
+    if any(page >= src.shape[0] for src in real_kv.sources):
+        return None
+    width = 16 if real_kv.mode == RealKVMode.PARTIAL else real_kv.read_bytes
+    start = (slot % real_kv.page_size) * real_kv.bytes_per_token
+    h = 0
+    for src in real_kv.sources:
+        data = bytes(src[page].contiguous().view(torch.uint8).tolist())
+        acc = 0
+        for k in range(start, start + width, 8):
+            acc = sm_int(acc ^ int.from_bytes(data[k : k + 8], "little"))
+        h = sm_int(h ^ acc)
+    return h
+
+
+def slot_bytes(src: torch.Tensor, page_size: int, bytes_per_token: int, slot: int) -> torch.Tensor:
+    """A writable uint8 view of one slot's bytes in a source (to corrupt them)."""
+    row = src[slot // page_size].view(torch.uint8)
+    start = (slot % page_size) * bytes_per_token
+    return row[start : start + bytes_per_token]
+
+
+# --- the loop model ----------------------------------------------------------------------
+class ModelState(NamedTuple):
+    records: List[List[int]]
+    rows: List[Tuple[int, ...]]  # every row appended, in the contract's order
+    runs: int
+    processed: int
+    status: int
+
+
+def model_state(store: CanaryStore) -> ModelState:
+    """The model of ``store`` now (no rows appended yet)."""
+    return ModelState(
+        store.records.tolist(), [], int(store.kernel_runs), int(store.slots_processed),
+        int(store.status),
+    )
+
+
+def _hash_of(records, s: int) -> int:
+    return H0_SIGNED if s < 0 else hash_of(records[s])
+
+
+def model_write(
+    st: ModelState, buffers: PlanBuffers, *, input_ids, positions, out_cache_loc,
+    launch_tag=0, expected_input_ids=None, expected_positions=None, real_kv=None,
+    chain_position_check=False,
+) -> ModelState:
+    """Contract "Write" as a loop, with the kernels' skip-and-flag rules for bad data."""
+    recs = [list(r) for r in st.records]
+    rows = list(st.rows)
+    processed, status = st.processed, st.status
+    num_slots = len(recs)
+    ocl, ids, pos = out_cache_loc.tolist(), input_ids.tolist(), positions.tolist()
+    exp = None
+    if expected_input_ids is not None:
+        exp = (expected_input_ids.tolist(), expected_positions.tolist())
+    n = len(ocl)
+    cap = buffers.write_req_capacity
+    nr = int(buffers.write_num_valid_reqs)
+    if not 0 <= nr <= cap:
+        status |= CanaryStatus.PLAN_COUNT_OUT_OF_RANGE
+        nr = min(max(nr, 0), cap)
+    offsets = buffers.write_offsets.tolist()
+    seeds = buffers.write_seed_slot_indices.tolist()
+    start_records = [list(r) for r in recs]  # rows are independent: seeds read at the start
+    for r in range(nr):
+        lo, hi = offsets[r], offsets[r + 1]
+        if not hi > lo:
+            continue
+        if lo < 0 or hi > n:
+            status |= CanaryStatus.WRITE_INDEX_OUT_OF_RANGE
+        seed = seeds[r]
+        if seed >= num_slots:
+            status |= CanaryStatus.SEED_OUT_OF_RANGE
+            continue
+        running = _hash_of(start_records, seed)
+        check_pos = chain_position_check and seed >= 0
+        prev_pos = start_records[seed][1] if check_pos else 0
+        for i in range(min(max(lo, 0), n), min(max(hi, 0), n)):
+            s = ocl[i]
+            if s < 0:
+                continue
+            if s >= num_slots:
+                status |= CanaryStatus.WRITE_SLOT_OUT_OF_RANGE
+                continue
+            kv = py_real_kv(real_kv, s)
+            if kv is None:
+                status |= CanaryStatus.REAL_KV_ROW_OUT_OF_RANGE
+                continue
+            tok, p = ids[i], pos[i]
+            if exp is not None and (tok != exp[0][i] or p != exp[1][i]):
+                bits = (FailBits.WRITE_TOKEN if tok != exp[0][i] else 0) | (
+                    FailBits.WRITE_POSITION if p != exp[1][i] else 0
+                )
+                rows.append((launch_tag, s, p, tok, exp[0][i], running, exp[1][i], int(bits)))
+            if check_pos:
+                if p != prev_pos + 1:
+                    rows.append(
+                        (launch_tag, s, p, tok, tok, running, prev_pos + 1,
+                         int(FailBits.WRITE_POSITION))
+                    )
+                prev_pos = p
+            recs[s] = [tok, p, running, kv]
+            running = mix3_int(running, tok, p)
+            processed += 1
+    return ModelState(recs, rows, st.runs + 1, processed, status)
+
+
+def model_verify(
+    st: ModelState, buffers: PlanBuffers, *, launch_tag=0, check_expected_tokens=True,
+    real_kv=None,
+) -> ModelState:
+    """Contract "Verify" as a loop, with the kernels' skip-and-flag rules for bad data."""
+    recs = st.records
+    rows = list(st.rows)
+    processed, status = st.processed, st.status
+    num_slots = len(recs)
+    if int(buffers.verify_enable) == 0:
+        return ModelState(recs, rows, st.runs + 1, processed, status)
+    cap = buffers.verify_capacity
+    n = int(buffers.verify_num_valid)
+    if not 0 <= n <= cap:
+        status |= CanaryStatus.PLAN_COUNT_OUT_OF_RANGE
+        n = min(max(n, 0), cap)
+    processed += n
+    slots = buffers.verify_slot_indices.tolist()
+    prevs = buffers.verify_prev_slot_indices.tolist()
+    positions = buffers.verify_expected_positions.tolist()
+    tokens = buffers.verify_expected_tokens.tolist()
+    for i in range(n):
+        s = slots[i]
+        if s == 0:
+            continue
+        if s < 0 or s >= num_slots:
+            status |= CanaryStatus.VERIFY_SLOT_OUT_OF_RANGE
+            continue
+        p = prevs[i]
+        if p >= num_slots:
+            status |= CanaryStatus.PREV_SLOT_OUT_OF_RANGE
+            continue
+        kv = py_real_kv(real_kv, s)
+        if kv is None:
+            status |= CanaryStatus.REAL_KV_ROW_OUT_OF_RANGE
+            continue
+        tok, position, prev_hash, rec_kv = recs[s]
+        reachable = p != 0
+        expected_chain = _hash_of(recs, p) if reachable else prev_hash
+        exp_tok = tokens[i] if check_expected_tokens else -1
+        bits = 0
+        if reachable and prev_hash != expected_chain:
+            bits |= FailBits.CHAIN
+        if position != positions[i]:
+            bits |= FailBits.POSITION
+        if rec_kv != kv:
+            bits |= FailBits.REAL_KV
+        if exp_tok != -1 and tok != exp_tok:
+            bits |= FailBits.VERIFY_TOKEN
+        if bits:
+            rows.append((launch_tag, s, position, tok, exp_tok, prev_hash, expected_chain, int(bits)))
+    return ModelState(recs, rows, st.runs + 1, processed, status)
+
+
+def assert_store_matches_model(
+    store: CanaryStore, model: ModelState, *, rows_before: int = 0, ordered: bool = False
+) -> None:
+    """Records, counters and status equal the model's; the ring holds the model's rows
+    appended after ``rows_before`` kept rows (in order when ``ordered``, else as a
+    multiset; a sub-multiset when the ring is full)."""
+    assert store.records.tolist() == model.records
+    assert int(store.kernel_runs) == model.runs
+    assert int(store.slots_processed) == model.processed
+    assert int(store.status) == model.status
+    count = int(store.violation_count)
+    assert count == rows_before + len(model.rows)
+    got = kept_rows(store, rows_before)
+    if count <= store.violation_capacity:
+        if ordered:
+            assert got == model.rows
+        else:
+            assert multiset(got) == multiset(model.rows)
+    else:
+        assert is_sub_multiset(got, model.rows)
+        if ordered:
+            assert got == model.rows[: len(got)]
