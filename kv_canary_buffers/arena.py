@@ -64,19 +64,19 @@ class Arena:
     device_index: int = attrs.field(init=False)
     """``Tensor.get_device()`` of a tensor on the arena's device (-1 on the CPU)."""
     _expected: Tuple[Tuple[Any, ...], ...] = attrs.field(init=False, repr=False)
-    """(addresses, dtypes, shapes, names, whether the field has more than one element) of
-    the fields, transposed once for the check."""
+    """Per field, what the check compares: (address, dtype, shape, whether the field has
+    more than one element), computed once (one tuple a field unpacks faster in the hot
+    loop than five transposed ones)."""
+    _names: Tuple[str, ...] = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         index = self.device.index if self.device.type == "cuda" else -1
         object.__setattr__(self, "device_index", index)
-        object.__setattr__(self, "_expected", (
-            tuple(self.base + f.offset for f in self.fields),
-            tuple(f.dtype for f in self.fields),
-            tuple(torch.Size(f.shape) for f in self.fields),
-            tuple(f.name for f in self.fields),
-            tuple(math.prod(f.shape) > 1 for f in self.fields),
+        object.__setattr__(self, "_expected", tuple(
+            (self.base + f.offset, f.dtype, torch.Size(f.shape), math.prod(f.shape) > 1)
+            for f in self.fields
         ))
+        object.__setattr__(self, "_names", tuple(f.name for f in self.fields))
 
     @classmethod
     def allocate(
@@ -129,20 +129,22 @@ class Arena:
         if storage.data_ptr() != self.base or storage.nbytes() != self.nbytes:
             return "<arena>"
         try:
-            for t, ptr, dtype, shape, name, multi in zip(tensors, *self._expected):
+            for t, (ptr, dtype, shape, multi) in zip(tensors, self._expected):
                 if (
                     t.data_ptr() != ptr  # type: ignore[attr-defined]
                     or t.dtype is not dtype  # type: ignore[attr-defined]
                     or t.shape != shape  # type: ignore[attr-defined]
                     or (multi and not t.is_contiguous())  # type: ignore[attr-defined]
                 ):
-                    return name
+                    break
+            else:
+                return None
         except (AttributeError, TypeError, RuntimeError):
-            # Something is not a tensor (or not a plain one): name the first field that
-            # is not its view, testing each without raising.
-            for t, ptr, dtype, shape, name, _multi in zip(tensors, *self._expected):
-                if not _is_view(t, ptr, dtype, shape):
-                    return name
+            pass
+        # Name the first field that is not its view, testing each without raising.
+        for t, (ptr, dtype, shape, _multi), name in zip(tensors, self._expected, self._names):
+            if not _is_view(t, ptr, dtype, shape):
+                return name
         return None
 
     def overlaps(self, t: torch.Tensor) -> bool:
