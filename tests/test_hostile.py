@@ -75,6 +75,10 @@ def strided_in_place(b):
     b.verify_slot_indices.as_strided_((8,), (2,))
 
 
+def restrided_same_shape(b):
+    b.verify_slot_indices.as_strided_((16,), (2,))  # same shape, reaching into the next field
+
+
 def transposed_in_place(b):
     b.scan_block_sums.t_()
 
@@ -132,6 +136,8 @@ TAMPERING = {
         fresh_tensor, ValueError, "PlanBuffers.verify_slot_indices is not the memory"),
     "as_strided_ in place": (
         strided_in_place, ValueError, "PlanBuffers.verify_slot_indices must have shape"),
+    "as_strided_ to the same shape with stride 2": (
+        restrided_same_shape, ValueError, "PlanBuffers.verify_slot_indices must be contiguous"),
     "t_ in place": (
         transposed_in_place, ValueError, "PlanBuffers.scan_block_sums must have shape"),
     "resize_ smaller in place": (
