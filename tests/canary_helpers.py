@@ -25,7 +25,7 @@ from kv_canary_buffers import (
     verify_reference,
     write_reference,
 )
-from kv_canary_buffers.hashing import H0_SIGNED, mix3_int, sm_int
+from kv_canary_buffers.hashing import H0_SIGNED, mix3_int, sm_int, to_signed
 from kv_canary_buffers.layout import BUFFER_SPECS, store_specs
 from kv_canary_kernels import launch_verify, launch_write
 
@@ -275,10 +275,10 @@ def model_write(
                 )
                 rows.append((launch_tag, s, p, tok, exp[0][i], running, exp[1][i], int(bits)))
             if check_pos:
-                if p != prev_pos + 1:
+                want = to_signed(prev_pos + 1)  # int64 arithmetic: wraps at 2**63 - 1
+                if p != want:
                     rows.append(
-                        (launch_tag, s, p, tok, tok, running, prev_pos + 1,
-                         int(FailBits.WRITE_POSITION))
+                        (launch_tag, s, p, tok, tok, running, want, int(FailBits.WRITE_POSITION))
                     )
                 prev_pos = p
             recs[s] = [tok, p, running, kv]
