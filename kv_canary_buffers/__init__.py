@@ -8,6 +8,7 @@ Public names:
 - :func:`write_reference`, :func:`verify_reference`: the torch write and verify stages.
 - :class:`ViolationReport`, :class:`Violation`, :class:`FailBits`: decoded violations.
 - :class:`CanaryStatus`: the bits of a store's status word.
+- :func:`gather_violation_reports`: every rank's report, gathered (tensor parallelism).
 - :class:`GraphInputs`: capacity-sized per-row inputs for a captured (CUDA-graph) plan.
 - :func:`plan_reference`: the torch plan (CPU path and the kernels' oracle).
 - :func:`validate_plan_args`: the host-side checks both plan paths run first.
@@ -21,6 +22,7 @@ never imports Triton.
 from ._version import __version__
 from .buffers import PlanBuffers
 from .compare import plans_equal
+from .distributed import GatheredReport, RankedViolation, gather_violation_reports
 from .plan_reference import plan_reference
 from .real_kv import RealKV, RealKVMode
 from .report import Violation, ViolationReport
@@ -36,15 +38,18 @@ __all__ = [
     "CanaryStatus",
     "CanaryStore",
     "FailBits",
+    "GatheredReport",
     "GraphInputs",
     "PlanArgs",
     "PlanBuffers",
     "PlanStatus",
     "RealKV",
+    "RankedViolation",
     "RealKVMode",
     "Violation",
     "ViolationReport",
     "plan_reference",
+    "gather_violation_reports",
     "plans_equal",
     "validate_plan_args",
     "verify_reference",

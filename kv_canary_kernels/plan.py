@@ -14,6 +14,7 @@ from kv_canary_buffers.layout import OFFSETS_BLOCK, ROW_HINT_STRIDE, SCAN_BLOCK
 from kv_canary_buffers.validation import PlanArgs, validate_plan_args
 
 from .entries import plan_entries_kernel
+from .launcher import Launcher, alignment_key
 from .offsets import plan_offsets_kernel, scan_block_sums_kernel
 from .small_batch import plan_small_batch_kernel
 
@@ -117,6 +118,18 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     table_rows, table_cols = table.shape
     window = args.swa_window_size
 
+    # A compiled variant depends on the constexprs below, on each pointer's 16-byte
+    # alignment (the buffers' fields are aligned by construction, the inputs are the
+    # caller's) and on whether each runtime int fits in int32 (Triton types it so).
+    inputs = (args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table, lut_t,
+              pool_t, valid_t)
+    offset = args.kv_token_id_vs_position_offset
+    ints = (bs, write_capacity, verify_capacity, window, offset, table_rows, table_cols,
+            lut_len, pool_rows, pool_cols)
+    common_key = (has_lut, has_pool, alignment_key(inputs), int_classes(ints),
+                  tuple(_ENTRIES_OPTIONS.items()))
+    device = buffers.device
+
     if bs < SCAN_BLOCK:
         # program 0 writes the write plan, programs 1.. the verify entries
         rows = SCAN_BLOCK
@@ -126,53 +139,85 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
                 break
         block = SMALL_ENTRY_BLOCK
         entry_grid = min(triton.cdiv(verify_capacity, block), config.small_program_cap)
-        plan_small_batch_kernel[(1 + entry_grid,)](
-            args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table,
-            lut_t, pool_t, valid_t,
-            buffers.write_offsets, buffers.write_seed_slot_indices, buffers.write_num_valid_reqs,
-            buffers.verify_slot_indices, buffers.verify_expected_tokens,
-            buffers.verify_expected_positions, buffers.verify_prev_slot_indices,
-            buffers.verify_num_valid, buffers.verify_enable, buffers.status,
-            bs, write_capacity,
-            verify_capacity, window, args.kv_token_id_vs_position_offset,
-            table_rows, table_cols, lut_len, pool_rows, pool_cols,
-            HAS_LUT=has_lut, HAS_POOL=has_pool, ROWS=rows, BLOCK=block,
-            num_warps=SMALL_ENTRY_WARPS, **_ENTRIES_OPTIONS,
+        _SMALL.launch(
+            device, (1 + entry_grid, 1, 1), (common_key, rows, block, SMALL_ENTRY_WARPS),
+            (
+                *inputs,
+                buffers.write_offsets, buffers.write_seed_slot_indices,
+                buffers.write_num_valid_reqs,
+                buffers.verify_slot_indices, buffers.verify_expected_tokens,
+                buffers.verify_expected_positions, buffers.verify_prev_slot_indices,
+                buffers.verify_num_valid, buffers.verify_enable, buffers.status,
+                *ints,
+            ),
+            {"HAS_LUT": has_lut, "HAS_POOL": has_pool, "ROWS": rows, "BLOCK": block},
+            {"num_warps": SMALL_ENTRY_WARPS, **_ENTRIES_OPTIONS},
         )
         return
 
     sums = buffers.scan_block_sums
     n_sum_blocks = triton.cdiv(bs, OFFSETS_BLOCK)
-    scan_block_sums_kernel[(n_sum_blocks,)](
-        args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
-        bs, window, sums.shape[1], verify_capacity,
-        BLOCK=OFFSETS_BLOCK, USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS,
+    sums_ints = (bs, window, sums.shape[1], verify_capacity)
+    _SUMS.launch(
+        device, (n_sum_blocks, 1, 1),
+        (common_key[2], int_classes(sums_ints), OFFSETS_BLOCK, config.use_pdl, _SCAN_WARPS),
+        (args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums, *sums_ints),
+        {"BLOCK": OFFSETS_BLOCK, "USE_PDL": config.use_pdl},
+        {"num_warps": _SCAN_WARPS},
     )
-    plan_offsets_kernel[(triton.cdiv(bs + 1, OFFSETS_BLOCK),)](
-        args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
-        buffers.write_offsets, buffers.write_num_valid_reqs,
-        buffers.verify_offsets, buffers.verify_row_hints, buffers.verify_num_valid,
-        buffers.verify_enable,
-        bs, n_sum_blocks, sums.shape[1], write_capacity, verify_capacity,
-        window, BLOCK=OFFSETS_BLOCK, SUM_CHUNK=_SUM_CHUNK, HINT_STRIDE=ROW_HINT_STRIDE,
-        USE_PDL=config.use_pdl, num_warps=_SCAN_WARPS, **config.pdl_options,
+    offsets_ints = (bs, n_sum_blocks, sums.shape[1], write_capacity, verify_capacity, window)
+    _OFFSETS.launch(
+        device, (triton.cdiv(bs + 1, OFFSETS_BLOCK), 1, 1),
+        (common_key[2], int_classes(offsets_ints), OFFSETS_BLOCK, _SUM_CHUNK, config.use_pdl,
+         _SCAN_WARPS),
+        (
+            args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
+            buffers.write_offsets, buffers.write_num_valid_reqs,
+            buffers.verify_offsets, buffers.verify_row_hints, buffers.verify_num_valid,
+            buffers.verify_enable,
+            *offsets_ints,
+        ),
+        {"BLOCK": OFFSETS_BLOCK, "SUM_CHUNK": _SUM_CHUNK, "HINT_STRIDE": ROW_HINT_STRIDE,
+         "USE_PDL": config.use_pdl},
+        {"num_warps": _SCAN_WARPS, **config.pdl_options},
     )
     block, warps = (LUT_ENTRY_BLOCK, LUT_ENTRY_WARPS) if has_lut else (ENTRY_BLOCK, ENTRY_WARPS)
     seed_programs = triton.cdiv(bs, block)
     entry_grid = min(triton.cdiv(verify_capacity, block), program_cap)
-    plan_entries_kernel[(seed_programs + entry_grid,)](
-        args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table, lut_t, pool_t,
-        valid_t, buffers.verify_offsets, buffers.verify_row_hints, buffers.verify_num_valid,
-        buffers.verify_enable,
-        buffers.write_seed_slot_indices, buffers.verify_slot_indices,
-        buffers.verify_expected_tokens, buffers.verify_expected_positions,
-        buffers.verify_prev_slot_indices, buffers.status,
-        bs, seed_programs, window, args.kv_token_id_vs_position_offset, table_rows,
-        table_cols, lut_len, pool_rows, pool_cols,
-        HAS_LUT=has_lut, HAS_POOL=has_pool, BLOCK=block, ROW_WINDOW=ROW_WINDOW,
-        HINT_STRIDE=ROW_HINT_STRIDE, USE_PDL=config.use_pdl, num_warps=warps,
-        **config.pdl_options, **_ENTRIES_OPTIONS,
+    entries_ints = (bs, seed_programs, window, offset, table_rows, table_cols, lut_len,
+                    pool_rows, pool_cols)
+    _ENTRIES.launch(
+        device, (seed_programs + entry_grid, 1, 1),
+        (common_key, int_classes(entries_ints), block, ROW_WINDOW, config.use_pdl, warps),
+        (
+            *inputs[:4], lut_t, pool_t, valid_t,
+            buffers.verify_offsets, buffers.verify_row_hints, buffers.verify_num_valid,
+            buffers.verify_enable,
+            buffers.write_seed_slot_indices, buffers.verify_slot_indices,
+            buffers.verify_expected_tokens, buffers.verify_expected_positions,
+            buffers.verify_prev_slot_indices, buffers.status,
+            *entries_ints,
+        ),
+        {"HAS_LUT": has_lut, "HAS_POOL": has_pool, "BLOCK": block, "ROW_WINDOW": ROW_WINDOW,
+         "HINT_STRIDE": ROW_HINT_STRIDE, "USE_PDL": config.use_pdl},
+        {"num_warps": warps, **config.pdl_options, **_ENTRIES_OPTIONS},
     )
+
+
+_SMALL = Launcher(plan_small_batch_kernel)
+_SUMS = Launcher(scan_block_sums_kernel)
+_OFFSETS = Launcher(plan_offsets_kernel)
+_ENTRIES = Launcher(plan_entries_kernel)
+
+
+def int_classes(values: tuple) -> int:
+    """A bit per runtime int: set when it does not fit in int32 (Triton then types it
+    int64, a different compiled variant)."""
+    bits = 0
+    for i, v in enumerate(values):
+        if not -2147483648 <= v <= 2147483647:
+            bits |= 1 << i
+    return bits
 
 
 def launch_plan(
