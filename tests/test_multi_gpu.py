@@ -28,14 +28,14 @@ pytestmark = [
 def batch(device, seed, bs=3, cols=64):
     g = torch.Generator().manual_seed(seed)
     rows = bs + 1
-    slots = torch.randperm(rows * cols - 1, generator=g) + 1
+    slots = torch.randperm(rows * cols, generator=g) + 1  # slots 1 .. rows * cols
     table = slots.reshape(rows, cols).to(torch.int32).to(device)
     prefix = torch.randint(1, cols - 4, (bs,), generator=g).to(device)
     return dict(
         req_pool_indices=torch.arange(1, bs + 1, device=device), prefix_lens=prefix,
         extend_seq_lens=torch.full((bs,), 2, dtype=torch.int64, device=device),
         req_to_token=table,
-    ), 2 * rows * cols  # slots: the table's, and as many fresh ones for the writes
+    ), 2 * rows * cols + 1  # slots: the table's, and as many fresh ones for the writes
 
 
 def step_inputs(plan, table, device, seed):
@@ -46,7 +46,8 @@ def step_inputs(plan, table, device, seed):
     return dict(
         input_ids=torch.randint(0, 1000, (n,), generator=g).to(device),
         positions=torch.arange(n, device=device),
-        out_cache_loc=(table.numel() + torch.randperm(table.numel(), generator=g)[:n]).to(device),
+        out_cache_loc=(table.numel() + 1 + torch.randperm(table.numel(), generator=g)[:n])
+        .to(device),
     )
 
 
