@@ -1,0 +1,74 @@
+"""The write's hash-chain floor: one lane computing ``running = mix3(running, t, p)`` n
+times and nothing else (no loads or stores in the loop), timed in a CUDA graph.
+
+    PYTHONPATH=. python benchmarks/chain_floor.py
+
+A row's chain is serial by definition (docs/contract-canary.md), so no write kernel can
+spend less than this per token on its longest row. Measured on the H200 in the session of
+2026-11-30: 104 ns per mix3 (benchmarks/results/h200-probe-chain-floor-variants-20261130.txt).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kv_canary_kernels.canary_common import ANCHOR, mix3  # noqa: E402
+
+
+@triton.jit
+def chain_kernel(ids_ptr, pos_ptr, out_ptr, n):
+    running = tl.full([32], ANCHOR, tl.uint64)
+    lanes = tl.arange(0, 32)
+    t = tl.load(ids_ptr + lanes)
+    p = tl.load(pos_ptr + lanes)
+    for _ in range(0, n):
+        running = mix3(running, t, p)
+    tl.store(out_ptr + lanes, running.to(tl.int64, bitcast=True))
+
+
+def graph_us(fn, calls: int = 2, replays: int = 20) -> float:
+    """Median GPU time of one call over CUDA-graph replays of ``calls`` calls."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("chain_floor: needs CUDA")
+        return 1
+    x = torch.arange(32, device="cuda")
+    out = torch.zeros(32, dtype=torch.int64, device="cuda")
+    for n in (2048, 8192):
+        t = graph_us(lambda: chain_kernel[(1,)](x, x, out, n, num_warps=1))
+        print(f"chain floor: {n} mix3 in {t:8.1f} us = {t * 1e3 / n:6.1f} ns per mix3")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
