@@ -69,7 +69,8 @@ def main(argv=None) -> int:
         )
         line = f"bs={bs:5d}  check() {check:7.2f} us  validate_plan_args {validate:7.2f} us"
         if dev.type == "cuda":
-            from kv_canary_kernels import dispatch_plan, launch_plan
+            from kv_canary_kernels import launch_plan
+            from kv_canary_kernels.plan import dispatch_plan
 
             plan_args = validate_plan_args(buffers, **kwargs)
             variants = {

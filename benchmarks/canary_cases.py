@@ -45,7 +45,8 @@ from kv_canary_buffers import (
     validate_plan_args, verify_reference, write_reference,
 )
 from kv_canary_buffers.validation import validate_verify_args, validate_write_args
-from kv_canary_kernels import dispatch_plan, launch_plan, launch_verify, launch_write
+from kv_canary_kernels import launch_plan, launch_verify, launch_write
+from kv_canary_kernels.plan import dispatch_plan
 from kv_canary_kernels.verify import dispatch_verify
 from kv_canary_kernels.write import dispatch_write
 

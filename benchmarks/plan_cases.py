@@ -117,7 +117,8 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
     100 launches at every batch (SWA on). ``bandwidth``: the run's copy bandwidth (B/s)."""
     from baselines import SGLANG_MAX_BS, sglang_design_plan, torch_plan, traffic_only_plan
     from harness import guarded
-    from kv_canary_kernels import dispatch_plan, launch_plan
+    from kv_canary_kernels import launch_plan
+    from kv_canary_kernels.plan import dispatch_plan
 
     device = ENV.device
     mean_prefix = MEAN_PREFIX if on_gpu() else SMOKE_MEAN_PREFIX

@@ -13,8 +13,8 @@ package is imported.
 
 from kv_canary_buffers._version import __version__
 
-from .plan import dispatch_plan, launch_plan
+from .plan import launch_plan
 from .verify import launch_verify
 from .write import launch_write
 
-__all__ = ["__version__", "dispatch_plan", "launch_plan", "launch_verify", "launch_write"]
+__all__ = ["__version__", "launch_plan", "launch_verify", "launch_write"]
