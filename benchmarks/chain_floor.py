@@ -10,7 +10,6 @@ spend less than this per token on its longest row. Measured on the H200 in the s
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
@@ -19,6 +18,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import gpu_time  # noqa: E402
 
 from kv_canary_kernels.canary_common import ANCHOR, mix3  # noqa: E402
 
@@ -34,30 +36,6 @@ def chain_kernel(ids_ptr, pos_ptr, out_ptr, n):
     tl.store(out_ptr + lanes, running.to(tl.int64, bitcast=True))
 
 
-def graph_us(fn, calls: int = 2, replays: int = 20) -> float:
-    """Median GPU time of one call over CUDA-graph replays of ``calls`` calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
-
-
 def main() -> int:
     if not torch.cuda.is_available():
         print("chain_floor: needs CUDA")
@@ -65,7 +43,8 @@ def main() -> int:
     x = torch.arange(32, device="cuda")
     out = torch.zeros(32, dtype=torch.int64, device="cuda")
     for n in (2048, 8192):
-        t = graph_us(lambda: chain_kernel[(1,)](x, x, out, n, num_warps=1))
+        # A CUDA graph of 2 calls (each over 2 ms), median of 20 replays: as measured.
+        t = gpu_time(lambda: chain_kernel[(1,)](x, x, out, n, num_warps=1), 20, 2).us
         print(f"chain floor: {n} mix3 in {t:8.1f} us = {t * 1e3 / n:6.1f} ns per mix3")
     return 0
 
