@@ -41,7 +41,7 @@ def _check_generation(_inst: object, _attr: attrs.Attribute, value: object) -> N
         raise ValueError(f"kv-canary: generation must be >= 0, got {value!r}")
 
 
-@attrs.frozen(kw_only=True, eq=False)
+@attrs.frozen(kw_only=True, eq=False, repr=False)
 class CanaryStore:
     """Every tensor of one record store, views into one arena, zeroed at allocation.
 
@@ -91,6 +91,16 @@ class CanaryStore:
             raise ValueError("kv-canary: CanaryStore.arena must have a CanaryStore layout")
         self.check()
         self.arena.claim(self, "CanaryStore")
+
+    def __repr__(self) -> str:
+        try:
+            return (
+                f"CanaryStore(num_slots={self.num_slots}, "
+                f"violation_capacity={self.violation_capacity}, device={self.device!r}, "
+                f"generation={self.generation!r})"
+            )
+        except Exception:  # a tampered object must still print
+            return "CanaryStore(<tampered>)"
 
     # --- construction -------------------------------------------------------------
     @classmethod
