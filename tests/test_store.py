@@ -459,3 +459,11 @@ def test_sizes_given_as_tensors_are_refused_with_the_reason():
 
     with pytest.raises(TypeError, match="kv-canary: num_slots must be an int, got Tensor.*sync"):
         CanaryStore.allocate(num_slots=torch.tensor(8), violation_capacity=4, device="cpu")
+
+
+def test_repr_names_sizes_device_and_generation():
+    from kv_canary_buffers import CanaryStore
+
+    store = CanaryStore.allocate(num_slots=10, violation_capacity=4, device="cpu")
+    text = repr(store.resize(num_slots=12))
+    assert text == "CanaryStore(num_slots=12, violation_capacity=4, device=device(type='cpu'), generation=1)"
