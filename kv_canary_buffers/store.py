@@ -89,7 +89,7 @@ class CanaryStore:
             )
         if tuple(f.name for f in self.arena.fields) != _FIELD_NAMES:
             raise ValueError("kv-canary: CanaryStore.arena must have a CanaryStore layout")
-        self.check()
+        self._check_views(self.arena, _get_fields(self))
         self.arena.claim(self, "CanaryStore")
 
     def __repr__(self) -> str:
@@ -219,16 +219,31 @@ class CanaryStore:
     # --- checks ---------------------------------------------------------------------
     def check(self) -> None:
         """Re-check that every field is still its view of the arena (address, dtype,
-        shape, contiguity) and that the arena's storage is intact. Reads no data, never
-        syncs; every launch and reference runs it first."""
+        shape, contiguity), that the arena's storage is intact and that this store owns
+        its arena. Reads no data, never syncs; every launch and reference runs it first."""
         try:
+            arena = self.arena
             fields = _get_fields(self)
         except AttributeError as err:
             raise AttributeError(
                 f"kv-canary: CanaryStore is missing a field ({err}); build a store with "
                 "CanaryStore.allocate"
             ) from None
-        bad = self.arena.first_bad_field(fields)
+        if type(arena) is not Arena:
+            raise TypeError(
+                "kv-canary: CanaryStore.arena must be a kv_canary_buffers.arena.Arena, got "
+                f"{type(arena).__name__} (the object was tampered with)"
+            )
+        self._check_views(arena, fields)
+        if arena.owner() is not self:
+            raise ValueError(
+                "kv-canary: this CanaryStore does not own its arena (its fields were rebound "
+                "to another store's memory); build a store with CanaryStore.allocate"
+            )
+
+    @staticmethod
+    def _check_views(arena: Arena, fields: Tuple[object, ...]) -> None:
+        bad = arena.first_bad_field(fields)
         if bad is not None:
             what = "its arena's storage" if bad == "<arena>" else f"CanaryStore.{bad}"
             raise ValueError(

@@ -56,6 +56,13 @@ class Launcher:
         if INTERPRETING:
             self.fn[grid](*args, **constexprs, **options)
             return
+        if device.type != "cuda":
+            raise RuntimeError(
+                f"kv-canary: the Triton kernels need a CUDA device, got buffers on {device}; on "
+                "the CPU use the torch references (plan_reference, write_reference, "
+                "verify_reference), or set TRITON_INTERPRET=1 before importing "
+                "kv_canary_kernels to run the kernels in Triton's interpreter"
+            )
         index = device.index
         if _current_device() != index:
             with torch.cuda.device(index):

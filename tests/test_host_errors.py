@@ -183,3 +183,35 @@ def test_launch_plan_on_cpu_without_the_interpreter_names_plan_reference():
                          env=env, timeout=120)
     assert "kv-canary: launch_plan needs a CUDA device for buffers.device, got cpu" in out.stdout
     assert "kv_canary_buffers.plan_reference" in out.stdout
+
+
+def test_write_and_verify_on_cpu_without_the_interpreter_name_the_references():
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from kv_canary_buffers import CanaryStore, PlanBuffers\n"
+        "from kv_canary_kernels import launch_verify, launch_write\n"
+        "s = CanaryStore.allocate(num_slots=8, violation_capacity=2, device='cpu')\n"
+        "p = PlanBuffers.allocate(write_req_capacity=1, verify_capacity=1, device='cpu')\n"
+        "z = torch.zeros(1, dtype=torch.int64)\n"
+        "for call in (lambda: launch_write(s, p, input_ids=z, positions=z.clone(),\n"
+        "                                  out_cache_loc=z.clone()),\n"
+        "             lambda: launch_verify(s, p)):\n"
+        "    try:\n"
+        "        call()\n"
+        "    except RuntimeError as e:\n"
+        "        print(e)\n"
+        "print(int(s.kernel_runs), int(s.violation_count))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=120)
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3, out.stdout + out.stderr
+    for line in lines[:2]:
+        assert line.startswith("kv-canary: the Triton kernels need a CUDA device, got ")
+        assert "write_reference" in line and "verify_reference" in line
+    assert lines[2] == "0 0"  # nothing written

@@ -467,3 +467,16 @@ def test_repr_names_sizes_device_and_generation():
     store = CanaryStore.allocate(num_slots=10, violation_capacity=4, device="cpu")
     text = repr(store.resize(num_slots=12))
     assert text == "CanaryStore(num_slots=12, violation_capacity=4, device=device(type='cpu'), generation=1)"
+
+
+def test_a_store_rebound_onto_another_stores_arena_is_refused():
+    from kv_canary_buffers import CanaryStore
+
+    a = CanaryStore.allocate(num_slots=8, violation_capacity=2, device="cpu")
+    b = CanaryStore.allocate(num_slots=8, violation_capacity=2, device="cpu")
+    for name in ("arena", "records", "violations", "violation_count", "kernel_runs",
+                 "slots_processed", "chain_position_check", "status"):
+        object.__setattr__(b, name, getattr(a, name))
+    with pytest.raises(ValueError, match="kv-canary: this CanaryStore does not own its arena"):
+        b.check()
+    a.check()  # the owner is unaffected
