@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import torch
 import triton
@@ -32,7 +31,7 @@ import triton.language as tl
 from kv_canary_buffers import PlanBuffers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from oracle import loop_plan  # noqa: E402
+from oracle import loop_plan
 
 SGLANG_MAX_BS = 4096
 
@@ -52,8 +51,12 @@ def python_loop_plan(buffers: PlanBuffers, **kwargs) -> None:
         cols = torch.tensor(out["entries"]).t()
         n = cols.shape[1]
         for dst, col in zip(
-            (buffers.verify_slot_indices, buffers.verify_expected_tokens,
-             buffers.verify_expected_positions, buffers.verify_prev_slot_indices),
+            (
+                buffers.verify_slot_indices,
+                buffers.verify_expected_tokens,
+                buffers.verify_expected_positions,
+                buffers.verify_prev_slot_indices,
+            ),
             cols,
         ):
             dst[:n].copy_(col)
@@ -69,9 +72,9 @@ def torch_plan(
     extend_seq_lens: torch.Tensor,
     req_to_token: torch.Tensor,
     swa_window_size: int = 0,
-    full_to_swa_index_mapping: Optional[torch.Tensor] = None,
-    req_to_verify_expected_tokens: Optional[torch.Tensor] = None,
-    req_to_verify_expected_tokens_valid_lens: Optional[torch.Tensor] = None,
+    full_to_swa_index_mapping: torch.Tensor | None = None,
+    req_to_verify_expected_tokens: torch.Tensor | None = None,
+    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None,
     kv_token_id_vs_position_offset: int = 0,
 ) -> None:
     """Static-shape torch plan (capturable); needs bs >= 1 and valid data."""
@@ -125,10 +128,23 @@ def torch_plan(
 
 @triton.jit
 def _sgl_offsets_kernel(
-    rp_ptr, p_ptr, e_ptr, table_ptr, lut_ptr,
-    write_offsets_ptr, seed_ptr, nvr_ptr, voff_ptr, vnv_ptr, ven_ptr,
-    bs, verify_capacity, window, cols,
-    HAS_LUT: tl.constexpr, BLOCK: tl.constexpr,
+    rp_ptr,
+    p_ptr,
+    e_ptr,
+    table_ptr,
+    lut_ptr,
+    write_offsets_ptr,
+    seed_ptr,
+    nvr_ptr,
+    voff_ptr,
+    vnv_ptr,
+    ven_ptr,
+    bs,
+    verify_capacity,
+    window,
+    cols,
+    HAS_LUT: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     rows = tl.arange(0, BLOCK)
     m = rows < bs
@@ -155,10 +171,28 @@ def _sgl_offsets_kernel(
 
 @triton.jit
 def _sgl_entries_kernel(
-    rp_ptr, p_ptr, table_ptr, lut_ptr, pool_ptr, vlen_ptr, voff_ptr, vnv_ptr, ven_ptr,
-    slot_ptr, tok_ptr, pos_ptr, prev_ptr,
-    bs, window, offset, cols, pool_cols, n_steps,
-    HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr, BLOCK: tl.constexpr,
+    rp_ptr,
+    p_ptr,
+    table_ptr,
+    lut_ptr,
+    pool_ptr,
+    vlen_ptr,
+    voff_ptr,
+    vnv_ptr,
+    ven_ptr,
+    slot_ptr,
+    tok_ptr,
+    pos_ptr,
+    prev_ptr,
+    bs,
+    window,
+    offset,
+    cols,
+    pool_cols,
+    n_steps,
+    HAS_LUT: tl.constexpr,
+    HAS_POOL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -204,9 +238,9 @@ def sglang_design_plan(
     extend_seq_lens: torch.Tensor,
     req_to_token: torch.Tensor,
     swa_window_size: int = 0,
-    full_to_swa_index_mapping: Optional[torch.Tensor] = None,
-    req_to_verify_expected_tokens: Optional[torch.Tensor] = None,
-    req_to_verify_expected_tokens_valid_lens: Optional[torch.Tensor] = None,
+    full_to_swa_index_mapping: torch.Tensor | None = None,
+    req_to_verify_expected_tokens: torch.Tensor | None = None,
+    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None,
     kv_token_id_vs_position_offset: int = 0,
 ) -> None:
     """Memset + single-program scan + persistent entries kernel; bs <= 4096."""
@@ -225,28 +259,66 @@ def sglang_design_plan(
     cols = req_to_token.shape[1]
     buffers.write_offsets.zero_()  # the memset
     _sgl_offsets_kernel[(1,)](
-        req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, lut_t,
-        buffers.write_offsets, buffers.write_seed_slot_indices, buffers.write_num_valid_reqs,
-        buffers.verify_offsets, buffers.verify_num_valid, buffers.verify_enable,
-        bs, buffers.verify_capacity, swa_window_size, cols,
-        HAS_LUT=lut is not None, BLOCK=max(16, triton.next_power_of_2(bs)), num_warps=8,
+        req_pool_indices,
+        prefix_lens,
+        extend_seq_lens,
+        req_to_token,
+        lut_t,
+        buffers.write_offsets,
+        buffers.write_seed_slot_indices,
+        buffers.write_num_valid_reqs,
+        buffers.verify_offsets,
+        buffers.verify_num_valid,
+        buffers.verify_enable,
+        bs,
+        buffers.verify_capacity,
+        swa_window_size,
+        cols,
+        HAS_LUT=lut is not None,
+        BLOCK=max(16, triton.next_power_of_2(bs)),
+        num_warps=8,
     )
     sms = torch.cuda.get_device_properties(req_pool_indices.device).multi_processor_count
     _sgl_entries_kernel[(sms,)](
-        req_pool_indices, prefix_lens, req_to_token, lut_t, pool_t, vlen_t,
-        buffers.verify_offsets, buffers.verify_num_valid, buffers.verify_enable,
-        buffers.verify_slot_indices, buffers.verify_expected_tokens,
-        buffers.verify_expected_positions, buffers.verify_prev_slot_indices,
-        bs, swa_window_size, kv_token_id_vs_position_offset, cols,
-        pool.shape[1] if pool is not None else 0, max(1, bs).bit_length(),
-        HAS_LUT=lut is not None, HAS_POOL=pool is not None, BLOCK=1024, num_warps=4,
+        req_pool_indices,
+        prefix_lens,
+        req_to_token,
+        lut_t,
+        pool_t,
+        vlen_t,
+        buffers.verify_offsets,
+        buffers.verify_num_valid,
+        buffers.verify_enable,
+        buffers.verify_slot_indices,
+        buffers.verify_expected_tokens,
+        buffers.verify_expected_positions,
+        buffers.verify_prev_slot_indices,
+        bs,
+        swa_window_size,
+        kv_token_id_vs_position_offset,
+        cols,
+        pool.shape[1] if pool is not None else 0,
+        max(1, bs).bit_length(),
+        HAS_LUT=lut is not None,
+        HAS_POOL=pool is not None,
+        BLOCK=1024,
+        num_warps=4,
     )
 
 
 @triton.jit
 def _traffic_kernel(
-    table_ptr, lut_ptr, pool_ptr, slot_ptr, token_ptr, position_ptr, prev_ptr, n,
-    HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr, BLOCK: tl.constexpr,
+    table_ptr,
+    lut_ptr,
+    pool_ptr,
+    slot_ptr,
+    token_ptr,
+    position_ptr,
+    prev_ptr,
+    n,
+    HAS_LUT: tl.constexpr,
+    HAS_POOL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < n
@@ -274,8 +346,8 @@ def traffic_only_plan(
     entries: int,
     *,
     req_to_token: torch.Tensor,
-    full_to_swa_index_mapping: Optional[torch.Tensor] = None,
-    req_to_verify_expected_tokens: Optional[torch.Tensor] = None,
+    full_to_swa_index_mapping: torch.Tensor | None = None,
+    req_to_verify_expected_tokens: torch.Tensor | None = None,
     **_unused,
 ) -> None:
     """The plan's per-entry memory traffic for ``entries`` entries, without its logic:
@@ -288,11 +360,17 @@ def traffic_only_plan(
     lut, pool = full_to_swa_index_mapping, req_to_verify_expected_tokens
     assert req_to_token.numel() >= entries and (pool is None or pool.numel() >= entries)
     _traffic_kernel[(triton.cdiv(entries, TRAFFIC_BLOCK),)](
-        req_to_token, lut if lut is not None else buffers.dummy_int64,
+        req_to_token,
+        lut if lut is not None else buffers.dummy_int64,
         pool if pool is not None else buffers.dummy_int32,
-        buffers.verify_slot_indices, buffers.verify_expected_tokens,
-        buffers.verify_expected_positions, buffers.verify_prev_slot_indices, entries,
-        HAS_LUT=lut is not None, HAS_POOL=pool is not None, BLOCK=TRAFFIC_BLOCK,
+        buffers.verify_slot_indices,
+        buffers.verify_expected_tokens,
+        buffers.verify_expected_positions,
+        buffers.verify_prev_slot_indices,
+        entries,
+        HAS_LUT=lut is not None,
+        HAS_POOL=pool is not None,
+        BLOCK=TRAFFIC_BLOCK,
         num_warps=TRAFFIC_WARPS,
     )
 

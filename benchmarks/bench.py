@@ -33,15 +33,15 @@ import sys
 if "--smoke" in sys.argv:  # the interpreter must be chosen before Triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import platform  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Dict, List, Optional, Sequence, Tuple  # noqa: E402
+import argparse
+import datetime
+import platform
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
 
-import torch  # noqa: E402
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -53,25 +53,29 @@ from harness import Recorder, fmt, markdown_table, value_of  # noqa: E402
 STAGES = ("plan", "verify", "write", "step")
 
 
-def parse_stages(text: str) -> List[str]:
+def parse_stages(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
     if "all" in names:
         return list(STAGES)
     bad = [s for s in names if s not in STAGES]
     if bad or not names:
-        raise SystemExit(f"--stage: expected a comma-separated subset of {STAGES} or all, got {text!r}")
+        raise SystemExit(
+            f"--stage: expected a comma-separated subset of {STAGES} or all, got {text!r}"
+        )
     return [s for s in STAGES if s in names]
 
 
 # --- tables ----------------------------------------------------------------------------
-def _key(r: Dict) -> str:
+def _key(r: dict) -> str:
     return r["case"] or f"bs={r['bs']} swa={r['swa']}"
 
 
-def pivot(rows: List[Dict], stage: str, section: str) -> Tuple[List[str], Dict[str, Dict[str, float]], Dict[str, Dict]]:
-    order: List[str] = []
-    table: Dict[str, Dict[str, float]] = {}
-    first: Dict[str, Dict] = {}
+def pivot(
+    rows: list[dict], stage: str, section: str
+) -> tuple[list[str], dict[str, dict[str, float]], dict[str, dict]]:
+    order: list[str] = []
+    table: dict[str, dict[str, float]] = {}
+    first: dict[str, dict] = {}
     for r in rows:
         if r["stage"] != stage or r["section"] != section:
             continue
@@ -84,26 +88,32 @@ def pivot(rows: List[Dict], stage: str, section: str) -> Tuple[List[str], Dict[s
     return order, table, first
 
 
-def ratio(a: Optional[float], b: Optional[float]) -> str:
+def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x" if a is not None and b else "n/a"
 
 
-def find(rows: List[Dict], stage: str, section: str, impl: str, key: str,
-         note: Optional[str] = None) -> Optional[float]:
+def find(
+    rows: list[dict], stage: str, section: str, impl: str, key: str, note: str | None = None
+) -> float | None:
     """The value of the last row of this stage, section, implementation and case key."""
     found = None
     for r in rows:
-        if (r["stage"] == stage and r["section"] == section and r["impl"] == impl
-                and _key(r) == key and (note is None or r["note"] == note)):
+        if (
+            r["stage"] == stage
+            and r["section"] == section
+            and r["impl"] == impl
+            and _key(r) == key
+            and (note is None or r["note"] == note)
+        ):
             found = r["value"]
     return found
 
 
-def target_of(rows: List[Dict], stage: str, key: str, impl: str, section: str) -> Optional[float]:
+def target_of(rows: list[dict], stage: str, key: str, impl: str, section: str) -> float | None:
     return find(rows, stage, "target", impl, key, note=section)
 
 
-def met(value: Optional[float], limit: Optional[float]) -> str:
+def met(value: float | None, limit: float | None) -> str:
     if limit is None:
         return ""
     if value is None:
@@ -113,71 +123,131 @@ def met(value: Optional[float], limit: Optional[float]) -> str:
 
 def print_report(rec: Recorder, smoke: bool) -> None:
     rows = rec.rows
-    out: List[str] = []
+    out: list[str] = []
     if smoke:
         out.append("SMOKE MODE: interpreter on the CPU, tiny sizes; the figures are meaningless.")
     bw = value_of(rows, impl="d2d_copy")
     empty = value_of(rows, impl="empty_launch")
     if bw is not None:
-        out.append(f"device-to-device copy bandwidth {bw:.0f} GB/s (read + written); "
-                   f"empty launch {fmt(empty)} us")
+        out.append(
+            f"device-to-device copy bandwidth {bw:.0f} GB/s (read + written); "
+            f"empty launch {fmt(empty)} us"
+        )
 
     order, table, first = pivot(rows, "plan", "gpu_time")
     if order:
-        impls = ["launch_plan", "sglang_design", "torch_only", "traffic_only", "memset_outputs",
-                 "bandwidth_floor"]
+        impls = [
+            "launch_plan",
+            "sglang_design",
+            "torch_only",
+            "traffic_only",
+            "memset_outputs",
+            "bandwidth_floor",
+        ]
         out.append("\n## plan: GPU time per plan (us)\n")
-        out.append(markdown_table(
-            ["SWA", "bs", "verify entries"] + impls + ["launch_plan / floor"],
-            [[first[k]["swa"] or "off", first[k]["bs"], f"{first[k]['entries']:,}"]
-             + [fmt(table[k].get(i), 2 if i == "bandwidth_floor" else 1) for i in impls]
-             + [ratio(table[k].get("launch_plan"), table[k].get("bandwidth_floor"))]
-             for k in order]))
+        out.append(
+            markdown_table(
+                ["SWA", "bs", "verify entries"] + impls + ["launch_plan / floor"],
+                [
+                    [first[k]["swa"] or "off", first[k]["bs"], f"{first[k]['entries']:,}"]
+                    + [fmt(table[k].get(i), 2 if i == "bandwidth_floor" else 1) for i in impls]
+                    + [ratio(table[k].get("launch_plan"), table[k].get("bandwidth_floor"))]
+                    for k in order
+                ],
+            )
+        )
     cpu = [r for r in rows if r["stage"] == "plan" and r["section"] == "cpu"]
     if cpu:
         out.append("\n## plan on the CPU (us per call)\n")
-        out.append(markdown_table(["impl", "case", "us"],
-                                  [[r["impl"], _key(r), fmt(r["value"])] for r in cpu]))
+        out.append(
+            markdown_table(
+                ["impl", "case", "us"], [[r["impl"], _key(r), fmt(r["value"])] for r in cpu]
+            )
+        )
 
     order, table, first = pivot(rows, "verify", "gpu_time")
     if order:
-        impls = ["launch_verify", "torch_only", "traffic_only", "traffic_both_records",
-                 "bandwidth_floor"]
-        out.append("\n## verify: GPU time per call (us); traffic_both_records also reads the "
-                   "predecessor's record (as SGLang's verify does)\n")
-        out.append(markdown_table(
-            ["case", "entries"] + impls + ["target", "", "launch / traffic", "launch / floor"],
-            [[k, f"{first[k]['entries']:,}"]
-             + [fmt(table[k].get(i), 2 if i == "bandwidth_floor" else 1) for i in impls]
-             + [fmt(target_of(rows, "verify", k, "launch_verify", "gpu_time")),
-                met(table[k].get("launch_verify"), target_of(rows, "verify", k, "launch_verify", "gpu_time")),
-                ratio(table[k].get("launch_verify"), table[k].get("traffic_only")),
-                ratio(table[k].get("launch_verify"), table[k].get("bandwidth_floor"))]
-             for k in order]))
+        impls = [
+            "launch_verify",
+            "torch_only",
+            "traffic_only",
+            "traffic_both_records",
+            "bandwidth_floor",
+        ]
+        out.append(
+            "\n## verify: GPU time per call (us); traffic_both_records also reads the "
+            "predecessor's record (as SGLang's verify does)\n"
+        )
+        out.append(
+            markdown_table(
+                ["case", "entries"] + impls + ["target", "", "launch / traffic", "launch / floor"],
+                [
+                    [k, f"{first[k]['entries']:,}"]
+                    + [fmt(table[k].get(i), 2 if i == "bandwidth_floor" else 1) for i in impls]
+                    + [
+                        fmt(target_of(rows, "verify", k, "launch_verify", "gpu_time")),
+                        met(
+                            table[k].get("launch_verify"),
+                            target_of(rows, "verify", k, "launch_verify", "gpu_time"),
+                        ),
+                        ratio(table[k].get("launch_verify"), table[k].get("traffic_only")),
+                        ratio(table[k].get("launch_verify"), table[k].get("bandwidth_floor")),
+                    ]
+                    for k in order
+                ],
+            )
+        )
 
     order, table, first = pivot(rows, "write", "gpu_time")
     if order:
         impls = ["launch_write", "write_reference_eager", "traffic_only", "bandwidth_floor"]
-        out.append("\n## write: GPU time per call (us); write_reference_eager is the torch "
-                   "reference's eager wall time with a sync (its chain is a Python loop)\n")
-        out.append(markdown_table(
-            ["case", "tokens"] + impls + ["target", ""],
-            [[k, f"{first[k]['tokens']:,}"]
-             + [fmt(table[k].get(i), 2 if i == "bandwidth_floor" else 1) for i in impls]
-             + [fmt(target_of(rows, "write", k, "launch_write", "gpu_time")),
-                met(table[k].get("launch_write"), target_of(rows, "write", k, "launch_write", "gpu_time"))]
-             for k in order]))
+        out.append(
+            "\n## write: GPU time per call (us); write_reference_eager is the torch "
+            "reference's eager wall time with a sync (its chain is a Python loop)\n"
+        )
+        out.append(
+            markdown_table(
+                ["case", "tokens"] + impls + ["target", ""],
+                [
+                    [k, f"{first[k]['tokens']:,}"]
+                    + [fmt(table[k].get(i), 2 if i == "bandwidth_floor" else 1) for i in impls]
+                    + [
+                        fmt(target_of(rows, "write", k, "launch_write", "gpu_time")),
+                        met(
+                            table[k].get("launch_write"),
+                            target_of(rows, "write", k, "launch_write", "gpu_time"),
+                        ),
+                    ]
+                    for k in order
+                ],
+            )
+        )
 
     order, table, first = pivot(rows, "step", "gpu_time")
     if order:
         _, host, _ = pivot(rows, "step", "host")
         out.append("\n## step: plan + verify + write of a decode step\n")
-        out.append(markdown_table(
-            ["case", "verify entries", "GPU time (us, graph)", "host, eager (us)",
-             "host, bare dispatch (us)"],
-            [[k, f"{first[k]['entries']:,}", fmt(table[k].get("step")),
-              fmt(host.get(k, {}).get("step")), fmt(host.get(k, {}).get("step:bare_dispatch"))]
-             for k in order]))
+        out.append(
+            markdown_table(
+                [
+                    "case",
+                    "verify entries",
+                    "GPU time (us, graph)",
+                    "host, eager (us)",
+                    "host, bare dispatch (us)",
+                ],
+                [
+                    [
+                        k,
+                        f"{first[k]['entries']:,}",
+                        fmt(table[k].get("step")),
+                        fmt(host.get(k, {}).get("step")),
+                        fmt(host.get(k, {}).get("step:bare_dispatch")),
+                    ]
+                    for k in order
+                ],
+            )
+        )
 
     host_rows = []
     for stage in STAGES:
@@ -191,21 +261,45 @@ def print_report(rec: Recorder, smoke: bool) -> None:
                 if stage == "plan":
                     bare = table[k].get("bare_dispatch")
                 limit = target_of(rows, stage, k, launcher, "host")
-                host_rows.append([stage, k, launcher, fmt(v), fmt(bare), ratio(v, bare),
-                                  fmt(limit), met(v, limit)])
+                host_rows.append(
+                    [
+                        stage,
+                        k,
+                        launcher,
+                        fmt(v),
+                        fmt(bare),
+                        ratio(v, bare),
+                        fmt(limit),
+                        met(v, limit),
+                    ]
+                )
     if host_rows:
         out.append("\n## host time per eager call (us): validated launcher vs bare dispatch\n")
-        out.append(markdown_table(
-            ["stage", "case", "launcher", "validated", "bare dispatch", "ratio", "target", ""],
-            host_rows))
+        out.append(
+            markdown_table(
+                ["stage", "case", "launcher", "validated", "bare dispatch", "ratio", "target", ""],
+                host_rows,
+            )
+        )
 
     alloc = [r for r in rows if r["section"] == "alloc"]
     if alloc:
         out.append("\n## device allocations over 100 eager calls after warm-up (target 0)\n")
-        out.append(markdown_table(
-            ["stage", "case", "calls", "allocations", ""],
-            [[r["stage"], _key(r), r["impl"], int(r["value"]), "met" if r["value"] == 0 else "NOT met"]
-             for r in alloc]))
+        out.append(
+            markdown_table(
+                ["stage", "case", "calls", "allocations", ""],
+                [
+                    [
+                        r["stage"],
+                        _key(r),
+                        r["impl"],
+                        int(r["value"]),
+                        "met" if r["value"] == 0 else "NOT met",
+                    ]
+                    for r in alloc
+                ],
+            )
+        )
 
     targets = [r for r in rows if r["section"] == "target"]
     if targets:
@@ -214,10 +308,19 @@ def print_report(rec: Recorder, smoke: bool) -> None:
         for t in targets:
             measured = find(rows, t["stage"], t["note"], t["impl"], _key(t))
             what = "GPU time" if t["note"] == "gpu_time" else "host time per eager call"
-            trows.append([t["stage"], _key(t), f"{t['impl']} {what}", f"<= {fmt(t['value'])}",
-                          fmt(measured), met(measured, t["value"])])
-        out.append(markdown_table(["stage", "case", "what", "target (us)", "measured (us)", ""],
-                                  trows))
+            trows.append(
+                [
+                    t["stage"],
+                    _key(t),
+                    f"{t['impl']} {what}",
+                    f"<= {fmt(t['value'])}",
+                    fmt(measured),
+                    met(measured, t["value"]),
+                ]
+            )
+        out.append(
+            markdown_table(["stage", "case", "what", "target (us)", "measured (us)", ""], trows)
+        )
         missed = sum(1 for r in trows if r[-1] != "met")
         out.append(f"\n{len(trows) - missed} of {len(trows)} targets met")
     if rec.errors:
@@ -227,7 +330,7 @@ def print_report(rec: Recorder, smoke: bool) -> None:
 
 
 # --- plots -------------------------------------------------------------------------------
-def plot_canary(rows: List[Dict], out_dir: Path) -> None:
+def plot_canary(rows: list[dict], out_dir: Path) -> None:
     """canary_gpu_time.png (verify and write, every implementation, the targets) and
     canary_host_time.png (every launcher, validated and bare) in ``out_dir``."""
     try:
@@ -239,10 +342,24 @@ def plot_canary(rows: List[Dict], out_dir: Path) -> None:
         print("matplotlib not installed: no plots")
         return
     out_dir.mkdir(parents=True, exist_ok=True)
-    panels = [("verify", "launch_verify", ["launch_verify", "torch_only", "traffic_only",
-                                           "traffic_both_records", "bandwidth_floor"]),
-              ("write", "launch_write", ["launch_write", "write_reference_eager", "traffic_only",
-                                         "bandwidth_floor"])]
+    panels = [
+        (
+            "verify",
+            "launch_verify",
+            [
+                "launch_verify",
+                "torch_only",
+                "traffic_only",
+                "traffic_both_records",
+                "bandwidth_floor",
+            ],
+        ),
+        (
+            "write",
+            "launch_write",
+            ["launch_write", "write_reference_eager", "traffic_only", "bandwidth_floor"],
+        ),
+    ]
     panels = [p for p in panels if pivot(rows, p[0], "gpu_time")[0]]
     if panels:
         fig, axes = plt.subplots(len(panels), 1, figsize=(12, 4.5 * len(panels)), squeeze=False)
@@ -251,11 +368,22 @@ def plot_canary(rows: List[Dict], out_dir: Path) -> None:
             width = 0.8 / len(impls)
             for i, impl in enumerate(impls):
                 vals = [table[k].get(impl, float("nan")) for k in order]
-                ax.bar([j + (i - len(impls) / 2 + 0.5) * width for j in range(len(order))], vals,
-                       width, label=impl)
+                ax.bar(
+                    [j + (i - len(impls) / 2 + 0.5) * width for j in range(len(order))],
+                    vals,
+                    width,
+                    label=impl,
+                )
             limits = [target_of(rows, stage, k, main, "gpu_time") for k in order]
-            ax.scatter(range(len(order)), [v if v is not None else float("nan") for v in limits],
-                       marker="_", s=600, color="black", zorder=3, label="target")
+            ax.scatter(
+                range(len(order)),
+                [v if v is not None else float("nan") for v in limits],
+                marker="_",
+                s=600,
+                color="black",
+                zorder=3,
+                label="target",
+            )
             ax.set_xticks(range(len(order)), order, rotation=20, ha="right")
             ax.set_yscale("log")
             ax.set_ylabel("GPU time per call (us)")
@@ -267,17 +395,28 @@ def plot_canary(rows: List[Dict], out_dir: Path) -> None:
         fig.savefig(out_dir / "canary_gpu_time.png", dpi=110)
         plt.close(fig)
         print(f"wrote {out_dir / 'canary_gpu_time.png'}")
-    host = [(r["stage"], _key(r), r["impl"], r["value"]) for r in rows
-            if r["section"] == "host" and r["stage"] != "plan"
-            and r["impl"] in ("launch_plan", "launch_verify", "launch_write")]
+    host = [
+        (r["stage"], _key(r), r["impl"], r["value"])
+        for r in rows
+        if r["section"] == "host"
+        and r["stage"] != "plan"
+        and r["impl"] in ("launch_plan", "launch_verify", "launch_write")
+    ]
     if host:
-        bare = {(r["stage"], _key(r), r["impl"].split(":")[0]): r["value"] for r in rows
-                if r["section"] == "host" and r["impl"].endswith(":bare_dispatch")}
+        bare = {
+            (r["stage"], _key(r), r["impl"].split(":")[0]): r["value"]
+            for r in rows
+            if r["section"] == "host" and r["impl"].endswith(":bare_dispatch")
+        }
         labels = [f"{s} {c}\n{i}" for s, c, i, _ in host]
         fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(host)), 4.5))
         xs = range(len(host))
-        ax.bar([x - 0.2 for x in xs], [bare.get((s, c, i), float("nan")) for s, c, i, _ in host],
-               0.4, label="bare dispatch")
+        ax.bar(
+            [x - 0.2 for x in xs],
+            [bare.get((s, c, i), float("nan")) for s, c, i, _ in host],
+            0.4,
+            label="bare dispatch",
+        )
         ax.bar([x + 0.2 for x in xs], [v for *_, v in host], 0.4, label="validated launcher")
         ax.axhline(harness_target(), color="black", linestyle="--", label="target")
         ax.set_xticks(list(xs), labels, rotation=90, fontsize=7)
@@ -297,25 +436,42 @@ def harness_target() -> float:
 
 
 # --- main ----------------------------------------------------------------------------------
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stage", default="all",
-                        help="comma-separated: plan, verify, write, step or all (default)")
+    parser.add_argument(
+        "--stage", default="all", help="comma-separated: plan, verify, write, step or all (default)"
+    )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--quick", action="store_true", help="fewer replays and calls")
-    parser.add_argument("--smoke", action="store_true",
-                        help="every GPU code path at tiny sizes on the CPU under "
-                             "TRITON_INTERPRET=1 (set automatically), with output checks")
-    parser.add_argument("--tune", action="store_true",
-                        help="plan stage: sweep the entries launch constants")
-    parser.add_argument("--profile-cases", metavar="all|BS,WINDOW",
-                        help="plan stage: only run launch_plan on the cases, for ncu")
-    parser.add_argument("--results", type=Path, default=None,
-                        help="CSV folder (default benchmarks/results; smoke: a temp folder)")
-    parser.add_argument("--plots", type=Path, default=None,
-                        help="PNG folder (default docs; smoke: the results folder)")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="one folder for both the CSV and the plots")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every GPU code path at tiny sizes on the CPU under "
+        "TRITON_INTERPRET=1 (set automatically), with output checks",
+    )
+    parser.add_argument(
+        "--tune", action="store_true", help="plan stage: sweep the entries launch constants"
+    )
+    parser.add_argument(
+        "--profile-cases",
+        metavar="all|BS,WINDOW",
+        help="plan stage: only run launch_plan on the cases, for ncu",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="CSV folder (default benchmarks/results; smoke: a temp folder)",
+    )
+    parser.add_argument(
+        "--plots",
+        type=Path,
+        default=None,
+        help="PNG folder (default docs; smoke: the results folder)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="one folder for both the CSV and the plots"
+    )
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
     stages = parse_stages(args.stage)
@@ -374,8 +530,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from kv_canary_buffers import PlanBuffers
 
             scratch = PlanBuffers.allocate(write_req_capacity=1, verify_capacity=1, device=device)
-            rec.add("gpu", "empty_launch", "us_per_launch",
-                    harness.graph_time_us(lambda: empty_launch(scratch), replays))
+            rec.add(
+                "gpu",
+                "empty_launch",
+                "us_per_launch",
+                harness.graph_time_us(lambda: empty_launch(scratch), replays),
+            )
         if not gpu_like and any(s != "plan" for s in stages):
             print(f"stages {[s for s in stages if s != 'plan']} need CUDA (or --smoke): skipped")
         for stage in stages:
@@ -384,11 +544,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if stage == "plan":
                 from plan_cases import GPU_BATCHES, SMOKE_BATCHES, bench_cpu, bench_gpu
 
-                harness.guarded(rec, "plan cpu", lambda: bench_cpu(rec, repeats=1 if args.smoke or quick else 5))
+                harness.guarded(
+                    rec, "plan cpu", lambda: bench_cpu(rec, repeats=1 if args.smoke or quick else 5)
+                )
                 if gpu_like:
-                    batches = SMOKE_BATCHES if args.smoke else (GPU_BATCHES[:3] if quick else GPU_BATCHES)
-                    bench_gpu(rec, batches, replays=replays if args.smoke else (20 if quick else 100),
-                              host_calls=host_calls, bandwidth=bandwidth)
+                    batches = (
+                        SMOKE_BATCHES if args.smoke else (GPU_BATCHES[:3] if quick else GPU_BATCHES)
+                    )
+                    bench_gpu(
+                        rec,
+                        batches,
+                        replays=replays if args.smoke else (20 if quick else 100),
+                        host_calls=host_calls,
+                        bandwidth=bandwidth,
+                    )
             elif gpu_like:
                 import canary_cases as cc
 
@@ -396,8 +565,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 if stage == "verify":
                     cc.bench_verify(rec, sizes, replays, host_calls, bandwidth)
                 elif stage == "write":
-                    cc.bench_write(rec, sizes, replays, host_calls, bandwidth,
-                                   reference_repeats=2 if (quick or args.smoke) else 5)
+                    cc.bench_write(
+                        rec,
+                        sizes,
+                        replays,
+                        host_calls,
+                        bandwidth,
+                        reference_repeats=2 if (quick or args.smoke) else 5,
+                    )
                 elif stage == "step":
                     cc.bench_step(rec, sizes, replays, host_calls)
             else:
@@ -405,13 +580,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             rec.add("run", "stage", "seconds", time.perf_counter() - t0)
         rec.stage = "run"
         rec.add("run", "total", "seconds", time.perf_counter() - started)
-    except Exception as err:  # noqa: BLE001 - a dead CUDA context: report what was measured
+    except Exception as err:  # a dead CUDA context: report what was measured
         rec.error("run aborted", err)
     finally:
         rec.close()
     print_report(rec, args.smoke)
-    if not args.no_plots and rec.rows and (env.device == "cuda" or args.smoke
-                                           or os.environ.get("KV_CANARY_PLOT_CPU")):
+    if (
+        not args.no_plots
+        and rec.rows
+        and (env.device == "cuda" or args.smoke or os.environ.get("KV_CANARY_PLOT_CPU"))
+    ):
         from plan_cases import plot
 
         plot(rec.rows, plots)

@@ -15,7 +15,6 @@ import argparse
 import statistics
 import time
 import timeit
-from typing import Dict
 
 import torch
 
@@ -29,7 +28,7 @@ def median_us(fn, rounds: int, calls: int) -> float:
     return statistics.median(times) / calls * 1e6
 
 
-def make_batch(bs: int, device: torch.device) -> Dict:
+def make_batch(bs: int, device: torch.device) -> dict:
     """All rows active, prefixes in [1, 1023], window 128 with its LUT, token pool on (the
     host-overhead case of bench_plan.py)."""
     g = torch.Generator().manual_seed(bs)
@@ -43,8 +42,9 @@ def make_batch(bs: int, device: torch.device) -> Dict:
         req_to_token=torch.randperm(rows * cols, generator=g).reshape(rows, cols).to(torch.int32),
         swa_window_size=128,
         full_to_swa_index_mapping=torch.randperm(rows * cols, generator=g),
-        req_to_verify_expected_tokens=torch.randint(0, 150_000, (rows, cols), generator=g,
-                                                    dtype=torch.int32),
+        req_to_verify_expected_tokens=torch.randint(
+            0, 150_000, (rows, cols), generator=g, dtype=torch.int32
+        ),
         req_to_verify_expected_tokens_valid_lens=prefix + 1,
     )
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
                 "launch_plan": lambda: launch_plan(buffers, **kwargs),
                 "bare_dispatch": lambda: dispatch_plan(buffers, plan_args),
             }
-            times: Dict[str, list] = {k: [] for k in variants}
+            times: dict[str, list] = {k: [] for k in variants}
             for fn in variants.values():
                 fn()
             torch.cuda.synchronize()
@@ -90,8 +90,9 @@ def main(argv=None) -> int:
                     torch.cuda.synchronize()
             launch = statistics.median(times["launch_plan"])
             bare = statistics.median(times["bare_dispatch"])
-            line += (f"  launch_plan {launch:7.2f} us  bare {bare:7.2f} us  "
-                     f"ratio {launch / bare:.2f}")
+            line += (
+                f"  launch_plan {launch:7.2f} us  bare {bare:7.2f} us  ratio {launch / bare:.2f}"
+            )
         print(line, flush=True)
     return 0
 

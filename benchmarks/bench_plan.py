@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import main  # noqa: E402
+from bench import main
 
 if __name__ == "__main__":
     raise SystemExit(main(["--stage", "plan", *sys.argv[1:]]))

@@ -16,7 +16,7 @@ All assume valid data and are benchmark baselines only.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 import triton
@@ -29,7 +29,7 @@ from kv_canary_buffers.layout import POSITION, PREV_HASH, REAL_KV_HASH, TOKEN
 # --- torch-only verify ----------------------------------------------------------------
 
 
-def _source_words(real_kv: Optional[RealKV]) -> Tuple[List[torch.Tensor], int, int, int]:
+def _source_words(real_kv: RealKV | None) -> tuple[list[torch.Tensor], int, int, int]:
     """The sources as int64 words ``[rows, words]``, words hashed per slot and source,
     words per token, page size."""
     if real_kv is None or real_kv.hashed_bytes == 0:
@@ -47,8 +47,15 @@ class TorchVerify:
     real_kv=...)`` in torch, capturable: call the object. Every tensor it needs beyond the
     store and the buffers is made here, never during a call."""
 
-    def __init__(self, store: CanaryStore, buffers: PlanBuffers, *, launch_tag: int = 0,
-                 check_expected_tokens: bool = True, real_kv: Optional[RealKV] = None):
+    def __init__(
+        self,
+        store: CanaryStore,
+        buffers: PlanBuffers,
+        *,
+        launch_tag: int = 0,
+        check_expected_tokens: bool = True,
+        real_kv: RealKV | None = None,
+    ):
         self.store, self.buffers = store, buffers
         self.launch_tag = launch_tag
         self.check_tokens = check_expected_tokens
@@ -57,10 +64,11 @@ class TorchVerify:
         device = store.device
         self.lanes = torch.arange(buffers.verify_capacity, device=device)
         self.ring_rows = torch.arange(store.violation_capacity, device=device)
-        self.unchecked = torch.full((buffers.verify_capacity,), -1, dtype=torch.int64,
-                                    device=device)
+        self.unchecked = torch.full(
+            (buffers.verify_capacity,), -1, dtype=torch.int64, device=device
+        )
 
-    def real_kv(self, slot: torch.Tensor, ok: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def real_kv(self, slot: torch.Tensor, ok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The contract's ``real_kv(s)`` per lane, and ``ok`` less the lanes whose page row
         lies past a source."""
         h = torch.zeros_like(slot)
@@ -89,12 +97,17 @@ class TorchVerify:
         kv, ok = self.real_kv(torch.where(ok, slot, 0), ok)
         s = torch.where(ok, slot, 0)
         rec = st.records.index_select(0, s)
-        r_tok, r_pos, r_prev, r_kv = (rec[:, TOKEN], rec[:, POSITION], rec[:, PREV_HASH],
-                                      rec[:, REAL_KV_HASH])
+        r_tok, r_pos, r_prev, r_kv = (
+            rec[:, TOKEN],
+            rec[:, POSITION],
+            rec[:, PREV_HASH],
+            rec[:, REAL_KV_HASH],
+        )
         p = torch.where(ok & (prev > 0), prev, 0)
         prec = st.records.index_select(0, p)
-        chain = torch.where(prev < 0, H0_SIGNED,
-                            mix3(prec[:, PREV_HASH], prec[:, TOKEN], prec[:, POSITION]))
+        chain = torch.where(
+            prev < 0, H0_SIGNED, mix3(prec[:, PREV_HASH], prec[:, TOKEN], prec[:, POSITION])
+        )
         reachable = prev != 0
         expected_chain = torch.where(reachable, chain, r_prev)
         want_tok = b.verify_expected_tokens if self.check_tokens else self.unchecked
@@ -133,9 +146,22 @@ VERIFY_TRAFFIC_WARPS = 4
 
 @triton.jit(do_not_specialize=["n", "page_size", "bpt_words", "stride0", "stride1"])
 def _verify_traffic_kernel(
-    slot_ptr, token_ptr, position_ptr, prev_ptr, records_ptr, src0, src1, sink_ptr,
-    n, page_size, bpt_words, stride0, stride1,
-    NUM_SOURCES: tl.constexpr, WORDS: tl.constexpr, BOTH_RECORDS: tl.constexpr,
+    slot_ptr,
+    token_ptr,
+    position_ptr,
+    prev_ptr,
+    records_ptr,
+    src0,
+    src1,
+    sink_ptr,
+    n,
+    page_size,
+    bpt_words,
+    stride0,
+    stride1,
+    NUM_SOURCES: tl.constexpr,
+    WORDS: tl.constexpr,
+    BOTH_RECORDS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -151,32 +177,46 @@ def _verify_traffic_kernel(
     acc += tl.sum(rec, 1)
     if BOTH_RECORDS:
         has_prev = m & (prev > 0)
-        prec = tl.load(records_ptr + tl.maximum(prev, 0)[:, None] * 4 + four[None, :],
-                       mask=has_prev[:, None], other=0)
+        prec = tl.load(
+            records_ptr + tl.maximum(prev, 0)[:, None] * 4 + four[None, :],
+            mask=has_prev[:, None],
+            other=0,
+        )
         acc += tl.sum(prec, 1)
     if NUM_SOURCES > 0:
         page = slot // page_size
         first = (slot % page_size) * bpt_words
         words = tl.arange(0, WORDS)
-        kv = tl.load(src0 + (page * stride0 + first)[:, None] + words[None, :],
-                     mask=m[:, None], other=0)
+        kv = tl.load(
+            src0 + (page * stride0 + first)[:, None] + words[None, :], mask=m[:, None], other=0
+        )
         acc += tl.sum(kv, 1)
         if NUM_SOURCES > 1:
-            kv = tl.load(src1 + (page * stride1 + first)[:, None] + words[None, :],
-                         mask=m[:, None], other=0)
+            kv = tl.load(
+                src1 + (page * stride1 + first)[:, None] + words[None, :], mask=m[:, None], other=0
+            )
             acc += tl.sum(kv, 1)
     acc = tl.where(m, acc, 0)
     tl.store(sink_ptr + pid, tl.sum(acc, 0))
 
 
-def verify_traffic_grid(entries: int, real_kv: Optional[RealKV]) -> int:
+def verify_traffic_grid(entries: int, real_kv: RealKV | None) -> int:
     """Programs of :func:`verify_traffic` (the size its ``sink`` needs)."""
     all_mode = real_kv is not None and real_kv.hashed_bytes > 16
-    return max(1, triton.cdiv(entries, VERIFY_TRAFFIC_ALL_BLOCK if all_mode else VERIFY_TRAFFIC_BLOCK))
+    return max(
+        1, triton.cdiv(entries, VERIFY_TRAFFIC_ALL_BLOCK if all_mode else VERIFY_TRAFFIC_BLOCK)
+    )
 
 
-def verify_traffic(store: CanaryStore, buffers: PlanBuffers, entries: int, sink: torch.Tensor,
-                   *, real_kv: Optional[RealKV] = None, both_records: bool = False) -> None:
+def verify_traffic(
+    store: CanaryStore,
+    buffers: PlanBuffers,
+    entries: int,
+    sink: torch.Tensor,
+    *,
+    real_kv: RealKV | None = None,
+    both_records: bool = False,
+) -> None:
     """The verify stage's memory accesses for the first ``entries`` entries of a plan: the
     four entry columns it reads (slot, expected position, predecessor, expected token), the
     slot's 32-byte record, the hashed bytes of each real-KV source (16 bytes in PARTIAL,
@@ -193,17 +233,35 @@ def verify_traffic(store: CanaryStore, buffers: PlanBuffers, entries: int, sink:
     strides = [w.stride(0) for w in words] + [0] * (2 - len(words))
     block = VERIFY_TRAFFIC_ALL_BLOCK if kv_words > 2 else VERIFY_TRAFFIC_BLOCK
     _verify_traffic_kernel[(grid,)](
-        buffers.verify_slot_indices, buffers.verify_expected_tokens,
-        buffers.verify_expected_positions, buffers.verify_prev_slot_indices, store.records,
-        src[0], src[1], sink, entries, page_size, bpt_words, strides[0], strides[1],
-        NUM_SOURCES=len(words), WORDS=max(kv_words, 1), BOTH_RECORDS=both_records,
-        BLOCK=block, num_warps=VERIFY_TRAFFIC_WARPS,
+        buffers.verify_slot_indices,
+        buffers.verify_expected_tokens,
+        buffers.verify_expected_positions,
+        buffers.verify_prev_slot_indices,
+        store.records,
+        src[0],
+        src[1],
+        sink,
+        entries,
+        page_size,
+        bpt_words,
+        strides[0],
+        strides[1],
+        NUM_SOURCES=len(words),
+        WORDS=max(kv_words, 1),
+        BOTH_RECORDS=both_records,
+        BLOCK=block,
+        num_warps=VERIFY_TRAFFIC_WARPS,
     )
 
 
-def verify_traffic_expected(store: CanaryStore, buffers: PlanBuffers, entries: int, *,
-                            real_kv: Optional[RealKV] = None,
-                            both_records: bool = False) -> torch.Tensor:
+def verify_traffic_expected(
+    store: CanaryStore,
+    buffers: PlanBuffers,
+    entries: int,
+    *,
+    real_kv: RealKV | None = None,
+    both_records: bool = False,
+) -> torch.Tensor:
     """What :func:`verify_traffic` sums (int64, wrapping): for the smoke checks."""
     b = buffers
     sl = b.verify_slot_indices[:entries]
@@ -229,8 +287,18 @@ WRITE_TRAFFIC_WARPS = 4
 
 @triton.jit(do_not_specialize=["n", "num_rows", "token_programs"])
 def _write_traffic_kernel(
-    ids_ptr, pos_ptr, ocl_ptr, offsets_ptr, seeds_ptr, records_ptr, out_records_ptr, sink_ptr,
-    n, num_rows, token_programs, BLOCK: tl.constexpr,
+    ids_ptr,
+    pos_ptr,
+    ocl_ptr,
+    offsets_ptr,
+    seeds_ptr,
+    records_ptr,
+    out_records_ptr,
+    sink_ptr,
+    n,
+    num_rows,
+    token_programs,
+    BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     four = tl.arange(0, 4)
@@ -242,9 +310,13 @@ def _write_traffic_kernel(
         token = tl.load(ids_ptr + idx, mask=m, other=0)
         position = tl.load(pos_ptr + idx, mask=m, other=0)
         col = four[None, :]
-        rec = tl.where(col == 0, token[:, None],
-                       tl.where(col == 1, position[:, None],
-                                tl.where(col == 2, (token ^ position)[:, None], 0)))
+        rec = tl.where(
+            col == 0,
+            token[:, None],
+            tl.where(
+                col == 1, position[:, None], tl.where(col == 2, (token ^ position)[:, None], 0)
+            ),
+        )
         tl.store(out_records_ptr + slot[:, None] * 4 + col, rec, mask=m[:, None])
     else:
         # per row: read its offsets and seed, and the seed's record (token, position, prev)
@@ -254,21 +326,32 @@ def _write_traffic_kernel(
         hi = tl.load(offsets_ptr + rows + 1, mask=m, other=0)
         seed = tl.load(seeds_ptr + rows, mask=m, other=-1)
         seeded = m & (seed >= 0) & (hi > lo)
-        srec = tl.load(records_ptr + tl.maximum(seed, 0)[:, None] * 4 + four[None, :],
-                       mask=seeded[:, None] & (four[None, :] < 3), other=0)
+        srec = tl.load(
+            records_ptr + tl.maximum(seed, 0)[:, None] * 4 + four[None, :],
+            mask=seeded[:, None] & (four[None, :] < 3),
+            other=0,
+        )
         acc = tl.where(m, (lo ^ hi ^ seed) + tl.sum(srec, 1), 0)
         tl.store(sink_ptr + pid, tl.sum(acc, 0))
 
 
-def write_traffic_grid(n: int, num_rows: int) -> Tuple[int, int]:
+def write_traffic_grid(n: int, num_rows: int) -> tuple[int, int]:
     """(token programs, all programs) of :func:`write_traffic`."""
     token_programs = triton.cdiv(n, WRITE_TRAFFIC_BLOCK)
     return token_programs, token_programs + max(1, triton.cdiv(num_rows, WRITE_TRAFFIC_BLOCK))
 
 
-def write_traffic(store: CanaryStore, buffers: PlanBuffers, num_rows: int,
-                  out_records: torch.Tensor, sink: torch.Tensor, *, input_ids: torch.Tensor,
-                  positions: torch.Tensor, out_cache_loc: torch.Tensor) -> None:
+def write_traffic(
+    store: CanaryStore,
+    buffers: PlanBuffers,
+    num_rows: int,
+    out_records: torch.Tensor,
+    sink: torch.Tensor,
+    *,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+) -> None:
     """The write stage's memory accesses for a plan of ``num_rows`` rows: per token, its
     id, position and slot read and a 32-byte record written at the slot (into
     ``out_records``, int64 ``[num_slots, 4]``, so that the store stays valid); per row,
@@ -279,14 +362,23 @@ def write_traffic(store: CanaryStore, buffers: PlanBuffers, num_rows: int,
     token_programs, grid = write_traffic_grid(n, num_rows)
     assert sink.numel() >= grid and out_records.shape == store.records.shape
     _write_traffic_kernel[(grid,)](
-        input_ids, positions, out_cache_loc, buffers.write_offsets,
-        buffers.write_seed_slot_indices, store.records, out_records, sink,
-        n, num_rows, token_programs, BLOCK=WRITE_TRAFFIC_BLOCK, num_warps=WRITE_TRAFFIC_WARPS,
+        input_ids,
+        positions,
+        out_cache_loc,
+        buffers.write_offsets,
+        buffers.write_seed_slot_indices,
+        store.records,
+        out_records,
+        sink,
+        n,
+        num_rows,
+        token_programs,
+        BLOCK=WRITE_TRAFFIC_BLOCK,
+        num_warps=WRITE_TRAFFIC_WARPS,
     )
 
 
-def write_traffic_expected(store: CanaryStore, buffers: PlanBuffers, num_rows: int
-                           ) -> torch.Tensor:
+def write_traffic_expected(store: CanaryStore, buffers: PlanBuffers, num_rows: int) -> torch.Tensor:
     """What the row programs of :func:`write_traffic` sum (int64, wrapping)."""
     lo = buffers.write_offsets[:num_rows]
     hi = buffers.write_offsets[1 : num_rows + 1]
@@ -296,7 +388,7 @@ def write_traffic_expected(store: CanaryStore, buffers: PlanBuffers, num_rows: i
     return ((lo ^ hi ^ seed) + torch.where(seeded, srec, 0)).sum()
 
 
-def verify_bytes(entries: int, real_kv: Optional[RealKV]) -> int:
+def verify_bytes(entries: int, real_kv: RealKV | None) -> int:
     """Bytes a verify of ``entries`` entries must move: per entry the four entry columns
     (slot, expected position, predecessor, expected token: 32 bytes), the slot's record
     (32) and the hashed bytes of each source."""
@@ -311,5 +403,5 @@ def write_bytes(n: int, num_rows: int, seeded_rows: int) -> int:
     return n * (24 + 32) + num_rows * 16 + seeded_rows * 24
 
 
-def multiset(rows: Sequence[Sequence[int]]) -> List[Tuple[int, ...]]:
+def multiset(rows: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
     return sorted(tuple(int(v) for v in r) for r in rows)

@@ -28,21 +28,44 @@ kernel that appends violations would measure the wrong thing).
 from __future__ import annotations
 
 import copy
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import NamedTuple
 
 import torch
 
 from canary_baselines import (
-    TorchVerify, multiset, verify_bytes, verify_traffic, verify_traffic_expected,
-    verify_traffic_grid, write_bytes, write_traffic, write_traffic_expected, write_traffic_grid,
+    TorchVerify,
+    multiset,
+    verify_bytes,
+    verify_traffic,
+    verify_traffic_expected,
+    verify_traffic_grid,
+    write_bytes,
+    write_traffic,
+    write_traffic_expected,
+    write_traffic_grid,
 )
 from harness import (
-    ENV, Recorder, count_allocations, eager_wall_us, gpu_time, guarded, host_calls_for,
-    host_times_us, on_gpu, value_of,
+    ENV,
+    Recorder,
+    count_allocations,
+    eager_wall_us,
+    gpu_time,
+    guarded,
+    host_calls_for,
+    host_times_us,
+    on_gpu,
+    value_of,
 )
 from kv_canary_buffers import (
-    CanaryStore, PlanBuffers, RealKV, RealKVMode, plan_reference, plans_equal,
-    validate_plan_args, verify_reference, write_reference,
+    CanaryStore,
+    PlanBuffers,
+    RealKV,
+    RealKVMode,
+    plan_reference,
+    plans_equal,
+    validate_plan_args,
+    verify_reference,
+    write_reference,
 )
 from kv_canary_buffers.validation import validate_verify_args, validate_write_args
 from kv_canary_kernels import launch_plan, launch_verify, launch_write
@@ -61,20 +84,20 @@ class WriteCase(NamedTuple):
     rows: int
     tokens: int
     """New tokens a row."""
-    prefix: Tuple[int, int]
+    prefix: tuple[int, int]
     """Prefix lengths, uniform in this closed range."""
     target_us: float
 
 
 class Sizes(NamedTuple):
-    prefix: Tuple[int, int]
+    prefix: tuple[int, int]
     window: int
-    verify: Tuple[Tuple[int, float, float], ...]
+    verify: tuple[tuple[int, float, float], ...]
     """(rows, target NONE, target PARTIAL) in us."""
-    verify_all: Tuple[int, float]
+    verify_all: tuple[int, float]
     """(rows, target) of mode ALL, SWA off."""
-    write: Tuple[WriteCase, ...]
-    step: Tuple[int, ...]
+    write: tuple[WriteCase, ...]
+    step: tuple[int, ...]
     partial_bytes_per_token: int
     all_bytes_per_token: int
     """Per source (K and V), read whole in mode ALL."""
@@ -118,8 +141,9 @@ SMOKE_SIZES = Sizes(
 class World:
     """A batch, its tables and the step's write inputs (see the module docstring)."""
 
-    def __init__(self, bs: int, prefix: Tuple[int, int], extend: int, window: int,
-                 device: str, seed: int):
+    def __init__(
+        self, bs: int, prefix: tuple[int, int], extend: int, window: int, device: str, seed: int
+    ):
         g = torch.Generator().manual_seed(seed)
         lo, hi = prefix
         P = torch.randint(lo, hi + 1, (bs,), generator=g)
@@ -133,7 +157,9 @@ class World:
         pool = torch.randint(0, 150_000, (rows, cols), generator=g, dtype=torch.int32)
         lut = None
         if window > 0:
-            lut = torch.cat([torch.zeros(1, dtype=torch.int64), torch.randperm(slots, generator=g) + 1])
+            lut = torch.cat(
+                [torch.zeros(1, dtype=torch.int64), torch.randperm(slots, generator=g) + 1]
+            )
         self.bs, self.window, self.extend, self.device = bs, window, extend, device
         self.num_slots = slots + 1
         counts = P - (P - window).clamp_min(0) if window > 0 else P
@@ -142,7 +168,7 @@ class World:
         self.seeded_rows = int(((P > 0) & (E > 0)).sum())
         self.prefix_tokens = int(P.sum())
 
-        def tokens(start: torch.Tensor, count: torch.Tensor) -> Dict[str, torch.Tensor]:
+        def tokens(start: torch.Tensor, count: torch.Tensor) -> dict[str, torch.Tensor]:
             row = torch.repeat_interleave(torch.arange(bs), count)
             first = torch.cumsum(count, 0) - count
             pos = start[row] + torch.arange(int(count.sum())) - first[row]
@@ -150,65 +176,93 @@ class World:
             slot = table[r, pos].long()
             if lut is not None:
                 slot = lut[slot]
-            return {"input_ids": pool[r, pos].long().to(device), "positions": pos.to(device),
-                    "out_cache_loc": slot.to(device)}
+            return {
+                "input_ids": pool[r, pos].long().to(device),
+                "positions": pos.to(device),
+                "out_cache_loc": slot.to(device),
+            }
 
-        def on(d: Dict) -> Dict:
-            return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in d.items()
-                    if v is not None}
+        def on(d: dict) -> dict:
+            return {
+                k: v.to(device) if isinstance(v, torch.Tensor) else v
+                for k, v in d.items()
+                if v is not None
+            }
 
-        self.plan_kwargs = on(dict(
-            req_pool_indices=rp, prefix_lens=P, extend_seq_lens=E, req_to_token=table,
-            swa_window_size=window, full_to_swa_index_mapping=lut,
-            req_to_verify_expected_tokens=pool,
-            req_to_verify_expected_tokens_valid_lens=P + extend,
-        ))
+        self.plan_kwargs = on(
+            dict(
+                req_pool_indices=rp,
+                prefix_lens=P,
+                extend_seq_lens=E,
+                req_to_token=table,
+                swa_window_size=window,
+                full_to_swa_index_mapping=lut,
+                req_to_verify_expected_tokens=pool,
+                req_to_verify_expected_tokens_valid_lens=P + extend,
+            )
+        )
         # The prefill that wrote every prefix: no prefix, P new tokens a row.
-        self.fill_kwargs = on(dict(
-            req_pool_indices=rp, prefix_lens=torch.zeros_like(P), extend_seq_lens=P,
-            req_to_token=table, swa_window_size=window, full_to_swa_index_mapping=lut,
-        ))
+        self.fill_kwargs = on(
+            dict(
+                req_pool_indices=rp,
+                prefix_lens=torch.zeros_like(P),
+                extend_seq_lens=P,
+                req_to_token=table,
+                swa_window_size=window,
+                full_to_swa_index_mapping=lut,
+            )
+        )
         self.fill_inputs = tokens(torch.zeros_like(P), P)
         self.step_inputs = tokens(P, E)
 
-    def sources(self, mode: str, sizes: Sizes, seed: int) -> Optional[RealKV]:
+    def sources(self, mode: str, sizes: Sizes, seed: int) -> RealKV | None:
         """K and V of one layer (page size 1, bf16, random bytes) for ``mode``."""
         if mode == "NONE":
             return None
         bpt = sizes.partial_bytes_per_token if mode == "PARTIAL" else sizes.all_bytes_per_token
         torch.manual_seed(seed)
-        kv = [torch.empty((self.num_slots, bpt // 8), dtype=torch.int64, device=self.device)
-              .random_().view(torch.bfloat16) for _ in range(2)]
-        return RealKV(mode=RealKVMode[mode], sources=tuple(kv), page_size=1,
-                      bytes_per_token=bpt)
+        kv = [
+            torch.empty((self.num_slots, bpt // 8), dtype=torch.int64, device=self.device)
+            .random_()
+            .view(torch.bfloat16)
+            for _ in range(2)
+        ]
+        return RealKV(mode=RealKVMode[mode], sources=tuple(kv), page_size=1, bytes_per_token=bpt)
 
-    def new_store(self, real_kv: Optional[RealKV], *, check_fill: bool = False) -> CanaryStore:
+    def new_store(self, real_kv: RealKV | None, *, check_fill: bool = False) -> CanaryStore:
         """A store whose records hold every prefix, written by ``launch_write`` (and, with
         ``check_fill``, compared with ``write_reference``'s)."""
-        store = CanaryStore.allocate(num_slots=self.num_slots,
-                                     violation_capacity=VIOLATION_CAPACITY, device=self.device)
+        store = CanaryStore.allocate(
+            num_slots=self.num_slots, violation_capacity=VIOLATION_CAPACITY, device=self.device
+        )
         if self.prefix_tokens == 0:
             return store
-        fill = PlanBuffers.allocate(write_req_capacity=self.bs, verify_capacity=1,
-                                    device=self.device)
+        fill = PlanBuffers.allocate(
+            write_req_capacity=self.bs, verify_capacity=1, device=self.device
+        )
         plan_reference(fill, **self.fill_kwargs)
         launch_write(store, fill, real_kv=real_kv, **self.fill_inputs)
         expect_clean(store, "the fill (launch_write over every prefix)")
         if check_fill:
-            ref = CanaryStore.allocate(num_slots=self.num_slots,
-                                       violation_capacity=VIOLATION_CAPACITY, device=self.device)
+            ref = CanaryStore.allocate(
+                num_slots=self.num_slots, violation_capacity=VIOLATION_CAPACITY, device=self.device
+            )
             write_reference(ref, fill, real_kv=real_kv, **self.fill_inputs)
             if not torch.equal(ref.records, store.records):
-                raise AssertionError("the fill: launch_write's records differ from write_reference's")
+                raise AssertionError(
+                    "the fill: launch_write's records differ from write_reference's"
+                )
         return store
 
     def plan(self) -> PlanBuffers:
         """The step's plan by ``launch_plan``, checked equal to ``plan_reference``'s."""
-        buffers = PlanBuffers.allocate(write_req_capacity=self.bs,
-                                       verify_capacity=max(self.entries, 1), device=self.device)
+        buffers = PlanBuffers.allocate(
+            write_req_capacity=self.bs, verify_capacity=max(self.entries, 1), device=self.device
+        )
         launch_plan(buffers, **self.plan_kwargs)
-        ref = PlanBuffers.allocate(write_req_capacity=self.bs,
-                                   verify_capacity=max(self.entries, 1), device=self.device)
+        ref = PlanBuffers.allocate(
+            write_req_capacity=self.bs, verify_capacity=max(self.entries, 1), device=self.device
+        )
         plan_reference(ref, **self.plan_kwargs)
         if not plans_equal(buffers, ref, self.bs):
             raise AssertionError(f"launch_plan differs from plan_reference at bs={self.bs}")
@@ -238,8 +292,12 @@ def check_violations_equal(a: CanaryStore, b: CanaryStore, what: str, ordered: b
     rows_a = a.violations[: min(ka, a.violation_capacity)].tolist()
     rows_b = b.violations[: min(kb, b.violation_capacity)].tolist()
     same_rows = rows_a == rows_b if ordered else multiset(rows_a) == multiset(rows_b)
-    if not (ka == kb and same_rows and torch.equal(a.kernel_runs, b.kernel_runs)
-            and torch.equal(a.slots_processed, b.slots_processed)):
+    if not (
+        ka == kb
+        and same_rows
+        and torch.equal(a.kernel_runs, b.kernel_runs)
+        and torch.equal(a.slots_processed, b.slots_processed)
+    ):
         raise AssertionError(
             f"{what}: violations or counters differ ({ka} vs {kb} rows; runs "
             f"{int(a.kernel_runs)} vs {int(b.kernel_runs)}; processed "
@@ -247,15 +305,17 @@ def check_violations_equal(a: CanaryStore, b: CanaryStore, what: str, ordered: b
         )
 
 
-def register_target(rec: Recorder, stage: str, section: str, impl: str, limit: float,
-                    **case) -> None:
+def register_target(
+    rec: Recorder, stage: str, section: str, impl: str, limit: float, **case
+) -> None:
     """A target row: ``impl``'s value in ``section`` for this case must be <= ``limit``."""
     rec.add("target", impl, "max_us", limit, stage=stage, note=section, **case)
 
 
 # --- verify -------------------------------------------------------------------------------
-def bench_verify(rec: Recorder, sizes: Sizes, replays: int, host_calls: int,
-                 bandwidth: float) -> None:
+def bench_verify(
+    rec: Recorder, sizes: Sizes, replays: int, host_calls: int, bandwidth: float
+) -> None:
     rec.stage = "verify"
     all_bs, all_target = sizes.verify_all
     for bs, target_none, target_partial in sizes.verify:
@@ -263,8 +323,8 @@ def bench_verify(rec: Recorder, sizes: Sizes, replays: int, host_calls: int,
             modes = [("NONE", target_none), ("PARTIAL", target_partial)]
             if bs == all_bs and window == 0:
                 modes.append(("ALL", all_target))
-            world: List[World] = []
-            buffers: List[PlanBuffers] = []
+            world: list[World] = []
+            buffers: list[PlanBuffers] = []
 
             def build() -> None:
                 world.append(World(bs, sizes.prefix, 1, window, ENV.device, seed=bs + window))
@@ -273,20 +333,47 @@ def bench_verify(rec: Recorder, sizes: Sizes, replays: int, host_calls: int,
             if not guarded(rec, f"verify world bs={bs} swa={window}", build):
                 continue
             for mode, target in modes:
-                guarded(rec, f"verify bs={bs} swa={window} {mode}",
-                        lambda: verify_case(rec, world[0], buffers[0], mode, target, sizes,
-                                            replays, host_calls, bandwidth))
+                guarded(
+                    rec,
+                    f"verify bs={bs} swa={window} {mode}",
+                    lambda: verify_case(
+                        rec,
+                        world[0],
+                        buffers[0],
+                        mode,
+                        target,
+                        sizes,
+                        replays,
+                        host_calls,
+                        bandwidth,
+                    ),
+                )
                 _free()
             world.clear()
             buffers.clear()
             _free()
 
 
-def verify_case(rec: Recorder, world: World, buffers: PlanBuffers, mode: str, target: float,
-                sizes: Sizes, replays: int, host_calls: int, bandwidth: float) -> None:
+def verify_case(
+    rec: Recorder,
+    world: World,
+    buffers: PlanBuffers,
+    mode: str,
+    target: float,
+    sizes: Sizes,
+    replays: int,
+    host_calls: int,
+    bandwidth: float,
+) -> None:
     entries = world.entries
-    case = dict(case=f"bs={world.bs} swa={world.window} {mode}", bs=world.bs, swa=world.window,
-                pool=1, entries=entries, real_kv=mode)
+    case = dict(
+        case=f"bs={world.bs} swa={world.window} {mode}",
+        bs=world.bs,
+        swa=world.window,
+        pool=1,
+        entries=entries,
+        real_kv=mode,
+    )
     real_kv = world.sources(mode, sizes, seed=world.bs)
     store = world.new_store(real_kv, check_fill=ENV.smoke)
 
@@ -295,8 +382,11 @@ def verify_case(rec: Recorder, world: World, buffers: PlanBuffers, mode: str, ta
 
     torch_verify = TorchVerify(store, buffers, launch_tag=TORCH_TAG, real_kv=real_kv)
     if ENV.smoke:
-        guarded(rec, f"verify smoke checks {case['case']}",
-                lambda: smoke_verify_checks(world, buffers, store, real_kv))
+        guarded(
+            rec,
+            f"verify smoke checks {case['case']}",
+            lambda: smoke_verify_checks(world, buffers, store, real_kv),
+        )
 
     def timed(name: str, fn) -> None:
         # Once eagerly: nothing found, every entry looked at; then timed; then still clean.
@@ -304,44 +394,73 @@ def verify_case(rec: Recorder, world: World, buffers: PlanBuffers, mode: str, ta
         fn()
         expect_clean(store, f"one {name}")
         if int(store.slots_processed) - before != entries:
-            raise AssertionError(f"{name} looked at {int(store.slots_processed) - before} "
-                                 f"entries, expected {entries}")
+            raise AssertionError(
+                f"{name} looked at {int(store.slots_processed) - before} "
+                f"entries, expected {entries}"
+            )
         t = gpu_time(fn, replays)
-        rec.add("gpu_time", name, "us_per_call", t.us, replays=t.replays,
-                calls_per_graph=t.calls_per_graph, **case)
-        rec.add("check", name, "violations_after_timing",
-                expect_clean(store, f"timing {name}"), **case)
+        rec.add(
+            "gpu_time",
+            name,
+            "us_per_call",
+            t.us,
+            replays=t.replays,
+            calls_per_graph=t.calls_per_graph,
+            **case,
+        )
+        rec.add(
+            "check", name, "violations_after_timing", expect_clean(store, f"timing {name}"), **case
+        )
 
     guarded(rec, f"verify launch_verify {case['case']}", lambda: timed("launch_verify", verify))
     guarded(rec, f"verify torch_only {case['case']}", lambda: timed("torch_only", torch_verify))
 
     sink = torch.zeros(verify_traffic_grid(entries, real_kv), dtype=torch.int64, device=ENV.device)
     for name, both in (("traffic_only", False), ("traffic_both_records", True)):
+
         def traffic(both=both) -> None:
             verify_traffic(store, buffers, entries, sink, real_kv=real_kv, both_records=both)
 
         def run_traffic(name=name, both=both, traffic=traffic) -> None:
             traffic()
-            want = verify_traffic_expected(store, buffers, entries, real_kv=real_kv,
-                                           both_records=both)
+            want = verify_traffic_expected(
+                store, buffers, entries, real_kv=real_kv, both_records=both
+            )
             if not torch.equal(sink.sum(), want):
                 raise AssertionError(f"{name}: the kernel's sums differ from torch's")
             t = gpu_time(traffic, replays)
-            rec.add("gpu_time", name, "us_per_call", t.us, replays=t.replays,
-                    calls_per_graph=t.calls_per_graph, **case)
+            rec.add(
+                "gpu_time",
+                name,
+                "us_per_call",
+                t.us,
+                replays=t.replays,
+                calls_per_graph=t.calls_per_graph,
+                **case,
+            )
 
         guarded(rec, f"verify {name} {case['case']}", run_traffic)
-    rec.add("gpu_time", "bandwidth_floor", "us_per_call",
-            verify_bytes(entries, real_kv) / bandwidth * 1e6, **case)
+    rec.add(
+        "gpu_time",
+        "bandwidth_floor",
+        "us_per_call",
+        verify_bytes(entries, real_kv) / bandwidth * 1e6,
+        **case,
+    )
     register_target(rec, "verify", "gpu_time", "launch_verify", target, **case)
 
     def host() -> None:
-        args = validate_verify_args(store, buffers, launch_tag=VERIFY_TAG,
-                                    check_expected_tokens=True, real_kv=real_kv)
-        gpu_us = value_of(rec.rows, stage="verify", section="gpu_time", impl="launch_verify",
-                          case=case["case"])
+        args = validate_verify_args(
+            store, buffers, launch_tag=VERIFY_TAG, check_expected_tokens=True, real_kv=real_kv
+        )
+        gpu_us = value_of(
+            rec.rows, stage="verify", section="gpu_time", impl="launch_verify", case=case["case"]
+        )
         times = host_times_us(
-            {"launch_verify": verify, "bare_dispatch": lambda: dispatch_verify(store, buffers, args)},
+            {
+                "launch_verify": verify,
+                "bare_dispatch": lambda: dispatch_verify(store, buffers, args),
+            },
             host_calls_for(gpu_us, host_calls),
         )
         record_host(rec, "launch_verify", times["launch_verify"], times["bare_dispatch"], case)
@@ -353,16 +472,23 @@ def verify_case(rec: Recorder, world: World, buffers: PlanBuffers, mode: str, ta
     guarded(rec, f"verify host {case['case']}", host)
 
 
-def record_host(rec: Recorder, launcher: str, validated: float, bare: float, case: Dict,
-                bare_name: str = "bare_dispatch") -> None:
+def record_host(
+    rec: Recorder,
+    launcher: str,
+    validated: float,
+    bare: float,
+    case: dict,
+    bare_name: str = "bare_dispatch",
+) -> None:
     rec.add("host", launcher, "us_per_call", validated, **case)
     rec.add("host", f"{launcher}:{bare_name}", "us_per_call", bare, **case)
     rec.add("host", f"{launcher}:ratio", "ratio", validated / bare, **case)
     register_target(rec, rec.stage, "host", launcher, HOST_TARGET_US, **case)
 
 
-def smoke_verify_checks(world: World, buffers: PlanBuffers, store: CanaryStore,
-                        real_kv: Optional[RealKV]) -> None:
+def smoke_verify_checks(
+    world: World, buffers: PlanBuffers, store: CanaryStore, real_kv: RealKV | None
+) -> None:
     """Smoke mode only: the torch-only verify is sync-free (so capturable); on a clean
     store and on a corrupted one, ``launch_verify`` and the torch-only verify append the
     same rows as ``verify_reference`` (the torch one in the same order)."""
@@ -401,28 +527,53 @@ def smoke_verify_checks(world: World, buffers: PlanBuffers, store: CanaryStore,
         raise AssertionError(f"the corrupted store gave only {found} violation rows")
     check_violations_equal(stores[0], stores[1], "launch_verify vs verify_reference", False)
     check_violations_equal(stores[0], stores[2], "torch-only vs verify_reference", True)
-    print(f"smoke: verify bs={world.bs} swa={world.window} "
-          f"{'NONE' if real_kv is None else real_kv.mode.name}: {found} violation rows of a "
-          "corrupted store agree across launch_verify, torch-only and the reference; "
-          f"torch-only ran {len(det.ops)} aten ops, none syncing", flush=True)
+    print(
+        f"smoke: verify bs={world.bs} swa={world.window} "
+        f"{'NONE' if real_kv is None else real_kv.mode.name}: {found} violation rows of a "
+        "corrupted store agree across launch_verify, torch-only and the reference; "
+        f"torch-only ran {len(det.ops)} aten ops, none syncing",
+        flush=True,
+    )
 
 
 # --- write ---------------------------------------------------------------------------------
-def bench_write(rec: Recorder, sizes: Sizes, replays: int, host_calls: int, bandwidth: float,
-                reference_repeats: int) -> None:
+def bench_write(
+    rec: Recorder,
+    sizes: Sizes,
+    replays: int,
+    host_calls: int,
+    bandwidth: float,
+    reference_repeats: int,
+) -> None:
     rec.stage = "write"
     for wc in sizes.write:
-        guarded(rec, f"write {wc.kind} {wc.rows}x{wc.tokens}",
-                lambda: write_case(rec, wc, sizes, replays, host_calls, bandwidth,
-                                   reference_repeats))
+        guarded(
+            rec,
+            f"write {wc.kind} {wc.rows}x{wc.tokens}",
+            lambda: write_case(rec, wc, sizes, replays, host_calls, bandwidth, reference_repeats),
+        )
         _free()
 
 
-def write_case(rec: Recorder, wc: WriteCase, sizes: Sizes, replays: int, host_calls: int,
-               bandwidth: float, reference_repeats: int) -> None:
+def write_case(
+    rec: Recorder,
+    wc: WriteCase,
+    sizes: Sizes,
+    replays: int,
+    host_calls: int,
+    bandwidth: float,
+    reference_repeats: int,
+) -> None:
     world = World(wc.rows, wc.prefix, wc.tokens, 0, ENV.device, seed=wc.rows * 7 + wc.tokens)
-    case = dict(case=f"{wc.kind} {wc.rows}x{wc.tokens}", bs=wc.rows, swa=0, pool=1,
-                entries=world.entries, real_kv="NONE", tokens=world.n)
+    case = dict(
+        case=f"{wc.kind} {wc.rows}x{wc.tokens}",
+        bs=wc.rows,
+        swa=0,
+        pool=1,
+        entries=world.entries,
+        real_kv="NONE",
+        tokens=world.n,
+    )
     store = world.new_store(None, check_fill=ENV.smoke)
     store.enable_chain_position_check()
     buffers = world.plan()
@@ -437,13 +588,27 @@ def write_case(rec: Recorder, wc: WriteCase, sizes: Sizes, replays: int, host_ca
         write()
         expect_clean(store, "one launch_write")
         if int(store.slots_processed) - before != world.n:
-            raise AssertionError(f"launch_write wrote {int(store.slots_processed) - before} "
-                                 f"records, expected {world.n}")
+            raise AssertionError(
+                f"launch_write wrote {int(store.slots_processed) - before} "
+                f"records, expected {world.n}"
+            )
         t = gpu_time(write, replays)
-        rec.add("gpu_time", "launch_write", "us_per_call", t.us, replays=t.replays,
-                calls_per_graph=t.calls_per_graph, **case)
-        rec.add("check", "launch_write", "violations_after_timing",
-                expect_clean(store, "timing launch_write"), **case)
+        rec.add(
+            "gpu_time",
+            "launch_write",
+            "us_per_call",
+            t.us,
+            replays=t.replays,
+            calls_per_graph=t.calls_per_graph,
+            **case,
+        )
+        rec.add(
+            "check",
+            "launch_write",
+            "violations_after_timing",
+            expect_clean(store, "timing launch_write"),
+            **case,
+        )
 
     guarded(rec, f"write launch_write {case['case']}", timed_kernel)
 
@@ -458,11 +623,21 @@ def write_case(rec: Recorder, wc: WriteCase, sizes: Sizes, replays: int, host_ca
 
             with SyncDetector() as det:  # the reason it is timed eagerly
                 call()
-            print(f"smoke: write_reference syncs ({len(det.syncing)} syncing ops, e.g. "
-                  f"{sorted(set(det.syncing))[:3]}): timed eagerly", flush=True)
+            print(
+                f"smoke: write_reference syncs ({len(det.syncing)} syncing ops, e.g. "
+                f"{sorted(set(det.syncing))[:3]}): timed eagerly",
+                flush=True,
+            )
         t = eager_wall_us(call, reference_repeats)
-        rec.add("gpu_time", "write_reference_eager", "us_per_call_wall", t.us,
-                replays=t.replays, note="eager wall time with torch.cuda.synchronize", **case)
+        rec.add(
+            "gpu_time",
+            "write_reference_eager",
+            "us_per_call_wall",
+            t.us,
+            replays=t.replays,
+            note="eager wall time with torch.cuda.synchronize",
+            **case,
+        )
         expect_clean(ref, "write_reference")
         if not torch.equal(ref.records, store.records):
             raise AssertionError("launch_write's records differ from write_reference's")
@@ -471,8 +646,9 @@ def write_case(rec: Recorder, wc: WriteCase, sizes: Sizes, replays: int, host_ca
 
     def traffic() -> None:
         out_records = torch.zeros_like(store.records)
-        sink = torch.zeros(write_traffic_grid(world.n, world.bs)[1], dtype=torch.int64,
-                           device=ENV.device)
+        sink = torch.zeros(
+            write_traffic_grid(world.n, world.bs)[1], dtype=torch.int64, device=ENV.device
+        )
 
         def run() -> None:
             write_traffic(store, buffers, world.bs, out_records, sink, **inputs)
@@ -487,18 +663,31 @@ def write_case(rec: Recorder, wc: WriteCase, sizes: Sizes, replays: int, host_ca
         ):
             raise AssertionError("traffic_only: the kernel's records or sums differ from torch's")
         t = gpu_time(run, replays)
-        rec.add("gpu_time", "traffic_only", "us_per_call", t.us, replays=t.replays,
-                calls_per_graph=t.calls_per_graph, **case)
+        rec.add(
+            "gpu_time",
+            "traffic_only",
+            "us_per_call",
+            t.us,
+            replays=t.replays,
+            calls_per_graph=t.calls_per_graph,
+            **case,
+        )
 
     guarded(rec, f"write traffic_only {case['case']}", traffic)
-    rec.add("gpu_time", "bandwidth_floor", "us_per_call",
-            write_bytes(world.n, world.bs, world.seeded_rows) / bandwidth * 1e6, **case)
+    rec.add(
+        "gpu_time",
+        "bandwidth_floor",
+        "us_per_call",
+        write_bytes(world.n, world.bs, world.seeded_rows) / bandwidth * 1e6,
+        **case,
+    )
     register_target(rec, "write", "gpu_time", "launch_write", wc.target_us, **case)
 
     def host() -> None:
         args = validate_write_args(store, buffers, launch_tag=WRITE_TAG, **inputs)
-        gpu_us = value_of(rec.rows, stage="write", section="gpu_time", impl="launch_write",
-                          case=case["case"])
+        gpu_us = value_of(
+            rec.rows, stage="write", section="gpu_time", impl="launch_write", case=case["case"]
+        )
         times = host_times_us(
             {"launch_write": write, "bare_dispatch": lambda: dispatch_write(store, buffers, args)},
             host_calls_for(gpu_us, host_calls),
@@ -517,16 +706,27 @@ def bench_step(rec: Recorder, sizes: Sizes, replays: int, host_calls: int) -> No
     rec.stage = "step"
     for bs in sizes.step:
         for window in (0, sizes.window):
-            guarded(rec, f"step bs={bs} swa={window}",
-                    lambda: step_case(rec, bs, window, sizes, replays, host_calls))
+            guarded(
+                rec,
+                f"step bs={bs} swa={window}",
+                lambda: step_case(rec, bs, window, sizes, replays, host_calls),
+            )
             _free()
 
 
-def step_case(rec: Recorder, bs: int, window: int, sizes: Sizes, replays: int,
-              host_calls: int) -> None:
+def step_case(
+    rec: Recorder, bs: int, window: int, sizes: Sizes, replays: int, host_calls: int
+) -> None:
     world = World(bs, sizes.prefix, 1, window, ENV.device, seed=bs + window + 11)
-    case = dict(case=f"bs={bs} swa={window}", bs=bs, swa=window, pool=1,
-                entries=world.entries, real_kv="NONE", tokens=world.n)
+    case = dict(
+        case=f"bs={bs} swa={window}",
+        bs=bs,
+        swa=window,
+        pool=1,
+        entries=world.entries,
+        real_kv="NONE",
+        tokens=world.n,
+    )
     store = world.new_store(None)
     store.enable_chain_position_check()
     buffers = world.plan()
@@ -567,37 +767,62 @@ def step_case(rec: Recorder, bs: int, window: int, sizes: Sizes, replays: int,
     step()
     expect_clean(store, "one eager step")
 
-    timing: List[float] = []
+    timing: list[float] = []
 
     def timed() -> None:
         t = gpu_time(step, replays)
         timing.append(t.us)
-        rec.add("gpu_time", "step", "us_per_call", t.us, replays=t.replays,
-                calls_per_graph=t.calls_per_graph,
-                note="launch_plan + launch_verify + launch_write", **case)
-        rec.add("check", "step", "violations_after_timing",
-                expect_clean(store, "timing the step"), **case)
+        rec.add(
+            "gpu_time",
+            "step",
+            "us_per_call",
+            t.us,
+            replays=t.replays,
+            calls_per_graph=t.calls_per_graph,
+            note="launch_plan + launch_verify + launch_write",
+            **case,
+        )
+        rec.add(
+            "check",
+            "step",
+            "violations_after_timing",
+            expect_clean(store, "timing the step"),
+            **case,
+        )
 
     guarded(rec, f"step graph {case['case']}", timed)
     times = host_times_us(
-        {"launch_plan": plan, "launch_plan:bare": bare_plan,
-         "launch_verify": verify, "launch_verify:bare": bare_verify,
-         "launch_write": write, "launch_write:bare": bare_write,
-         "step": step, "step:bare": bare_step},
+        {
+            "launch_plan": plan,
+            "launch_plan:bare": bare_plan,
+            "launch_verify": verify,
+            "launch_verify:bare": bare_verify,
+            "launch_write": write,
+            "launch_write:bare": bare_write,
+            "step": step,
+            "step:bare": bare_step,
+        },
         host_calls_for(timing[0] if timing and on_gpu() else None, host_calls),
     )
     for launcher in ("launch_plan", "launch_verify", "launch_write"):
         record_host(rec, launcher, times[launcher], times[f"{launcher}:bare"], case)
-    rec.add("host", "step", "us_per_call", times["step"], note="eager plan + verify + write",
-            **case)
+    rec.add(
+        "host", "step", "us_per_call", times["step"], note="eager plan + verify + write", **case
+    )
     rec.add("host", "step:bare_dispatch", "us_per_call", times["step:bare"], **case)
     rec.add("host", "step:ratio", "ratio", times["step"] / times["step:bare"], **case)
     expect_clean(store, "the host timing of the step")
 
     allocations = count_allocations(step)
     if allocations is not None:
-        rec.add("alloc", "step", "allocations_per_100", allocations,
-                note="100 eager steps (plan + verify + write) after warm-up", **case)
+        rec.add(
+            "alloc",
+            "step",
+            "allocations_per_100",
+            allocations,
+            note="100 eager steps (plan + verify + write) after warm-up",
+            **case,
+        )
     expect_clean(store, "100 steps")
 
 

@@ -20,9 +20,8 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import gpu_time  # noqa: E402
-
-from kv_canary_kernels.canary_common import ANCHOR, mix3  # noqa: E402
+from harness import gpu_time
+from kv_canary_kernels.canary_common import ANCHOR, mix3
 
 
 @triton.jit
@@ -31,7 +30,7 @@ def chain_kernel(ids_ptr, pos_ptr, out_ptr, n):
     lanes = tl.arange(0, 32)
     t = tl.load(ids_ptr + lanes)
     p = tl.load(pos_ptr + lanes)
-    for _ in range(0, n):
+    for _ in range(n):
         running = mix3(running, t, p)
     tl.store(out_ptr + lanes, running.to(tl.int64, bitcast=True))
 

@@ -40,18 +40,24 @@ def main() -> int:
     b = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=1 << 16, device="cpu")
     i64 = dict(dtype=torch.int64)
     kwargs = dict(
-        req_pool_indices=torch.ones(bs, **i64), prefix_lens=torch.ones(bs, **i64),
+        req_pool_indices=torch.ones(bs, **i64),
+        prefix_lens=torch.ones(bs, **i64),
         extend_seq_lens=torch.ones(bs, **i64),
-        req_to_token=torch.zeros(bs + 1, 64, dtype=torch.int32), swa_window_size=16,
+        req_to_token=torch.zeros(bs + 1, 64, dtype=torch.int32),
+        swa_window_size=16,
         full_to_swa_index_mapping=torch.zeros(1024, **i64),
         req_to_verify_expected_tokens=torch.zeros(bs + 1, 64, dtype=torch.int32),
         req_to_verify_expected_tokens_valid_lens=torch.ones(bs, **i64),
     )
-    for name, fn in (("PlanBuffers.check()", b.check),
-                     ("validate_plan_args", lambda: validate_plan_args(b, **kwargs))):
+    for name, fn in (
+        ("PlanBuffers.check()", b.check),
+        ("validate_plan_args", lambda: validate_plan_args(b, **kwargs)),
+    ):
         c = count(fn)
-        print(f"{name:22s} python calls {c['python']:3d}  C calls {c['c']:3d}  "
-              f"total {c['python'] + c['c']:3d}")
+        print(
+            f"{name:22s} python calls {c['python']:3d}  C calls {c['c']:3d}  "
+            f"total {c['python'] + c['c']:3d}"
+        )
     return 0
 
 

@@ -20,8 +20,9 @@ import platform
 import statistics
 import subprocess
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -59,8 +60,18 @@ def on_gpu() -> bool:
 
 
 # --- the recorder ------------------------------------------------------------------
-CASE_FIELDS = ("case", "bs", "swa", "pool", "entries", "real_kv", "tokens", "replays",
-               "calls_per_graph", "note")
+CASE_FIELDS = (
+    "case",
+    "bs",
+    "swa",
+    "pool",
+    "entries",
+    "real_kv",
+    "tokens",
+    "replays",
+    "calls_per_graph",
+    "note",
+)
 META_FIELDS = ("device", "torch", "triton", "python", "kv_canary", "commit", "date")
 FIELDS = ("stage", "section", "impl", "metric", "value") + CASE_FIELDS + META_FIELDS
 
@@ -77,8 +88,11 @@ def _triton_version() -> str:
 def _commit() -> str:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
-            text=True, timeout=5,
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
         )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
@@ -90,11 +104,11 @@ class Recorder:
     and kept in memory for the tables and plots. Every row carries the device, the
     versions and the date."""
 
-    def __init__(self, device_name: str, path: Optional[Path]):
+    def __init__(self, device_name: str, path: Path | None):
         from kv_canary_buffers import __version__
 
-        self.rows: List[Dict] = []
-        self.errors: List[str] = []
+        self.rows: list[dict] = []
+        self.errors: list[str] = []
         self.stage = ""
         self.meta = {
             "device": device_name,
@@ -115,13 +129,26 @@ class Recorder:
             self._writer.writeheader()
             self._file.flush()
 
-    def add(self, section: str, impl: str, metric: str, value: float, *,
-            stage: Optional[str] = None, **case) -> Dict:
+    def add(
+        self,
+        section: str,
+        impl: str,
+        metric: str,
+        value: float,
+        *,
+        stage: str | None = None,
+        **case,
+    ) -> dict:
         unknown = set(case) - set(CASE_FIELDS)
         if unknown:
             raise TypeError(f"unknown case fields {sorted(unknown)}")
-        row = {"stage": stage or self.stage, "section": section, "impl": impl,
-               "metric": metric, "value": round(float(value), 4)}
+        row = {
+            "stage": stage or self.stage,
+            "section": section,
+            "impl": impl,
+            "metric": metric,
+            "value": round(float(value), 4),
+        }
         row.update({k: case.get(k, "") for k in CASE_FIELDS})
         row.update(self.meta)
         self.rows.append(row)
@@ -129,8 +156,10 @@ class Recorder:
             self._writer.writerow(row)
             self._file.flush()
         shown = " ".join(f"{k}={v}" for k, v in case.items() if k != "note" and v != "")
-        print(f"{row['stage']:6s} {section:9s} {impl:22s} {metric:18s} {value:12.3f}  {shown}",
-              flush=True)
+        print(
+            f"{row['stage']:6s} {section:9s} {impl:22s} {metric:18s} {value:12.3f}  {shown}",
+            flush=True,
+        )
         return row
 
     def error(self, what: str, err: BaseException) -> None:
@@ -153,7 +182,7 @@ def guarded(rec: Recorder, what: str, fn: Callable[[], None]) -> bool:
     try:
         fn()
         return True
-    except Exception as err:  # noqa: BLE001 - a benchmark goes on past one failure
+    except Exception as err:  # a benchmark goes on past one failure
         rec.error(what, err)
         text = str(err)
         if "illegal memory access" in text or "unspecified launch failure" in text:
@@ -190,7 +219,7 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
             t0 = time.perf_counter()
             dst.copy_(src)
             times.append(time.perf_counter() - t0)
-    return 2 * nbytes / statistics.median(times[len(times) // 5:])
+    return 2 * nbytes / statistics.median(times[len(times) // 5 :])
 
 
 SLOW_CALL_US = 2000.0
@@ -262,7 +291,7 @@ def eager_wall_us(fn: Callable[[], None], repeats: int, budget_s: float = 2.0) -
     warm = time.perf_counter() - t0
     if warm > budget_s:
         return Timing(warm * 1e6, 1, 1)
-    times: List[float] = []
+    times: list[float] = []
     spent = 0.0
     while len(times) < repeats and (not times or spent < budget_s):
         t0 = time.perf_counter()
@@ -274,7 +303,7 @@ def eager_wall_us(fn: Callable[[], None], repeats: int, budget_s: float = 2.0) -
     return Timing(statistics.median(times), len(times), 1)
 
 
-def host_calls_for(gpu_us: Optional[float], most: int) -> int:
+def host_calls_for(gpu_us: float | None, most: int) -> int:
     """Eager calls per timed batch: ``most``, fewer when the GPU takes longer per call
     than about 20 ms / ``most``, so that the launch queue never fills (a full queue blocks
     the host and the timing would measure the GPU)."""
@@ -283,8 +312,9 @@ def host_calls_for(gpu_us: Optional[float], most: int) -> int:
     return max(min(most, 10), min(most, int(20_000 / gpu_us)))
 
 
-def host_times_us(variants: Dict[str, Callable[[], None]], calls: int,
-                  rounds: int = 7) -> Dict[str, float]:
+def host_times_us(
+    variants: dict[str, Callable[[], None]], calls: int, rounds: int = 7
+) -> dict[str, float]:
     """Host time per eager call of each variant: ``rounds`` batches of ``calls`` calls
     without a sync, the variants interleaved so that drift hits all alike, a sync after
     each batch (outside the timing); the median over batches (2 batches in smoke mode)."""
@@ -293,7 +323,7 @@ def host_times_us(variants: Dict[str, Callable[[], None]], calls: int,
     for fn in variants.values():
         fn()
     sync()
-    results: Dict[str, List[float]] = {k: [] for k in variants}
+    results: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(rounds):
         for name, fn in variants.items():
             t0 = time.perf_counter()
@@ -304,7 +334,7 @@ def host_times_us(variants: Dict[str, Callable[[], None]], calls: int,
     return {k: statistics.median(v) for k, v in results.items()}
 
 
-def count_allocations(fn: Callable[[], None], calls: int = 100) -> Optional[int]:
+def count_allocations(fn: Callable[[], None], calls: int = 100) -> int | None:
     """Device allocations (``allocation.all.allocated``) during ``calls`` eager calls after
     a warm-up; None off CUDA (the CPU allocator keeps no such count)."""
     fn()
@@ -319,13 +349,28 @@ def count_allocations(fn: Callable[[], None], calls: int = 100) -> Optional[int]
 
 
 # --- sync detection (smoke mode's stand-in for a capture) -----------------------------
-SYNC_OPS = frozenset({
-    "aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::nonzero_numpy",
-    "aten::masked_select", "aten::is_nonzero", "aten::equal", "aten::allclose",
-    "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_consecutive",
-    "aten::unique_dim", "aten::repeat_interleave", "aten::tolist", "aten::_assert_async",
-    "aten::bincount", "aten::histc",
-})
+SYNC_OPS = frozenset(
+    {
+        "aten::_local_scalar_dense",
+        "aten::item",
+        "aten::nonzero",
+        "aten::nonzero_numpy",
+        "aten::masked_select",
+        "aten::is_nonzero",
+        "aten::equal",
+        "aten::allclose",
+        "aten::unique",
+        "aten::_unique",
+        "aten::_unique2",
+        "aten::unique_consecutive",
+        "aten::unique_dim",
+        "aten::repeat_interleave",
+        "aten::tolist",
+        "aten::_assert_async",
+        "aten::bincount",
+        "aten::histc",
+    }
+)
 """aten ops that read device data on the host (or size an output from it), so they sync
 on a GPU and cannot be captured in a CUDA graph. ``repeat_interleave`` is listed whole
 (only its ``output_size`` form avoids the sync)."""
@@ -347,8 +392,8 @@ class SyncDetector:
                 outer._see(func, args)
                 return func(*args, **(kwargs or {}))
 
-        self.ops: List[str] = []
-        self.syncing: List[str] = []
+        self.ops: list[str] = []
+        self.syncing: list[str] = []
         self._mode = _Mode()
 
     def _see(self, func, args) -> None:
@@ -356,12 +401,17 @@ class SyncDetector:
         self.ops.append(name)
         if name in SYNC_OPS:
             self.syncing.append(name)
-        elif name in ("aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"):
+        elif name in (
+            "aten::index",
+            "aten::index_put",
+            "aten::index_put_",
+            "aten::_index_put_impl_",
+        ):
             indices = args[1] if len(args) > 1 else ()
             if any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in indices or ()):
                 self.syncing.append(name + " (boolean mask)")
 
-    def __enter__(self) -> "SyncDetector":
+    def __enter__(self) -> SyncDetector:
         self._mode.__enter__()
         return self
 
@@ -370,7 +420,7 @@ class SyncDetector:
 
 
 # --- tables -----------------------------------------------------------------------------
-def fmt(value: Optional[float], digits: int = 1) -> str:
+def fmt(value: float | None, digits: int = 1) -> str:
     if value is None:
         return "n/a"
     if abs(value) >= 1000:
@@ -390,7 +440,7 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> 
     return "\n".join(out)
 
 
-def value_of(rows: List[Dict], **match) -> Optional[float]:
+def value_of(rows: list[dict], **match) -> float | None:
     """The value of the last row matching every ``match`` field (as strings), or None."""
     found = None
     for r in rows:

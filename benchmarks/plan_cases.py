@@ -16,12 +16,17 @@ import functools
 import statistics
 import time
 from pathlib import Path
-from typing import Dict, List
 
 import torch
 
 from harness import (
-    ENV, Recorder, count_allocations, graph_time_us, host_calls_for, host_times_us, on_gpu,
+    ENV,
+    Recorder,
+    count_allocations,
+    graph_time_us,
+    host_calls_for,
+    host_times_us,
+    on_gpu,
     value_of,
 )
 from kv_canary_buffers import PlanBuffers, plan_reference, plans_equal, validate_plan_args
@@ -33,8 +38,9 @@ HOST_TARGET_US = 30.0
 """Issue 9: host time per eager call of every launcher."""
 
 
-def make_batch(bs: int, *, window: int, pool: bool, device: str, seed: int = 0,
-               mean_prefix: int = MEAN_PREFIX) -> Dict:
+def make_batch(
+    bs: int, *, window: int, pool: bool, device: str, seed: int = 0, mean_prefix: int = MEAN_PREFIX
+) -> dict:
     """All rows active, prefix uniform in [1, 2 * mean_prefix - 1], one new token each."""
     g = torch.Generator().manual_seed(seed)
     max_seq_len = 2 * mean_prefix + 8
@@ -58,13 +64,13 @@ def make_batch(bs: int, *, window: int, pool: bool, device: str, seed: int = 0,
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
 
-def verify_entries(kwargs: Dict) -> int:
+def verify_entries(kwargs: dict) -> int:
     P, W = kwargs["prefix_lens"], kwargs["swa_window_size"]
     counts = P - (P - W).clamp_min(0) if W > 0 else P
     return int(counts.clamp_min(0).sum())
 
 
-def plan_bytes(kwargs: Dict, entries: int) -> int:
+def plan_bytes(kwargs: dict, entries: int) -> int:
     """Bytes the plan must move: per row, read rp/P/E (and the valid length), write an
     offset and a seed; per entry, read a slot (and a token, and a LUT value), write four
     int64 values."""
@@ -126,17 +132,21 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
     # GPU time per plan, all implementations side by side.
     for window in (0, WINDOW):
         for bs in batches:
-            kwargs = make_batch(bs, window=window, pool=True, device=device, seed=bs,
-                                mean_prefix=mean_prefix)
+            kwargs = make_batch(
+                bs, window=window, pool=True, device=device, seed=bs, mean_prefix=mean_prefix
+            )
             entries = verify_entries(kwargs)
             case = dict(bs=bs, swa=window, pool=1, entries=entries)
-            ref = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=entries, device=device)
+            ref = PlanBuffers.allocate(
+                write_req_capacity=bs, verify_capacity=entries, device=device
+            )
             plan_reference(ref, **kwargs)
             impls = {"launch_plan": launch_plan, "torch_only": torch_plan}
             # SGLang's design reads the CUDA device's properties: not in smoke mode.
             if bs <= SGLANG_MAX_BS and on_gpu():
                 impls["sglang_design"] = sglang_design_plan
             for name, fn in impls.items():
+
                 def measure(name=name, fn=fn) -> None:
                     buffers = PlanBuffers.allocate(
                         write_req_capacity=bs, verify_capacity=entries, device=device
@@ -148,6 +158,7 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
                     rec.add("gpu_time", name, "us_per_plan", us, **case)
 
                 guarded(rec, f"plan {name} bs={bs} swa={window}", measure)
+
             # References: the plan's memory accesses alone, and a memset of its outputs.
             def references() -> None:
                 buffers = PlanBuffers.allocate(
@@ -157,8 +168,13 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
                     functools.partial(traffic_only_plan, buffers, entries, **kwargs), replays
                 )
                 rec.add("gpu_time", "traffic_only", "us_per_plan", us, **case)
-                rec.add("gpu_time", "memset_outputs", "us_per_plan",
-                        memset_time_us(entries, replays), **case)
+                rec.add(
+                    "gpu_time",
+                    "memset_outputs",
+                    "us_per_plan",
+                    memset_time_us(entries, replays),
+                    **case,
+                )
 
             guarded(rec, f"plan references bs={bs} swa={window}", references)
             floor = plan_bytes(kwargs, entries) / bandwidth * 1e6
@@ -170,26 +186,36 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
     # Host time per eager call: launch_plan against the bare dispatch of the same kernels,
     # and device allocations during 100 launches; every batch, SWA on.
     for bs in batches:
+
         def host() -> None:
-            kwargs = make_batch(bs, window=WINDOW, pool=True, device=device, seed=bs,
-                                mean_prefix=mean_prefix)
+            kwargs = make_batch(
+                bs, window=WINDOW, pool=True, device=device, seed=bs, mean_prefix=mean_prefix
+            )
             entries = verify_entries(kwargs)
             case = dict(bs=bs, swa=WINDOW, pool=1, entries=entries)
             buffers = PlanBuffers.allocate(
                 write_req_capacity=bs, verify_capacity=entries, device=device
             )
             args = validate_plan_args(buffers, **kwargs)
-            gpu_us = value_of(rec.rows, stage="plan", section="gpu_time", impl="launch_plan",
-                              bs=bs, swa=WINDOW)
+            gpu_us = value_of(
+                rec.rows, stage="plan", section="gpu_time", impl="launch_plan", bs=bs, swa=WINDOW
+            )
             times = host_times_us(
-                {"launch_plan": lambda: launch_plan(buffers, **kwargs),
-                 "bare_dispatch": lambda: dispatch_plan(buffers, args)},
+                {
+                    "launch_plan": lambda: launch_plan(buffers, **kwargs),
+                    "bare_dispatch": lambda: dispatch_plan(buffers, args),
+                },
                 host_calls_for(gpu_us, host_calls),
             )
             for name, us in times.items():
                 rec.add("host", name, "us_per_call", us, **case)
-            rec.add("host", "launch_over_bare", "ratio",
-                    times["launch_plan"] / times["bare_dispatch"], **case)
+            rec.add(
+                "host",
+                "launch_over_bare",
+                "ratio",
+                times["launch_plan"] / times["bare_dispatch"],
+                **case,
+            )
             rec.add("target", "launch_plan", "max_us", HOST_TARGET_US, note="host", **case)
             allocations = count_allocations(lambda: launch_plan(buffers, **kwargs))
             if allocations is not None:
@@ -224,7 +250,8 @@ TRAFFIC_CONFIGS = [(128, 4), (256, 4), (512, 4), (1024, 4), (1024, 8)]
 def tune_gpu(rec: Recorder, replays: int) -> None:
     """Sweep the launch constants of ``kv_canary_kernels.plan``, one at a time from the
     defaults (:data:`TUNE_CONFIGS`), over batches of both paths, SWA off and on."""
-    from kv_canary_kernels import plan as launch, launch_plan
+    from kv_canary_kernels import launch_plan
+    from kv_canary_kernels import plan as launch
 
     names = sorted({name for config in TUNE_CONFIGS for name in config})
     saved = {n: getattr(launch, n) for n in names}
@@ -239,7 +266,8 @@ def tune_gpu(rec: Recorder, replays: int) -> None:
             for (bs, w), kwargs in inputs.items():
                 entries = verify_entries(kwargs)
                 bufs = PlanBuffers.allocate(
-                    write_req_capacity=bs, verify_capacity=entries, device="cuda")
+                    write_req_capacity=bs, verify_capacity=entries, device="cuda"
+                )
                 us = graph_time_us(functools.partial(launch_plan, bufs, **kwargs), replays)
                 rec.add("tune", impl, "us_per_plan", us, bs=bs, swa=w, pool=1, entries=entries)
     finally:
@@ -256,15 +284,22 @@ def tune_gpu(rec: Recorder, replays: int) -> None:
         for (bs, w), kwargs in inputs.items():
             entries = verify_entries(kwargs)
             case = dict(bs=bs, swa=w, pool=1, entries=entries)
-            bufs = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=entries, device="cuda")
+            bufs = PlanBuffers.allocate(
+                write_req_capacity=bs, verify_capacity=entries, device="cuda"
+            )
             for block, warps in TRAFFIC_CONFIGS:
                 baselines.TRAFFIC_BLOCK, baselines.TRAFFIC_WARPS = block, warps
                 us = graph_time_us(
                     functools.partial(baselines.traffic_only_plan, bufs, entries, **kwargs), replays
                 )
                 rec.add("tune_traffic", f"block={block} warps={warps}", "us_per_plan", us, **case)
-            rec.add("tune_traffic", "memset_outputs", "us_per_plan",
-                    memset_time_us(entries, replays), **case)
+            rec.add(
+                "tune_traffic",
+                "memset_outputs",
+                "us_per_plan",
+                memset_time_us(entries, replays),
+                **case,
+            )
             del bufs
     finally:
         baselines.TRAFFIC_BLOCK, baselines.TRAFFIC_WARPS = saved_traffic
@@ -291,7 +326,7 @@ def profile_cases(case: str) -> None:
 
 
 # --- plots ------------------------------------------------------------------------
-def plot(rows: List[Dict], out_dir: Path) -> None:
+def plot(rows: list[dict], out_dir: Path) -> None:
     """plan_gpu_time.png and plan_host_overhead.png in ``out_dir`` (needs matplotlib)."""
     try:
         import matplotlib
@@ -307,9 +342,17 @@ def plot(rows: List[Dict], out_dir: Path) -> None:
     if gpu:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
         for ax, swa in zip(axes, sorted({r["swa"] for r in gpu})):
-            for impl in ("launch_plan", "sglang_design", "torch_only", "traffic_only",
-                         "memset_outputs", "bandwidth_floor"):
-                pts = sorted((r["bs"], r["value"]) for r in gpu if r["swa"] == swa and r["impl"] == impl)
+            for impl in (
+                "launch_plan",
+                "sglang_design",
+                "torch_only",
+                "traffic_only",
+                "memset_outputs",
+                "bandwidth_floor",
+            ):
+                pts = sorted(
+                    (r["bs"], r["value"]) for r in gpu if r["swa"] == swa and r["impl"] == impl
+                )
                 if pts:
                     style = "-o" if impl in ("launch_plan", "sglang_design", "torch_only") else "--"
                     ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=impl)
@@ -331,8 +374,10 @@ def plot(rows: List[Dict], out_dir: Path) -> None:
         bss = sorted({r["bs"] for r in host})
         width = 0.38
         for i, impl in enumerate(("bare_dispatch", "launch_plan")):
-            vals = [next((r["value"] for r in host if r["bs"] == b and r["impl"] == impl),
-                         float("nan")) for b in bss]
+            vals = [
+                next((r["value"] for r in host if r["bs"] == b and r["impl"] == impl), float("nan"))
+                for b in bss
+            ]
             ax.bar([j + (i - 0.5) * width for j in range(len(bss))], vals, width, label=impl)
         ax.set_xticks(range(len(bss)), [f"bs={b}" for b in bss])
         ax.set_ylabel("host time per eager call (us, median)")

@@ -34,7 +34,6 @@ from .verify_reference import verify_reference
 from .write_reference import write_reference
 
 __all__ = [
-    "__version__",
     "CanaryStatus",
     "CanaryStore",
     "FailBits",
@@ -43,13 +42,14 @@ __all__ = [
     "PlanArgs",
     "PlanBuffers",
     "PlanStatus",
-    "RealKV",
     "RankedViolation",
+    "RealKV",
     "RealKVMode",
     "Violation",
     "ViolationReport",
-    "plan_reference",
+    "__version__",
     "gather_violation_reports",
+    "plan_reference",
     "plans_equal",
     "validate_plan_args",
     "verify_reference",

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import attrs
 import torch
@@ -28,16 +29,16 @@ class ArenaField:
 
     name: str
     dtype: torch.dtype
-    shape: Tuple[int, ...]
+    shape: tuple[int, ...]
     offset: int
     """Byte offset from the arena's start (a multiple of :data:`ALIGN`)."""
     nbytes: int
 
 
-FieldSpec = Tuple[str, torch.dtype, Tuple[int, ...]]
+FieldSpec = tuple[str, torch.dtype, tuple[int, ...]]
 
 
-def layout(specs: Iterable[FieldSpec]) -> Tuple[Tuple[ArenaField, ...], int]:
+def layout(specs: Iterable[FieldSpec]) -> tuple[tuple[ArenaField, ...], int]:
     """Offsets of ``(name, dtype, shape)`` fields packed in order, each aligned to
     :data:`ALIGN`; and the arena's total bytes."""
     fields = []
@@ -58,35 +59,38 @@ class Arena:
     """The arena's data pointer at allocation."""
     nbytes: int
     device: torch.device
-    fields: Tuple[ArenaField, ...] = attrs.field(repr=False)
-    _owner: list = attrs.field(factory=list, repr=False)
+    fields: tuple[ArenaField, ...] = attrs.field(repr=False)
+    _owner: list[weakref.ref[Any]] = attrs.field(factory=list, repr=False)
     """A weak reference to the one object built on this arena (empty until claimed)."""
     device_index: int = attrs.field(init=False)
     """``Tensor.get_device()`` of a tensor on the arena's device (-1 on the CPU)."""
-    _expected: Tuple[Tuple[Any, ...], ...] = attrs.field(init=False, repr=False)
+    _expected: tuple[tuple[Any, ...], ...] = attrs.field(init=False, repr=False)
     """Per field, what the check compares: (address, dtype, shape, whether the field has
     more than one element), computed once (one tuple a field unpacks faster in the hot
     loop than five transposed ones)."""
-    _names: Tuple[str, ...] = attrs.field(init=False, repr=False)
+    _names: tuple[str, ...] = attrs.field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         index = self.device.index if self.device.type == "cuda" else -1
         object.__setattr__(self, "device_index", index)
-        object.__setattr__(self, "_expected", tuple(
-            (self.base + f.offset, f.dtype, torch.Size(f.shape), math.prod(f.shape) > 1)
-            for f in self.fields
-        ))
+        object.__setattr__(
+            self,
+            "_expected",
+            tuple(
+                (self.base + f.offset, f.dtype, torch.Size(f.shape), math.prod(f.shape) > 1)
+                for f in self.fields
+            ),
+        )
         object.__setattr__(self, "_names", tuple(f.name for f in self.fields))
 
     @classmethod
     def allocate(
-        cls, fields: Tuple[ArenaField, ...], nbytes: int, device: torch.device
-    ) -> Tuple["Arena", Dict[str, torch.Tensor]]:
+        cls, fields: tuple[ArenaField, ...], nbytes: int, device: torch.device
+    ) -> tuple[Arena, dict[str, torch.Tensor]]:
         """A zeroed arena of ``nbytes`` on ``device`` and a view per field."""
         raw = torch.zeros(nbytes, dtype=torch.uint8, device=device)
         views = {
-            f.name: raw[f.offset : f.offset + f.nbytes].view(f.dtype).view(f.shape)
-            for f in fields
+            f.name: raw[f.offset : f.offset + f.nbytes].view(f.dtype).view(f.shape) for f in fields
         }
         arena = cls(raw.untyped_storage(), raw.data_ptr(), nbytes, raw.device, fields)
         return arena, views
@@ -103,7 +107,7 @@ class Arena:
             )
         self._owner[:] = [weakref.ref(owner)]
 
-    def owner(self) -> Optional[object]:
+    def owner(self) -> object | None:
         """The live object that claimed this arena, or None."""
         return self._owner[0]() if self._owner else None
 
@@ -111,9 +115,9 @@ class Arena:
         """A ``uint8`` tensor over every byte of the arena (fields and alignment gaps),
         for whole-arena copies; allocates nothing."""
         raw = torch.empty(0, dtype=torch.uint8, device=self.device)
-        return raw.set_(self.storage, 0, (self.nbytes,))
+        return raw.set_(self.storage, 0, (self.nbytes,), (1,))
 
-    def first_bad_field(self, tensors: Sequence[object]) -> Optional[str]:
+    def first_bad_field(self, tensors: Sequence[object]) -> str | None:
         """The name of the first field in ``tensors`` (in layout order) that is no longer
         its view of this arena, ``"<arena>"`` if the storage itself moved or shrank, or
         None when all are intact. Reads no data; never syncs.
@@ -166,7 +170,7 @@ def _is_view(t: object, ptr: int, dtype: torch.dtype, shape: torch.Size) -> bool
         return False
 
 
-def tensor_span(t: torch.Tensor) -> Tuple[int, int]:
+def tensor_span(t: torch.Tensor) -> tuple[int, int]:
     """``[start, end)`` byte addresses of every element ``t`` can address."""
     if t.numel() == 0:
         return (0, 0)
@@ -175,6 +179,6 @@ def tensor_span(t: torch.Tensor) -> Tuple[int, int]:
     return (start, start + extent * t.element_size())
 
 
-def spans_overlap(a: Tuple[int, int], b: Tuple[int, int]) -> bool:
+def spans_overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
     """Whether two ``[start, end)`` byte ranges share a byte (empty ranges share none)."""
     return a[0] < a[1] and b[0] < b[1] and a[0] < b[1] and b[0] < a[1]

@@ -13,7 +13,8 @@ from __future__ import annotations
 import functools
 import operator
 import weakref
-from typing import Any, Callable, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import torch
@@ -30,24 +31,18 @@ _SEEDS = _FIELD_NAMES.index("write_seed_slot_indices")  # [write_req_capacity]
 _SLOTS = _FIELD_NAMES.index("verify_slot_indices")  # [verify_capacity]
 _ALL_STATUS = int(sum(PlanStatus))
 
-OFFSETS_MSG = (
-    "kv-canary: write_offsets_len must equal write_req_capacity + 1, got {} and {}"
-)
+OFFSETS_MSG = "kv-canary: write_offsets_len must equal write_req_capacity + 1, got {} and {}"
 """SGLang's launch-time message, kept word for word: here it can only come from a field
 that was replaced or resized behind the buffers' back."""
 
 
 @functools.lru_cache(maxsize=64)
-def _layout(write_req_capacity: int, verify_capacity: int) -> Tuple[Tuple[ArenaField, ...], int]:
+def _layout(write_req_capacity: int, verify_capacity: int) -> tuple[tuple[ArenaField, ...], int]:
     """The arena's fields and total bytes for these capacities."""
     return layout(plan_specs(write_req_capacity, verify_capacity))
 
 
-def _tensor_field() -> Any:
-    return attrs.field(repr=False)
-
-
-def _check_generation(_inst: object, _attr: attrs.Attribute, value: object) -> None:
+def _check_generation(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
     if check_index("generation", value) < 0:
         raise ValueError(f"kv-canary: generation must be >= 0, got {value!r}")
 
@@ -97,21 +92,21 @@ class PlanBuffers:
     arena: Arena = attrs.field(repr=False)
     generation: int = attrs.field(default=0, validator=_check_generation)
 
-    write_offsets: torch.Tensor = _tensor_field()
-    write_seed_slot_indices: torch.Tensor = _tensor_field()
-    write_num_valid_reqs: torch.Tensor = _tensor_field()
-    verify_slot_indices: torch.Tensor = _tensor_field()
-    verify_expected_tokens: torch.Tensor = _tensor_field()
-    verify_expected_positions: torch.Tensor = _tensor_field()
-    verify_prev_slot_indices: torch.Tensor = _tensor_field()
-    verify_num_valid: torch.Tensor = _tensor_field()
-    verify_enable: torch.Tensor = _tensor_field()
-    verify_offsets: torch.Tensor = _tensor_field()
-    scan_block_sums: torch.Tensor = _tensor_field()
-    verify_row_hints: torch.Tensor = _tensor_field()
-    status: torch.Tensor = _tensor_field()
-    dummy_int64: torch.Tensor = _tensor_field()
-    dummy_int32: torch.Tensor = _tensor_field()
+    write_offsets: torch.Tensor = attrs.field(repr=False)
+    write_seed_slot_indices: torch.Tensor = attrs.field(repr=False)
+    write_num_valid_reqs: torch.Tensor = attrs.field(repr=False)
+    verify_slot_indices: torch.Tensor = attrs.field(repr=False)
+    verify_expected_tokens: torch.Tensor = attrs.field(repr=False)
+    verify_expected_positions: torch.Tensor = attrs.field(repr=False)
+    verify_prev_slot_indices: torch.Tensor = attrs.field(repr=False)
+    verify_num_valid: torch.Tensor = attrs.field(repr=False)
+    verify_enable: torch.Tensor = attrs.field(repr=False)
+    verify_offsets: torch.Tensor = attrs.field(repr=False)
+    scan_block_sums: torch.Tensor = attrs.field(repr=False)
+    verify_row_hints: torch.Tensor = attrs.field(repr=False)
+    status: torch.Tensor = attrs.field(repr=False)
+    dummy_int64: torch.Tensor = attrs.field(repr=False)
+    dummy_int32: torch.Tensor = attrs.field(repr=False)
 
     def __attrs_post_init__(self) -> None:
         _check_arena_layout(self.arena, "PlanBuffers", _FIELD_NAMES, _plan_layout_of)
@@ -122,7 +117,7 @@ class PlanBuffers:
     @classmethod
     def allocate(
         cls, *, write_req_capacity: int, verify_capacity: int, device: DeviceLike
-    ) -> "PlanBuffers":
+    ) -> PlanBuffers:
         """Allocate zeroed buffers for up to ``write_req_capacity`` rows per plan and up
         to ``verify_capacity`` verify entries, on ``device``. Generation 0.
 
@@ -133,9 +128,12 @@ class PlanBuffers:
 
     @classmethod
     def _allocate(
-        cls, write_req_capacity: object, verify_capacity: object, device: DeviceLike,
+        cls,
+        write_req_capacity: object,
+        verify_capacity: object,
+        device: DeviceLike,
         generation: int,
-    ) -> "PlanBuffers":
+    ) -> PlanBuffers:
         w = check_capacity("write_req_capacity", write_req_capacity)
         v = check_capacity("verify_capacity", verify_capacity)
         fields, nbytes = _layout(w, v)
@@ -196,8 +194,8 @@ class PlanBuffers:
 
     # --- growth -------------------------------------------------------------------
     def resize(
-        self, *, write_req_capacity: Optional[int] = None, verify_capacity: Optional[int] = None
-    ) -> "PlanBuffers":
+        self, *, write_req_capacity: int | None = None, verify_capacity: int | None = None
+    ) -> PlanBuffers:
         """Return new, zeroed buffers with the given capacities (an omitted one is kept)
         and ``generation + 1``. ``self`` is left untouched and stays valid.
 
@@ -214,7 +212,7 @@ class PlanBuffers:
             generation=self._generation() + 1,
         )
 
-    def ensure_capacity(self, *, write_reqs: int = 0, verify_entries: int = 0) -> "PlanBuffers":
+    def ensure_capacity(self, *, write_reqs: int = 0, verify_entries: int = 0) -> PlanBuffers:
         """Grow-only helper: return ``self`` when ``write_reqs`` rows and
         ``verify_entries`` entries fit, otherwise :meth:`resize` with headroom.
 
@@ -240,7 +238,7 @@ class PlanBuffers:
         if rows <= self.write_req_capacity and entries <= self.verify_capacity:
             return self
 
-        def grown(current: int, needed: int) -> Optional[int]:
+        def grown(current: int, needed: int) -> int | None:
             if needed <= current:
                 return None
             return min(max(needed, 2 * current), MAX_CAPACITY)
@@ -260,14 +258,14 @@ class PlanBuffers:
         return generation
 
     # --- copies -------------------------------------------------------------------
-    def __copy__(self) -> "PlanBuffers":
+    def __copy__(self) -> PlanBuffers:
         raise TypeError(
             "kv-canary: a PlanBuffers cannot be shallow-copied (two owners of one arena "
             "would write the same memory); use copy.deepcopy for an independent copy, or "
             "resize() for a larger one"
         )
 
-    def __deepcopy__(self, memo: dict) -> "PlanBuffers":
+    def __deepcopy__(self, memo: dict[int, Any]) -> PlanBuffers:
         self.check()
         new = PlanBuffers._allocate(
             self.write_req_capacity, self.verify_capacity, self.device, self._generation()
@@ -281,8 +279,11 @@ class PlanBuffers:
         return (
             _unpickle_plan_buffers,
             (
-                self.write_req_capacity, self.verify_capacity, str(self.device),
-                self._generation(), self.arena.byte_view().cpu(),
+                self.write_req_capacity,
+                self.verify_capacity,
+                str(self.device),
+                self._generation(),
+                self.arena.byte_view().cpu(),
             ),
         )
 
@@ -324,7 +325,7 @@ class PlanBuffers:
         if bad is not None:
             self._raise_bad_field(bad, fields)
 
-    def _raise_bad_field(self, name: str, fields: Tuple[object, ...]) -> None:
+    def _raise_bad_field(self, name: str, fields: tuple[object, ...]) -> None:
         arena = self.arena
         if name == "<arena>":
             raise ValueError(
@@ -379,7 +380,7 @@ class PlanBuffers:
         return flags
 
 
-def _plan_layout_of(arena: Arena) -> Tuple[Tuple[ArenaField, ...], int]:
+def _plan_layout_of(arena: Arena) -> tuple[tuple[ArenaField, ...], int]:
     w = check_capacity("write_req_capacity", arena.fields[_SEEDS].shape[0])
     v = check_capacity("verify_capacity", arena.fields[_SLOTS].shape[0])
     return _layout(w, v)
@@ -388,8 +389,8 @@ def _plan_layout_of(arena: Arena) -> Tuple[Tuple[ArenaField, ...], int]:
 def _check_arena_layout(
     arena: object,
     kind: str,
-    names: Tuple[str, ...],
-    layout_of: Callable[[Arena], Tuple[Tuple[ArenaField, ...], int]],
+    names: tuple[str, ...],
+    layout_of: Callable[[Arena], tuple[tuple[ArenaField, ...], int]],
 ) -> None:
     """At construction: ``arena`` is an :class:`Arena` laid out exactly as ``kind``'s
     layout table lays out its capacities, and its storage is on its device."""
@@ -398,9 +399,11 @@ def _check_arena_layout(
             f"kv-canary: {kind}.arena must be a kv_canary_buffers.arena.Arena; build one with "
             f"{kind}.allocate, got {type(arena).__name__}"
         )
-    if tuple(f.name for f in arena.fields) != names or layout_of(arena) != (
-        arena.fields, arena.nbytes
-    ) or arena.storage.device != arena.device:
+    if (
+        tuple(f.name for f in arena.fields) != names
+        or layout_of(arena) != (arena.fields, arena.nbytes)
+        or arena.storage.device != arena.device
+    ):
         raise ValueError(
             f"kv-canary: {kind}.arena must have the {kind} layout of its capacities; build "
             f"one with {kind}.allocate"
@@ -408,7 +411,10 @@ def _check_arena_layout(
 
 
 def _unpickle_plan_buffers(
-    write_req_capacity: int, verify_capacity: int, device: str, generation: int,
+    write_req_capacity: int,
+    verify_capacity: int,
+    device: str,
+    generation: int,
     state: torch.Tensor,
 ) -> PlanBuffers:
     buffers = PlanBuffers._allocate(write_req_capacity, verify_capacity, device, generation)
@@ -428,11 +434,11 @@ class StagingLink:
     """Which :class:`PlanBuffers` (a weak reference: staging never keeps buffers alive)
     and generation a ``GraphInputs`` was built for."""
 
-    buffers: Callable[[], Optional[PlanBuffers]]
+    buffers: Callable[[], PlanBuffers | None]
     generation: int
 
     @classmethod
-    def to(cls, buffers: PlanBuffers) -> "StagingLink":
+    def to(cls, buffers: PlanBuffers) -> StagingLink:
         return cls(weakref.ref(buffers), buffers._generation())
 
     def __reduce__(self) -> Any:
@@ -440,7 +446,7 @@ class StagingLink:
         # (GraphInputs pickles and copies its own link).
         return (_no_link, ())
 
-    def __deepcopy__(self, memo: dict) -> None:
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
         return None
 
 

@@ -8,7 +8,6 @@ actual value.
 from __future__ import annotations
 
 import operator
-from typing import Optional
 
 from .layout import INT64_MAX, INT64_MIN, MAX_CAPACITY
 
@@ -34,8 +33,7 @@ def check_capacity(name: str, value: object) -> int:
     number = check_index(name, value)
     if not 1 <= number <= MAX_CAPACITY:
         raise ValueError(
-            f"kv-canary: {name} must be in [1, {MAX_CAPACITY}] (counters are int32), "
-            f"got {number}"
+            f"kv-canary: {name} must be in [1, {MAX_CAPACITY}] (counters are int32), got {number}"
         )
     return number
 
@@ -46,9 +44,7 @@ def check_int64(
     """An integer that a kernel receives as int64, within ``[minimum, maximum]``."""
     number = check_index(name, value)
     if not minimum <= number <= maximum:
-        raise ValueError(
-            f"kv-canary: {name} must be in [{minimum}, {maximum}], got {number}"
-        )
+        raise ValueError(f"kv-canary: {name} must be in [{minimum}, {maximum}], got {number}")
     return number
 
 
@@ -59,7 +55,7 @@ def check_bool(name: str, value: object) -> bool:
     return value
 
 
-def check_optional_nonnegative(name: str, value: Optional[object]) -> Optional[int]:
+def check_optional_nonnegative(name: str, value: object | None) -> int | None:
     """None, or an integer ``>= 0`` (int64)."""
     if value is None:
         return None

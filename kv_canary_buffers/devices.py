@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import Callable, Union
+from collections.abc import Callable
+from typing import TypeAlias, cast
 
 import torch
 
-DeviceLike = Union[str, torch.device, int]
+DeviceLike: TypeAlias = str | torch.device | int
 
 
 def normalize_device(device: DeviceLike) -> torch.device:
     """``torch.device(device)``, with a bare ``"cuda"`` pinned to the current index, as
     tensors made there report it."""
     dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
+    index = cast("int | None", dev.index)  # torch's stubs say int: None for a bare "cuda"
+    if dev.type == "cuda" and index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def device_predicate(device: torch.device) -> Callable[[torch.Tensor], bool]:
     """A test "does this tensor live on ``device``" (normalized). Much cheaper than
     comparing ``t.device``, which builds a new object: it runs for every tensor at every

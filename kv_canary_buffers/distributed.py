@@ -14,7 +14,7 @@ the reports (every N steps, say): it synchronizes like ``take_violations``.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import attrs
 import torch
@@ -44,12 +44,12 @@ class GatheredReport:
         per_rank: each rank's own report, in rank order.
     """
 
-    violations: Tuple[RankedViolation, ...]
+    violations: tuple[RankedViolation, ...]
     appended: int
     dropped: int
     kernel_runs: int
     slots_processed: int
-    per_rank: Tuple[ViolationReport, ...]
+    per_rank: tuple[ViolationReport, ...]
 
     def __bool__(self) -> bool:
         return self.appended > 0
@@ -84,8 +84,8 @@ def _collective_device(group: Any) -> torch.device:
 
 
 def gather_violation_reports(
-    report: ViolationReport, *, group: Any = None, dst: Optional[int] = 0
-) -> Optional[GatheredReport]:
+    report: ViolationReport, *, group: Any = None, dst: int | None = 0
+) -> GatheredReport | None:
     """Gather every rank's ``report`` (from :meth:`CanaryStore.take_violations`).
 
     A collective: every rank of ``group`` (default: the world) must call it. Returns the
@@ -115,13 +115,14 @@ def gather_violation_reports(
     kept = len(report.violations)
     mine = torch.tensor(
         [report.appended, report.dropped, report.kernel_runs, report.slots_processed, kept],
-        dtype=RECORD_DTYPE, device=device,
+        dtype=RECORD_DTYPE,
+        device=device,
     )
     counts = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(counts, mine, group=group)
     per_rank_counts = [c.tolist() for c in counts]
     longest = max(c[4] for c in per_rank_counts)
-    rows: list = [[] for _ in range(world)]
+    rows: list[list[list[int]]] = [[] for _ in range(world)]
     if longest:
         own = torch.zeros(longest, VIOLATION_WIDTH, dtype=RECORD_DTYPE)
         if kept:
@@ -138,14 +139,18 @@ def gather_violation_reports(
     per_rank = tuple(
         ViolationReport(
             violations=tuple(Violation.from_row(r) for r in rank_rows),
-            appended=c[0], dropped=c[1], kernel_runs=c[2], slots_processed=c[3],
+            appended=c[0],
+            dropped=c[1],
+            kernel_runs=c[2],
+            slots_processed=c[3],
         )
         for c, rank_rows in zip(per_rank_counts, rows)
     )
     return GatheredReport(
         violations=tuple(
             RankedViolation(rank=rank, violation=v)
-            for rank, r in enumerate(per_rank) for v in r.violations
+            for rank, r in enumerate(per_rank)
+            for v in r.violations
         ),
         appended=sum(r.appended for r in per_rank),
         dropped=sum(r.dropped for r in per_rank),

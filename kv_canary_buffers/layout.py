@@ -6,7 +6,7 @@ everything that validates an input reads the ``*_DTYPE`` constants below.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Tuple
+from collections.abc import Callable
 
 import torch
 
@@ -65,8 +65,8 @@ def row_hints(verify_capacity: int) -> int:
 
 
 # name -> (dtype, shape as a function of (write_req_capacity, verify_capacity), role)
-ShapeFn = Callable[[int, int], Tuple[int, ...]]
-BUFFER_SPECS: Dict[str, Tuple[torch.dtype, ShapeFn, str]] = {
+ShapeFn = Callable[[int, int], tuple[int, ...]]
+BUFFER_SPECS: dict[str, tuple[torch.dtype, ShapeFn, str]] = {
     # write plan (outputs)
     "write_offsets": (ENTRY_DTYPE, lambda w, v: (w + 1,), "output"),
     "write_seed_slot_indices": (ENTRY_DTYPE, lambda w, v: (w,), "output"),
@@ -93,9 +93,9 @@ BUFFER_SPECS: Dict[str, Tuple[torch.dtype, ShapeFn, str]] = {
 """Every tensor a :class:`~kv_canary_buffers.PlanBuffers` owns, in field (and arena) order."""
 
 
-def plan_specs(write_req_capacity: int, verify_capacity: int) -> Tuple[
-    Tuple[str, torch.dtype, Tuple[int, ...]], ...
-]:
+def plan_specs(
+    write_req_capacity: int, verify_capacity: int
+) -> tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]:
     """``(name, dtype, shape)`` of every field of a :class:`~kv_canary_buffers.PlanBuffers`,
     in field (and arena) order."""
     return tuple(
@@ -108,7 +108,7 @@ STAGING_FIELDS = ("req_pool_indices", "prefix_lens", "extend_seq_lens", "valid_l
 """The per-row tensors of a :class:`~kv_canary_buffers.GraphInputs`, in arena order."""
 
 
-def staging_specs(capacity: int) -> Tuple[Tuple[str, torch.dtype, Tuple[int, ...]], ...]:
+def staging_specs(capacity: int) -> tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]:
     """``(name, dtype, shape)`` of every field of a :class:`~kv_canary_buffers.GraphInputs`."""
     return tuple((name, ROW_DTYPE, (capacity,)) for name in STAGING_FIELDS)
 
@@ -131,8 +131,14 @@ TOKEN, POSITION, PREV_HASH, REAL_KV_HASH = 0, 1, 2, 3
 VIOLATION_WIDTH = 8
 """int64 columns of a violation row."""
 VIOLATION_COLUMNS = (
-    "launch_tag", "slot", "position", "stored_token", "expected_token",
-    "stored_chain_hash", "expected_aux", "fail_bits",
+    "launch_tag",
+    "slot",
+    "position",
+    "stored_token",
+    "expected_token",
+    "stored_chain_hash",
+    "expected_aux",
+    "fail_bits",
 )
 """Violation row columns, in order."""
 MAX_REAL_KV_SOURCES = 4
@@ -151,9 +157,9 @@ ANCHOR_SEED = 0xC0FFEE1234567890
 H0 = 0xDE7FAE23A9A1B716
 
 
-def store_specs(num_slots: int, violation_capacity: int) -> Tuple[
-    Tuple[str, torch.dtype, Tuple[int, ...]], ...
-]:
+def store_specs(
+    num_slots: int, violation_capacity: int
+) -> tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]:
     """``(name, dtype, shape)`` of every field of a :class:`~kv_canary_buffers.CanaryStore`,
     in field (and arena) order."""
     return (

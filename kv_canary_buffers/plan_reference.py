@@ -7,7 +7,7 @@ synchronizes: it is an oracle and a CPU path, not something to capture in a CUDA
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any
 
 import torch
 
@@ -26,7 +26,7 @@ def _raise_first_bad(bad: torch.Tensor, argument: str, values: torch.Tensor, rul
 
 
 def _gather(
-    table: torch.Tensor, flat_index: torch.Tensor, mask: Optional[torch.Tensor], fill: int
+    table: torch.Tensor, flat_index: torch.Tensor, mask: torch.Tensor | None, fill: int
 ) -> torch.Tensor:
     """``table.flatten()[flat_index]`` as int64 where ``mask`` (everywhere if None),
     ``fill`` elsewhere. Flat ``torch.take`` is much faster on the CPU than 2-D advanced
@@ -41,7 +41,7 @@ def _gather(
 
 def _translate(
     slots: torch.Tensor,
-    lut: Optional[torch.Tensor],
+    lut: torch.Tensor | None,
     rows: torch.Tensor,
     positions: torch.Tensor,
 ) -> torch.Tensor:
@@ -62,7 +62,7 @@ def _translate(
     return torch.where(looked_up, torch.take(lut, slots.clamp_min(0)), slots)
 
 
-def _plan(args: PlanArgs, verify_capacity: int) -> dict:
+def _plan(args: PlanArgs, verify_capacity: int) -> dict[str, Any]:
     """Compute every output; raise on data outside the tables; write nothing."""
     rp, P, E = args.req_pool_indices, args.prefix_lens, args.extend_seq_lens
     table = args.req_to_token
@@ -87,23 +87,31 @@ def _plan(args: PlanArgs, verify_capacity: int) -> dict:
     wcount = torch.where(active, E.clamp(0, MAX_ROW_WRITES), 0)
 
     _raise_first_bad(
-        active & ((rp < 0) | (rp >= rows)), "req_pool_indices", rp,
+        active & ((rp < 0) | (rp >= rows)),
+        "req_pool_indices",
+        rp,
         f"in [0, {rows}) = [0, req_to_token.shape[0])",
     )
     _raise_first_bad(
-        active & (P > max_seq_len), "prefix_lens", P,
+        active & (P > max_seq_len),
+        "prefix_lens",
+        P,
         f"<= req_to_token.shape[1] = {max_seq_len}",
     )
     if pool is not None:
         assert valid_lens is not None
         pool_rows, pool_cols = pool.shape
         _raise_first_bad(
-            active & ((rp < 0) | (rp >= pool_rows)), "req_pool_indices", rp,
+            active & ((rp < 0) | (rp >= pool_rows)),
+            "req_pool_indices",
+            rp,
             f"in [0, {pool_rows}) = [0, req_to_verify_expected_tokens.shape[0])",
         )
         _raise_first_bad(
-            active & (valid_lens > pool_cols), "req_to_verify_expected_tokens_valid_lens",
-            valid_lens, f"<= req_to_verify_expected_tokens.shape[1] = {pool_cols}",
+            active & (valid_lens > pool_cols),
+            "req_to_verify_expected_tokens_valid_lens",
+            valid_lens,
+            f"<= req_to_verify_expected_tokens.shape[1] = {pool_cols}",
         )
 
     write_offsets = torch.zeros(bs + 1, dtype=ENTRY_DTYPE, device=device)
@@ -163,9 +171,9 @@ def plan_reference(
     extend_seq_lens: torch.Tensor,
     req_to_token: torch.Tensor,
     swa_window_size: int = 0,
-    full_to_swa_index_mapping: Optional[torch.Tensor] = None,
-    req_to_verify_expected_tokens: Optional[torch.Tensor] = None,
-    req_to_verify_expected_tokens_valid_lens: Optional[torch.Tensor] = None,
+    full_to_swa_index_mapping: torch.Tensor | None = None,
+    req_to_verify_expected_tokens: torch.Tensor | None = None,
+    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None,
     kv_token_id_vs_position_offset: int = 0,
 ) -> None:
     """Fill ``buffers`` with the plan of one batch, exactly per ``docs/contract.md``.

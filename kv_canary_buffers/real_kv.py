@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 import operator
-from typing import Optional, Tuple
 
 import attrs
 import torch
@@ -60,18 +59,17 @@ def _to_mode(value: object) -> RealKVMode:
         return RealKVMode(number)
     except ValueError:
         raise ValueError(
-            "kv-canary: RealKV.mode must be a RealKVMode (0 NONE, 1 PARTIAL, 2 ALL), "
-            f"got {number}"
+            f"kv-canary: RealKV.mode must be a RealKVMode (0 NONE, 1 PARTIAL, 2 ALL), got {number}"
         ) from None
 
 
-def _fingerprint(src: torch.Tensor) -> Tuple[int, Tuple[int, ...], Tuple[int, ...], int]:
+def _fingerprint(src: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
     storage = src.untyped_storage()
     end = storage.data_ptr() + storage.nbytes()
     return (src.data_ptr(), tuple(src.shape), src.stride(), end)
 
 
-def _to_sources(value: object) -> Tuple[torch.Tensor, ...]:
+def _to_sources(value: object) -> tuple[torch.Tensor, ...]:
     if isinstance(value, torch.Tensor):
         return (value,)
     if not isinstance(value, (tuple, list)):
@@ -105,11 +103,11 @@ class RealKV:
     """
 
     mode: RealKVMode = attrs.field(converter=_to_mode)
-    sources: Tuple[torch.Tensor, ...] = attrs.field(converter=_to_sources, repr=False)
+    sources: tuple[torch.Tensor, ...] = attrs.field(converter=_to_sources, repr=False)
     page_size: int
     bytes_per_token: int
     read_bytes: int = attrs.field(default=None)
-    _fingerprint: Tuple[Tuple[int, Tuple[int, ...], Tuple[int, ...], int], ...] = attrs.field(
+    _fingerprint: tuple[tuple[int, tuple[int, ...], tuple[int, ...], int], ...] = attrs.field(
         init=False, repr=False
     )
 
@@ -193,12 +191,12 @@ class RealKV:
         """The sources' device (CPU when there is none)."""
         return self.sources[0].device if self.sources else torch.device("cpu")
 
-    def source_rows(self) -> Tuple[int, ...]:
+    def source_rows(self) -> tuple[int, ...]:
         """Rows (pages) of each source."""
         return tuple(src.shape[0] for src in self.sources)
 
 
-def first_row_past_sources(real_kv: Optional[RealKV], slots: torch.Tensor) -> Optional[int]:
+def first_row_past_sources(real_kv: RealKV | None, slots: torch.Tensor) -> int | None:
     """Index into ``slots`` (non-negative int64) of the first slot whose page row lies at
     or past some source's rows, or None."""
     if real_kv is None or real_kv.hashed_bytes == 0 or slots.numel() == 0:
@@ -210,7 +208,7 @@ def first_row_past_sources(real_kv: Optional[RealKV], slots: torch.Tensor) -> Op
     return int(bad.nonzero()[0, 0])
 
 
-def real_kv_hash(real_kv: Optional[RealKV], slots: torch.Tensor) -> torch.Tensor:
+def real_kv_hash(real_kv: RealKV | None, slots: torch.Tensor) -> torch.Tensor:
     """The contract's ``real_kv(s)`` for each of ``slots`` (int64 ``[m]``, every one in
     range, see :func:`first_row_past_sources`): int64 ``[m]``, zeros without a hash."""
     out = torch.zeros_like(slots)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
@@ -30,9 +31,9 @@ class Violation:
     fail_bits: FailBits
 
     @classmethod
-    def from_row(cls, row: Sequence[int]) -> "Violation":
+    def from_row(cls, row: Sequence[int]) -> Violation:
         """Decode one int64 ``[8]`` row given as ints."""
-        values = dict(zip(VIOLATION_COLUMNS, (int(v) for v in row)))
+        values: dict[str, Any] = dict(zip(VIOLATION_COLUMNS, (int(v) for v in row)))
         values["fail_bits"] = FailBits(values["fail_bits"] & int(_ALL_BITS))
         return cls(**values)
 
@@ -71,7 +72,7 @@ class ViolationReport:
         slots_processed: records written plus verify entries looked at since allocation.
     """
 
-    violations: Tuple[Violation, ...]
+    violations: tuple[Violation, ...]
     appended: int
     dropped: int
     kernel_runs: int
@@ -81,9 +82,9 @@ class ViolationReport:
         """True when anything was appended (kept or dropped)."""
         return self.appended > 0
 
-    def count_by_bits(self) -> dict:
+    def count_by_bits(self) -> dict[FailBits, int]:
         """``{FailBits flag: rows carrying it}`` over the kept rows."""
-        counts: dict = {}
+        counts: dict[FailBits, int] = {}
         for v in self.violations:
             for bit in FailBits:
                 if bit and bit in v.fail_bits:

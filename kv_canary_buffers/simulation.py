@@ -77,13 +77,15 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeAlias
 
 import attrs
 import torch
 
 from .buffers import PlanBuffers
 from .compare import plans_equal
+from .devices import normalize_device
 from .plan_reference import plan_reference
 from .real_kv import RealKV, RealKVMode
 from .report import Violation
@@ -92,6 +94,8 @@ from .status import CanaryStatus, FailBits, PlanStatus
 from .store import CanaryStore
 from .verify_reference import verify_reference
 from .write_reference import write_reference
+
+_EventPair: TypeAlias = tuple[torch.cuda.Event, torch.cuda.Event]
 
 VOCAB = 32000
 KV_ELEMS = 16
@@ -116,7 +120,10 @@ class Stages:
 
 REFERENCE_STAGES = Stages(
     "torch references (plan_reference, verify_reference, write_reference)",
-    plan_reference, write_reference, verify_reference, False,
+    plan_reference,
+    write_reference,
+    verify_reference,
+    False,
 )
 
 
@@ -127,7 +134,10 @@ def kernel_stages(device: torch.device) -> Stages:
     where = "GPU" if device.type == "cuda" else "CPU, Triton interpreter"
     return Stages(
         f"Triton kernels (launch_plan, launch_verify, launch_write; {where})",
-        launch_plan, launch_write, launch_verify, True,
+        launch_plan,
+        launch_write,
+        launch_verify,
+        True,
     )
 
 
@@ -185,13 +195,13 @@ class Injection:
     kind: Corruption
     step: int
     where: str
-    slots: frozenset
+    slots: frozenset[int]
     """Full-pool slots at which a violation with ``kind.expected_bits`` is expected."""
-    victims: Set[int]
+    victims: set[int]
     """Ids of the requests the corruption damages (their violations are explained)."""
-    caught_step: Optional[int] = None
+    caught_step: int | None = None
     caught_by: str = ""
-    first: Optional[Violation] = None
+    first: Violation | None = None
 
     @property
     def caught(self) -> bool:
@@ -244,17 +254,22 @@ class SimConfig:
     violation_capacity: int = 4096
 
     @classmethod
-    def for_max_seq_len(cls, max_seq_len: int, **kwargs: object) -> "SimConfig":
+    def for_max_seq_len(cls, max_seq_len: int, **kwargs: Any) -> SimConfig:
         """Request shapes scaled from the longest request (the defaults are those of
         256): prompts up to 25/32 of it, outputs of 1/16 to 3/8 of it, prefill chunks of
         1/4, a sliding window of 1/8 and an initial verify capacity of 1/8 per row."""
         n = max_seq_len
-        shapes = dict(max_seq_len=n, max_prompt=max(1, 25 * n // 32),
-                      min_output=max(1, n // 16), max_output=max(1, 3 * n // 8),
-                      prefill_chunk=max(2, n // 4), swa_window=max(2, n // 8),
-                      verify_capacity_per_row=max(1, n // 8))
+        shapes: dict[str, Any] = dict(
+            max_seq_len=n,
+            max_prompt=max(1, 25 * n // 32),
+            min_output=max(1, n // 16),
+            max_output=max(1, 3 * n // 8),
+            prefill_chunk=max(2, n // 4),
+            swa_window=max(2, n // 8),
+            verify_capacity_per_row=max(1, n // 8),
+        )
         shapes.update(kwargs)
-        return cls(**shapes)  # type: ignore[arg-type]
+        return cls(**shapes)
 
     def __attrs_post_init__(self) -> None:
         if self.max_seq_len < 8:
@@ -271,9 +286,9 @@ class Request:
     output_len: int
     prefix: int = 0
     """Tokens whose KV is written and stamped."""
-    slots: List[int] = attrs.Factory(list)
+    slots: list[int] = attrs.Factory(list)
     """KV slot of each position (this step's included once allocated)."""
-    tokens: List[int] = attrs.Factory(list)
+    tokens: list[int] = attrs.Factory(list)
     """The scheduler's token at each position."""
 
     @property
@@ -294,15 +309,15 @@ class Group:
     buffers: PlanBuffers
     oracle: PlanBuffers
     head: CanaryStore
-    tail: Optional[CanaryStore]
-    shadow_head: Optional[CanaryStore]
-    shadow_tail: Optional[CanaryStore]
+    tail: CanaryStore | None
+    shadow_head: CanaryStore | None
+    shadow_tail: CanaryStore | None
     kv: torch.Tensor
     real_kv: RealKV
-    staging: Optional[GraphInputs] = None
-    tokens: Optional["TokenInputs"] = None
+    staging: GraphInputs | None = None
+    tokens: TokenInputs | None = None
 
-    def stores(self) -> List[Tuple[str, CanaryStore, Optional[CanaryStore]]]:
+    def stores(self) -> list[tuple[str, CanaryStore, CanaryStore | None]]:
         """``(name, store, its reference shadow)`` for HEAD and (if kept) TAIL."""
         out = [("HEAD", self.head, self.shadow_head)]
         if self.tail is not None:
@@ -324,11 +339,13 @@ class TokenInputs:
     expected_positions: torch.Tensor
 
     @classmethod
-    def allocate(cls, capacity: int, device: torch.device) -> "TokenInputs":
-        make = lambda: torch.zeros(capacity, dtype=torch.int64, device=device)  # noqa: E731
+    def allocate(cls, capacity: int, device: torch.device) -> TokenInputs:
+        def make() -> torch.Tensor:
+            return torch.zeros(capacity, dtype=torch.int64, device=device)
+
         return cls(capacity, make(), make(), make(), make(), make())
 
-    def fill(self, tokens: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    def fill(self, tokens: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         n = tokens["out_cache_loc"].shape[0]
         for name, src in tokens.items():
             dst = getattr(self, name)
@@ -336,12 +353,17 @@ class TokenInputs:
             dst[n:].fill_(-1 if name == "out_cache_loc" else 0)
         return self.as_kwargs()
 
-    def as_kwargs(self) -> Dict[str, torch.Tensor]:
+    def as_kwargs(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name) for name in _TOKEN_FIELDS}
 
 
-_TOKEN_FIELDS = ("input_ids", "positions", "out_cache_loc", "expected_input_ids",
-                 "expected_positions")
+_TOKEN_FIELDS = (
+    "input_ids",
+    "positions",
+    "out_cache_loc",
+    "expected_input_ids",
+    "expected_positions",
+)
 
 
 @attrs.define
@@ -366,7 +388,7 @@ class Stats:
     store_mismatches: int = 0
     plan_flags: PlanStatus = PlanStatus.OK
     canary_flags: CanaryStatus = CanaryStatus.OK
-    step_us: List[float] = attrs.Factory(list)
+    step_us: list[float] = attrs.Factory(list)
     untimed_steps: int = 0
 
 
@@ -375,12 +397,15 @@ class Simulation:
     """The toy engine. Call :meth:`step` once per engine step; :meth:`inject` queues a
     corruption for the next step that has a request to put it in."""
 
-    def __init__(self, config: SimConfig, *, stages: Optional[Stages] = None,
-                 log: Optional[Callable[[str], None]] = None):
+    def __init__(
+        self,
+        config: SimConfig,
+        *,
+        stages: Stages | None = None,
+        log: Callable[[str], None] | None = None,
+    ):
         self.config = config
-        self.device = torch.device(config.device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = normalize_device(config.device)
         if stages is None:
             stages = kernel_stages(self.device) if config.kernels else REFERENCE_STAGES
         self.stages = stages
@@ -389,63 +414,78 @@ class Simulation:
         self.step_index = 0
         self.max_batch = config.max_batch
         self.stats = Stats()
-        self.messages: List[str] = []
+        self.messages: list[str] = []
 
         self.rows = 4 * config.max_batch + 1  # row 0 is never a request: it marks padding
         shape = (self.rows, config.max_seq_len)
         self.req_to_token = torch.zeros(shape, dtype=torch.int32, device=self.device)
         self.token_pool = torch.zeros(shape, dtype=torch.int32, device=self.device)
         self.free_rows = list(range(self.rows - 1, 0, -1))
-        self.running: List[Request] = []
+        self.running: list[Request] = []
         self.next_id = 1
 
         # the KV pool: enough slots for max_batch requests of max_seq_len, slot 0 reserved
         self.num_slots = _round_up(config.max_batch * config.max_seq_len + 1, PAGE_SIZE)
-        self.free: List[int] = []
-        self.in_free: Set[int] = set()
+        self.free: list[int] = []
+        self.in_free: set[int] = set()
         self._add_free(range(1, self.num_slots))
-        self.holders: Dict[int, Set[int]] = {}
-        self.used_slots: Set[int] = set()
-        self.lut = torch.cat([torch.zeros(1, dtype=torch.int64),
-                              1 + torch.randperm(self.num_slots - 1, generator=self.gen)])
+        self.holders: dict[int, set[int]] = {}
+        self.used_slots: set[int] = set()
+        self.lut = torch.cat(
+            [
+                torch.zeros(1, dtype=torch.int64),
+                1 + torch.randperm(self.num_slots - 1, generator=self.gen),
+            ]
+        )
         self.inv_lut = torch.argsort(self.lut)
         self.lut = self.lut.to(self.device)
 
         cap = config.max_batch * config.verify_capacity_per_row
         self.groups = [self._group("full", 0, cap), self._group("swa", config.swa_window, cap)]
 
-        self.pending: List[Corruption] = []
-        self.injections: List[Injection] = []
-        self.seen: List[Seen] = []
-        self.tainted: Set[int] = set()
+        self.pending: list[Corruption] = []
+        self.injections: list[Injection] = []
+        self.seen: list[Seen] = []
+        self.tainted: set[int] = set()
 
-        self.graphs: Optional[Tuple["torch.cuda.CUDAGraph", "torch.cuda.CUDAGraph"]] = None
-        self.graph_key: Optional[tuple] = None
+        self.graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph] | None = None
+        self.graph_key: tuple[object, ...] | None = None
         self._changed = False  # a resize or growth since the last timed step
-        self._step_rows: Dict[str, torch.Tensor] = {}
-        self._verify_totals: Dict[str, int] = {}
-        self._holders_then: Dict[Tuple[int, int], Set[int]] = {}
+        self._step_rows: dict[str, torch.Tensor] = {}
+        self._verify_totals: dict[str, int] = {}
+        self._holders_then: dict[tuple[int, int], set[int]] = {}
 
     # --- construction helpers ---------------------------------------------------
     def _group(self, name: str, window: int, verify_capacity: int) -> Group:
-        make = lambda: PlanBuffers.allocate(  # noqa: E731
-            write_req_capacity=self.max_batch, verify_capacity=verify_capacity,
-            device=self.device)
+        def make() -> PlanBuffers:
+            return PlanBuffers.allocate(
+                write_req_capacity=self.max_batch,
+                verify_capacity=verify_capacity,
+                device=self.device,
+            )
+
         kv = torch.zeros(self.num_slots, KV_ELEMS, dtype=torch.bfloat16, device=self.device)
         tail = self.config.tail
         shadow = self.stages.kernels and self.config.check_stores
         return Group(
-            name=name, window=window, buffers=make(), oracle=make(),
-            head=self._store(), tail=self._store() if tail else None,
+            name=name,
+            window=window,
+            buffers=make(),
+            oracle=make(),
+            head=self._store(),
+            tail=self._store() if tail else None,
             shadow_head=self._store() if shadow else None,
             shadow_tail=self._store() if shadow and tail else None,
-            kv=kv, real_kv=_real_kv(kv),
+            kv=kv,
+            real_kv=_real_kv(kv),
         )
 
     def _store(self) -> CanaryStore:
-        store = CanaryStore.allocate(num_slots=self.num_slots,
-                                     violation_capacity=self.config.violation_capacity,
-                                     device=self.device)
+        store = CanaryStore.allocate(
+            num_slots=self.num_slots,
+            violation_capacity=self.config.violation_capacity,
+            device=self.device,
+        )
         store.enable_chain_position_check()
         return store
 
@@ -517,8 +557,10 @@ class Simulation:
         self.stats.pool_resizes += 1
         self._changed = True
         gens = ", ".join(f"{g.name} store generation {g.head.generation}" for g in self.groups)
-        self._say(f"KV pool grew ({why}): {old} -> {new} slots, stores resized ({gens})"
-                  + (", graphs re-captured" if self.config.graphs else ""))
+        self._say(
+            f"KV pool grew ({why}): {old} -> {new} slots, stores resized ({gens})"
+            + (", graphs re-captured" if self.config.graphs else "")
+        )
 
     # --- corruption ---------------------------------------------------------------
     def inject(self, kind: Corruption) -> None:
@@ -532,14 +574,24 @@ class Simulation:
             return True
         return False
 
-    def _victim(self, *, min_prefix: int, extends: Optional[Dict[int, int]] = None,
-                exclude: Sequence[Request] = ()) -> Optional[Request]:
+    def _victim(
+        self,
+        *,
+        min_prefix: int,
+        extends: dict[int, int] | None = None,
+        exclude: Sequence[Request] = (),
+    ) -> Request | None:
         """A random running request with at least ``min_prefix`` stamped tokens, not
         already damaged, that lives for 4 more steps (time for the canary to see it)."""
         extends = extends or {}
-        pool = [r for r in self.running
-                if r.prefix >= min_prefix and r.id not in self.tainted and r not in exclude
-                and self._steps_left(r, r.prefix + extends.get(r.id, 0)) >= 4]
+        pool = [
+            r
+            for r in self.running
+            if r.prefix >= min_prefix
+            and r.id not in self.tainted
+            and r not in exclude
+            and self._steps_left(r, r.prefix + extends.get(r.id, 0)) >= 4
+        ]
         return pool[self._rand(0, len(pool))] if pool else None
 
     def _steps_left(self, req: Request, prefix: int) -> int:
@@ -550,15 +602,19 @@ class Simulation:
             steps += 1
         return steps
 
-    def _record(self, kind: Corruption, where: str, slots: Iterable[int],
-                victims: Iterable[Request]) -> None:
+    def _record(
+        self, kind: Corruption, where: str, slots: Iterable[int], victims: Iterable[Request]
+    ) -> None:
         ids = {r.id for r in victims}
         self.tainted |= ids
-        self.injections.append(Injection(kind=kind, step=self.step_index, where=where,
-                                         slots=frozenset(slots), victims=ids))
+        self.injections.append(
+            Injection(
+                kind=kind, step=self.step_index, where=where, slots=frozenset(slots), victims=ids
+            )
+        )
         self._say(f"injected {kind.value}: {where}")
 
-    def _inject_before_schedule(self, extends: Dict[int, int]) -> None:
+    def _inject_before_schedule(self, extends: dict[int, int]) -> None:
         kind = Corruption.FREED_PAGE_REUSED
         if kind in self.pending:
             req = self._victim(min_prefix=4, extends=extends)
@@ -573,9 +629,13 @@ class Simulation:
                         self.free.remove(s)
                     self.free.append(s)
                     self.in_free.add(s)
-                self._record(kind, f"request {req.id} (row {req.row}) still references "
-                             f"positions {p}..{p + len(freed) - 1}, slots {freed}, now free",
-                             freed, [req])
+                self._record(
+                    kind,
+                    f"request {req.id} (row {req.row}) still references "
+                    f"positions {p}..{p + len(freed) - 1}, slots {freed}, now free",
+                    freed,
+                    [req],
+                )
         kind = Corruption.POSITION_OFF_BY_ONE
         if kind in self.pending:
             req = self._victim(min_prefix=3, extends=extends)
@@ -585,9 +645,13 @@ class Simulation:
                 a, b = req.slots[p], req.slots[p + 1]
                 req.slots[p], req.slots[p + 1] = b, a
                 self.req_to_token[req.row, p : p + 2] = torch.tensor([b, a], dtype=torch.int32)
-                self._record(kind, f"req_to_token of request {req.id} (row {req.row}) "
-                             f"swapped positions {p} and {p + 1}: position {p} -> slot {b}",
-                             [b], [req])
+                self._record(
+                    kind,
+                    f"req_to_token of request {req.id} (row {req.row}) "
+                    f"swapped positions {p} and {p + 1}: position {p} -> slot {b}",
+                    [b],
+                    [req],
+                )
         kind = Corruption.STALE_EXPECTED_TOKEN
         if kind in self.pending:
             req = self._victim(min_prefix=1, extends=extends)
@@ -596,12 +660,18 @@ class Simulation:
                 p = self._rand(0, req.prefix)
                 stale = (req.tokens[p] + 1 + self._rand(0, VOCAB - 1)) % VOCAB
                 self.token_pool[req.row, p] = stale
-                self._record(kind, f"token pool of request {req.id} (row {req.row}) holds "
-                             f"{stale} at position {p} (slot {req.slots[p]}), "
-                             f"{req.tokens[p]} was written", [req.slots[p]], [req])
+                self._record(
+                    kind,
+                    f"token pool of request {req.id} (row {req.row}) holds "
+                    f"{stale} at position {p} (slot {req.slots[p]}), "
+                    f"{req.tokens[p]} was written",
+                    [req.slots[p]],
+                    [req],
+                )
 
-    def _inject_double_allocation(self, batch: List[Request],
-                                  new_slots: Dict[int, List[int]]) -> None:
+    def _inject_double_allocation(
+        self, batch: list[Request], new_slots: dict[int, list[int]]
+    ) -> None:
         kind = Corruption.DOUBLE_ALLOCATION
         if kind not in self.pending:
             return
@@ -621,12 +691,22 @@ class Simulation:
         s = owner.slots[p]
         self._add_free([new_slots[taker.id][0]])  # the slot it should have had
         new_slots[taker.id][0] = s
-        self._record(kind, f"request {taker.id} (row {taker.row}) got slot {s} for position "
-                     f"{taker_pos}, live at position {p} of request {owner.id} "
-                     f"(row {owner.row})", [s], [owner, taker])
+        self._record(
+            kind,
+            f"request {taker.id} (row {taker.row}) got slot {s} for position "
+            f"{taker_pos}, live at position {p} of request {owner.id} "
+            f"(row {owner.row})",
+            [s],
+            [owner, taker],
+        )
 
-    def _inject_in_forward(self, batch: List[Request], tokens: Dict[str, torch.Tensor],
-                           offsets: Dict[int, int], extends: Dict[int, int]) -> None:
+    def _inject_in_forward(
+        self,
+        batch: list[Request],
+        tokens: dict[str, torch.Tensor],
+        offsets: dict[int, int],
+        extends: dict[int, int],
+    ) -> None:
         kind = Corruption.WRONG_TOKEN_WRITTEN
         if kind in self.pending:
             writers = [r for r in batch if extends[r.id] and r.id not in self.tainted]
@@ -638,20 +718,30 @@ class Simulation:
                 got = (want + 1 + self._rand(0, VOCAB - 1)) % VOCAB
                 tokens["input_ids"][i] = got
                 s = int(tokens["out_cache_loc"][i])
-                self._record(kind, f"the forward consumed token {got} for request {req.id} "
-                             f"(row {req.row}) at position {req.prefix}, slot {s}; the "
-                             f"scheduler sent {want}", [s], [req])
+                self._record(
+                    kind,
+                    f"the forward consumed token {got} for request {req.id} "
+                    f"(row {req.row}) at position {req.prefix}, slot {s}; the "
+                    f"scheduler sent {want}",
+                    [s],
+                    [req],
+                )
         kind = Corruption.KV_OVERWRITTEN
         if kind in self.pending:
-            req = self._victim(min_prefix=1, extends=extends)
-            if req is not None:
+            victim = self._victim(min_prefix=1, extends=extends)
+            if victim is not None:
                 self._take(kind)
-                p = self._rand(0, req.prefix)
-                s = req.slots[p]
+                p = self._rand(0, victim.prefix)
+                s = victim.slots[p]
                 bits = self.groups[0].kv.view(torch.int16)[s, :8]
                 bits ^= 0x1111  # a stray kernel scribbles over a live slot's first 16 bytes
-                self._record(kind, f"the forward overwrote the KV bytes of slot {s} "
-                             f"(position {p} of request {req.id}, row {req.row})", [s], [req])
+                self._record(
+                    kind,
+                    f"the forward overwrote the KV bytes of slot {s} "
+                    f"(position {p} of request {victim.id}, row {victim.row})",
+                    [s],
+                    [victim],
+                )
 
     def _inject_after_step(self) -> None:
         kind = Corruption.RECORD_OVERWRITTEN
@@ -664,13 +754,19 @@ class Simulation:
         p = self._rand(0, req.prefix)
         s = req.slots[p]
         g = self.groups[0]
-        mask = torch.tensor([0x5A5A, 7, 0x1234_5678_9ABC, 0x0F0F_0F0F], dtype=torch.int64,
-                            device=self.device)
+        mask = torch.tensor(
+            [0x5A5A, 7, 0x1234_5678_9ABC, 0x0F0F_0F0F], dtype=torch.int64, device=self.device
+        )
         for store in (g.head, g.shadow_head):
             if store is not None:
                 store.records[s] ^= mask  # a stray write into the HEAD store's memory
-        self._record(kind, f"HEAD store record of slot {s} (position {p} of request "
-                     f"{req.id}, row {req.row}) overwritten", [s], [req])
+        self._record(
+            kind,
+            f"HEAD store record of slot {s} (position {p} of request "
+            f"{req.id}, row {req.row}) overwritten",
+            [s],
+            [req],
+        )
 
     # --- one step -----------------------------------------------------------------
     def step(self) -> None:
@@ -728,12 +824,12 @@ class Simulation:
         self._inject_after_step()
         self.step_index += 1
 
-    def _schedule(self) -> Tuple[List[Request], Dict[int, int]]:
+    def _schedule(self) -> tuple[list[Request], dict[int, int]]:
         """Admit requests, pick the batch (every running request) and its token counts,
         allocate the slots into ``req_to_token`` and the tokens into the token pool."""
         self._admit()
         batch = list(self.running)
-        extends: Dict[int, int] = {}
+        extends: dict[int, int] = {}
         for req in batch:  # chunked prefill, then one token a step
             chunk = self.config.prefill_chunk if req.prefix < req.prompt_len else 1
             extends[req.id] = min(chunk, req.total - req.prefix)
@@ -750,18 +846,19 @@ class Simulation:
                 self._hold(req, s)
             new_tokens = torch.randint(0, VOCAB, (e,), generator=self.gen).tolist()
             req.tokens[span] = new_tokens
-            self.req_to_token[req.row, span] = torch.tensor(new_slots[req.id],
-                                                             dtype=torch.int32)
+            self.req_to_token[req.row, span] = torch.tensor(new_slots[req.id], dtype=torch.int32)
             self.token_pool[req.row, span] = torch.tensor(new_tokens, dtype=torch.int32)
         return batch, extends
 
-    def _step_inputs(self, batch: List[Request], extends: Dict[int, int]):
+    def _step_inputs(
+        self, batch: list[Request], extends: dict[int, int]
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, torch.Tensor], dict[int, int]]:
         """The batch as the plan sees it (rows, padded to a bucket with padding rows of
         garbage lengths, and the token pool's valid lengths) and as the write sees it (the
         tokens flat in row order; ``offsets``: each request's first index)."""
         pad = (-len(batch)) % ROW_BUCKET
 
-        def garbage() -> List[int]:  # a padding row's lengths may hold anything
+        def garbage() -> list[int]:  # a padding row's lengths may hold anything
             return torch.randint(-9, 10**6, (pad,), generator=self.gen).tolist()
 
         rows = dict(
@@ -770,7 +867,10 @@ class Simulation:
             extend_seq_lens=_i64([extends[r.id] for r in batch] + garbage(), self.device),
         )
         valid_lens = _i64([r.prefix for r in batch] + [0] * pad, self.device)
-        offsets, flat_slots, flat_pos, flat_tok = {}, [], [], []
+        offsets: dict[int, int] = {}
+        flat_slots: list[int] = []
+        flat_pos: list[int] = []
+        flat_tok: list[int] = []
         for req in batch:
             e = extends[req.id]
             offsets[req.id] = len(flat_slots)
@@ -795,7 +895,9 @@ class Simulation:
         for g in self.groups:
             g.kv[slots if g.name == "full" else self.lut[slots]] = values
 
-    def _finish_step(self, batch: List[Request], extends: Dict[int, int], rows: dict) -> None:
+    def _finish_step(
+        self, batch: list[Request], extends: dict[int, int], rows: dict[str, torch.Tensor]
+    ) -> None:
         """Advance the surviving requests, retire the finished ones, count the step."""
         for req in batch:
             if req in self.running:
@@ -819,8 +921,12 @@ class Simulation:
                 break
             prompt = self._rand(1, cfg.max_prompt + 1)
             output = self._rand(cfg.min_output, cfg.max_output + 1)
-            req = Request(id=self.next_id, row=self.free_rows.pop(), prompt_len=prompt,
-                          output_len=max(1, min(output, cfg.max_seq_len - prompt)))
+            req = Request(
+                id=self.next_id,
+                row=self.free_rows.pop(),
+                prompt_len=prompt,
+                output_len=max(1, min(output, cfg.max_seq_len - prompt)),
+            )
             self.next_id += 1
             self.running.append(req)
             self.stats.admitted += 1
@@ -836,10 +942,12 @@ class Simulation:
         for g in self.groups:
             grown = g.buffers.ensure_capacity(write_reqs=bs)
             if grown is not g.buffers:
-                self._say(f"{g.name} plan buffers grew: write_req_capacity "
-                          f"{g.buffers.write_req_capacity} -> {grown.write_req_capacity}, "
-                          f"generation {grown.generation}"
-                          + (", graphs re-captured" if self.config.graphs else ""))
+                self._say(
+                    f"{g.name} plan buffers grew: write_req_capacity "
+                    f"{g.buffers.write_req_capacity} -> {grown.write_req_capacity}, "
+                    f"generation {grown.generation}"
+                    + (", graphs re-captured" if self.config.graphs else "")
+                )
                 g.buffers = grown
                 g.oracle = g.oracle.ensure_capacity(write_reqs=bs)
                 self.stats.plan_resizes += 1
@@ -862,28 +970,33 @@ class Simulation:
                 g.buffers = g.buffers.ensure_capacity(verify_entries=need)
                 g.oracle = g.oracle.ensure_capacity(verify_entries=need)
                 self.stats.plan_resizes += 1
-                self._say(f"{g.name} plan buffers grew: verify_capacity -> "
-                          f"{g.buffers.verify_capacity}, generation {g.buffers.generation}")
+                self._say(
+                    f"{g.name} plan buffers grew: verify_capacity -> "
+                    f"{g.buffers.verify_capacity}, generation {g.buffers.generation}"
+                )
 
     # --- the canary launches --------------------------------------------------------
-    def _plan_kwargs(self, g: Group, valid_lens: torch.Tensor) -> dict:
+    def _plan_kwargs(self, g: Group, valid_lens: torch.Tensor) -> dict[str, Any]:
         if self.config.graphs:
             assert g.staging is not None
             rows = g.staging.plan_kwargs(with_valid_lens=True)
         else:
             rows = dict(self._step_rows, req_to_verify_expected_tokens_valid_lens=valid_lens)
-        return dict(rows, req_to_token=self.req_to_token, swa_window_size=g.window,
-                    full_to_swa_index_mapping=self.lut if g.window else None,
-                    req_to_verify_expected_tokens=self.token_pool)
+        return dict(
+            rows,
+            req_to_token=self.req_to_token,
+            swa_window_size=g.window,
+            full_to_swa_index_mapping=self.lut if g.window else None,
+            req_to_verify_expected_tokens=self.token_pool,
+        )
 
     def _launch_pre(self, valid_lens: torch.Tensor) -> None:
         st = self.stages
         for g in self.groups:
             st.plan(g.buffers, **self._plan_kwargs(g, valid_lens))
-            st.verify(g.head, g.buffers, launch_tag=_tag(g.name, "HEAD_VERIFY"),
-                      real_kv=g.real_kv)
+            st.verify(g.head, g.buffers, launch_tag=_tag(g.name, "HEAD_VERIFY"), real_kv=g.real_kv)
 
-    def _group_tokens(self, g: Group, tokens: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    def _group_tokens(self, g: Group, tokens: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The write's token inputs of group ``g`` (in its fixed staging with graphs)."""
         if g.window:
             tokens = dict(tokens, out_cache_loc=self.lut[tokens["out_cache_loc"]])
@@ -892,37 +1005,52 @@ class Simulation:
             return g.tokens.fill(tokens)
         return tokens
 
-    def _launch_post(self, group_tokens: Dict[str, Dict[str, torch.Tensor]]) -> None:
+    def _launch_post(self, group_tokens: dict[str, dict[str, torch.Tensor]]) -> None:
         st = self.stages
         for g in self.groups:
             tokens = group_tokens[g.name]
             plain = {k: tokens[k] for k in ("input_ids", "positions", "out_cache_loc")}
-            st.write(g.head, g.buffers, launch_tag=_tag(g.name, "HEAD_WRITE"),
-                     real_kv=g.real_kv, **tokens)
+            st.write(
+                g.head,
+                g.buffers,
+                launch_tag=_tag(g.name, "HEAD_WRITE"),
+                real_kv=g.real_kv,
+                **tokens,
+            )
             if g.tail is not None:
-                st.write(g.tail, g.buffers, launch_tag=_tag(g.name, "TAIL_WRITE"),
-                         real_kv=g.real_kv, **plain)
-                st.verify(g.tail, g.buffers, launch_tag=_tag(g.name, "TAIL_VERIFY"),
-                          real_kv=g.real_kv)
+                st.write(
+                    g.tail,
+                    g.buffers,
+                    launch_tag=_tag(g.name, "TAIL_WRITE"),
+                    real_kv=g.real_kv,
+                    **plain,
+                )
+                st.verify(
+                    g.tail, g.buffers, launch_tag=_tag(g.name, "TAIL_VERIFY"), real_kv=g.real_kv
+                )
 
-    def _pre(self, eager: bool, valid_lens: torch.Tensor):
+    def _pre(self, eager: bool, valid_lens: torch.Tensor) -> _EventPair | None:
         if self.graphs is None or eager:
             self._launch_pre(valid_lens)
             return None
         return _timed_replay(self.graphs[0])
 
-    def _post(self, eager: bool, tokens: Dict[str, Dict[str, torch.Tensor]]):
+    def _post(self, eager: bool, tokens: dict[str, dict[str, torch.Tensor]]) -> _EventPair | None:
         if self.graphs is None or eager:
             self._launch_post(tokens)
             return None
         return _timed_replay(self.graphs[1])
 
-    def _graph_key(self) -> tuple:
-        parts: List[object] = [self.num_slots]
+    def _graph_key(self) -> tuple[object, ...]:
+        parts: list[object] = [self.num_slots]
         for g in self.groups:
-            parts += [g.buffers.generation, g.head.generation, g.kv.data_ptr(),
-                      g.staging.capacity if g.staging else 0,
-                      g.tokens.capacity if g.tokens else 0]
+            parts += [
+                g.buffers.generation,
+                g.head.generation,
+                g.kv.data_ptr(),
+                g.staging.capacity if g.staging else 0,
+                g.tokens.capacity if g.tokens else 0,
+            ]
         return tuple(parts)
 
     def _prepare_graphs(self) -> bool:
@@ -932,8 +1060,9 @@ class Simulation:
             return True
         return self.graph_key != self._graph_key()
 
-    def _capture(self, valid_lens: torch.Tensor,
-                 tokens: Dict[str, Dict[str, torch.Tensor]]) -> None:
+    def _capture(
+        self, valid_lens: torch.Tensor, tokens: dict[str, dict[str, torch.Tensor]]
+    ) -> None:
         """Capture the pre (plan + HEAD verify) and post (write + TAIL verify) graphs on
         the fixed inputs; this step already ran them eagerly (compiling every kernel)."""
         torch.cuda.synchronize()
@@ -962,8 +1091,10 @@ class Simulation:
             overflow = total > b.verify_capacity
             if overflow:
                 self.stats.overflow_steps += 1
-                self._say(f"{g.name}: {total} verify entries > verify_capacity "
-                          f"{b.verify_capacity}: this step verifies nothing (verify_enable=0)")
+                self._say(
+                    f"{g.name}: {total} verify entries > verify_capacity "
+                    f"{b.verify_capacity}: this step verifies nothing (verify_enable=0)"
+                )
             else:
                 self.stats.verify_entries += total * (2 if g.tail is not None else 1)
             if not self.config.check_plans:
@@ -983,6 +1114,7 @@ class Simulation:
                 ok &= bool((pos[1:][same_row] == pos[:-1][same_row] + 1).all())
                 ok &= bool((prev[same_row] == b.verify_slot_indices[: total - 1][same_row]).all())
             if self.config.graphs:  # the staging is linked to g.buffers: the oracle plans copies
+                assert g.staging is not None
                 staged = g.staging.plan_kwargs(with_valid_lens=True)
                 kwargs = dict(kwargs, **{k: t.clone() for k, t in staged.items()})
             plan_reference(g.oracle, **kwargs)
@@ -994,26 +1126,44 @@ class Simulation:
     def _shadow_pre(self) -> None:
         for g in self.groups:
             if g.shadow_head is not None:
-                verify_reference(g.shadow_head, g.oracle,
-                                 launch_tag=_tag(g.name, "HEAD_VERIFY"), real_kv=g.real_kv)
+                verify_reference(
+                    g.shadow_head,
+                    g.oracle,
+                    launch_tag=_tag(g.name, "HEAD_VERIFY"),
+                    real_kv=g.real_kv,
+                )
 
-    def _shadow_post(self, group_tokens: Dict[str, Dict[str, torch.Tensor]]) -> None:
+    def _shadow_post(self, group_tokens: dict[str, dict[str, torch.Tensor]]) -> None:
         for g in self.groups:
             if g.shadow_head is None:
                 continue
             tokens = group_tokens[g.name]
             plain = {k: tokens[k] for k in ("input_ids", "positions", "out_cache_loc")}
-            write_reference(g.shadow_head, g.oracle, launch_tag=_tag(g.name, "HEAD_WRITE"),
-                            real_kv=g.real_kv, **tokens)
+            write_reference(
+                g.shadow_head,
+                g.oracle,
+                launch_tag=_tag(g.name, "HEAD_WRITE"),
+                real_kv=g.real_kv,
+                **tokens,
+            )
             if g.shadow_tail is not None:
-                write_reference(g.shadow_tail, g.oracle, launch_tag=_tag(g.name, "TAIL_WRITE"),
-                                real_kv=g.real_kv, **plain)
-                verify_reference(g.shadow_tail, g.oracle,
-                                 launch_tag=_tag(g.name, "TAIL_VERIFY"), real_kv=g.real_kv)
+                write_reference(
+                    g.shadow_tail,
+                    g.oracle,
+                    launch_tag=_tag(g.name, "TAIL_WRITE"),
+                    real_kv=g.real_kv,
+                    **plain,
+                )
+                verify_reference(
+                    g.shadow_tail,
+                    g.oracle,
+                    launch_tag=_tag(g.name, "TAIL_VERIFY"),
+                    real_kv=g.real_kv,
+                )
 
     # --- reading back ------------------------------------------------------------
     def _read_back(self) -> None:
-        flagged: Dict[int, Seen] = {}
+        flagged: dict[int, Seen] = {}
         for g in self.groups:
             self.stats.plan_flags |= g.buffers.take_status()
             for name, store, shadow in g.stores():
@@ -1048,12 +1198,16 @@ class Simulation:
     def _match(self, seen: Seen) -> None:
         v = seen.violation
         for inj in self.injections:
-            if (not inj.caught and seen.full_slot in inj.slots
-                    and (v.fail_bits & inj.kind.expected_bits) == inj.kind.expected_bits):
+            if (
+                not inj.caught
+                and seen.full_slot in inj.slots
+                and (v.fail_bits & inj.kind.expected_bits) == inj.kind.expected_bits
+            ):
                 inj.first = v
                 inj.caught_step = self.step_index
                 inj.caught_by = f"{seen.store} store, {seen.group} group" + (
-                    "" if seen.group == "full" else f" (slot {v.slot} = LUT[{seen.full_slot}])")
+                    "" if seen.group == "full" else f" (slot {v.slot} = LUT[{seen.full_slot}])"
+                )
 
     def explained(self, seen: Seen) -> bool:
         """Whether a violation concerns a request some injection damaged."""
@@ -1061,18 +1215,19 @@ class Simulation:
             return True
         return bool(self._holders_then.get((seen.step, seen.full_slot), set()) & self.tainted)
 
-    def _abort(self, flagged: Dict[int, Seen]) -> None:
+    def _abort(self, flagged: dict[int, Seen]) -> None:
         """Abort every running request that holds a flagged slot."""
-        for slot, seen in flagged.items():
+        for slot in flagged:
             self._holders_then[(self.step_index, slot)] = set(self.holders.get(slot, ()))
         victims = {rid for slot in flagged for rid in self.holders.get(slot, ())}
         for req in [r for r in self.running if r.id in victims]:
             slots = sorted(s for s in flagged if req.id in self.holders.get(s, ()))
             self._release(req)
             self.stats.aborted += 1
-            self._say(f"aborted request {req.id} (row {req.row}): "
-                      f"{len(slots)} of its slots flagged ({_short(slots)})")
-
+            self._say(
+                f"aborted request {req.id} (row {req.row}): "
+                f"{len(slots)} of its slots flagged ({_short(slots)})"
+            )
 
 
 # --- small helpers --------------------------------------------------------------------
@@ -1088,11 +1243,15 @@ def _real_kv(kv: torch.Tensor) -> RealKV:
     """The PARTIAL real-KV hash over a fake KV layer ``[num_slots, KV_ELEMS]``, viewed as
     pages of ``PAGE_SIZE`` slots (a view, never a copy)."""
     pages = kv.view(kv.shape[0] // PAGE_SIZE, PAGE_SIZE * KV_ELEMS)
-    return RealKV(mode=RealKVMode.PARTIAL, sources=(pages,), page_size=PAGE_SIZE,
-                  bytes_per_token=KV_ELEMS * kv.element_size())
+    return RealKV(
+        mode=RealKVMode.PARTIAL,
+        sources=(pages,),
+        page_size=PAGE_SIZE,
+        bytes_per_token=KV_ELEMS * kv.element_size(),
+    )
 
 
-def _rows_sorted(violations: Sequence[Violation]) -> List[tuple]:
+def _rows_sorted(violations: Sequence[Violation]) -> list[tuple[object, ...]]:
     return sorted(attrs.astuple(v, recurse=False) for v in violations)
 
 
@@ -1101,7 +1260,7 @@ def _short(values: Sequence[int], limit: int = 6) -> str:
     return shown + (f", ... {len(values) - limit} more" if len(values) > limit else "")
 
 
-def _timed_replay(graph: "torch.cuda.CUDAGraph"):
+def _timed_replay(graph: torch.cuda.CUDAGraph) -> _EventPair:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     graph.replay()

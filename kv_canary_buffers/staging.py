@@ -17,7 +17,8 @@ refuses its tensors with any other buffers, so staging kept across a resize is c
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Dict, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import torch
@@ -32,15 +33,15 @@ from .validation import check_row_tensor, check_tensor
 _get_fields = operator.attrgetter(*STAGING_FIELDS)
 
 
-def _layout(capacity: int) -> Tuple[Tuple[ArenaField, ...], int]:
+def _layout(capacity: int) -> tuple[tuple[ArenaField, ...], int]:
     return layout(staging_specs(capacity))
 
 
-def _layout_of(arena: Arena) -> Tuple[Tuple[ArenaField, ...], int]:
+def _layout_of(arena: Arena) -> tuple[tuple[ArenaField, ...], int]:
     return _layout(check_capacity("capacity", arena.fields[0].shape[0]))
 
 
-def _check_link(_inst: object, _attr: attrs.Attribute, value: object) -> None:
+def _check_link(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
     if value is not None and type(value) is not StagingLink:
         raise TypeError(
             "kv-canary: GraphInputs.link must be None or a StagingLink; build staging with "
@@ -68,7 +69,7 @@ class GraphInputs:
     """
 
     arena: Arena = attrs.field(repr=False)
-    link: Optional[StagingLink] = attrs.field(default=None, validator=_check_link, repr=False)
+    link: StagingLink | None = attrs.field(default=None, validator=_check_link, repr=False)
     """The buffers this staging was built for (None: unlinked)."""
     req_pool_indices: torch.Tensor = attrs.field(repr=False)
     prefix_lens: torch.Tensor = attrs.field(repr=False)
@@ -87,13 +88,13 @@ class GraphInputs:
 
     # --- construction -------------------------------------------------------------
     @classmethod
-    def allocate(cls, *, capacity: int, device: DeviceLike) -> "GraphInputs":
+    def allocate(cls, *, capacity: int, device: DeviceLike) -> GraphInputs:
         """Zeroed (all-padding), unlinked inputs for up to ``capacity`` rows on
         ``device``."""
         return cls._allocate(capacity, device, None)
 
     @classmethod
-    def for_buffers(cls, buffers: PlanBuffers) -> "GraphInputs":
+    def for_buffers(cls, buffers: PlanBuffers) -> GraphInputs:
         """Inputs sized ``buffers.write_req_capacity`` on ``buffers.device``, linked to
         ``buffers``: the plan refuses them with any other buffers (a resize makes other
         buffers: build new staging then)."""
@@ -103,14 +104,12 @@ class GraphInputs:
                 f"PlanBuffers.allocate), got {type(buffers).__name__}"
             )
         buffers.check()
-        return cls._allocate(
-            buffers.write_req_capacity, buffers.device, StagingLink.to(buffers)
-        )
+        return cls._allocate(buffers.write_req_capacity, buffers.device, StagingLink.to(buffers))
 
     @classmethod
     def _allocate(
-        cls, capacity: object, device: DeviceLike, link: Optional[StagingLink]
-    ) -> "GraphInputs":
+        cls, capacity: object, device: DeviceLike, link: StagingLink | None
+    ) -> GraphInputs:
         cap = check_capacity("capacity", capacity)
         fields, nbytes = _layout(cap)
         arena, views = Arena.allocate(fields, nbytes, normalize_device(device))
@@ -130,7 +129,7 @@ class GraphInputs:
         return self.arena.device
 
     @property
-    def built_for(self) -> Optional[PlanBuffers]:
+    def built_for(self) -> PlanBuffers | None:
         """The :class:`PlanBuffers` this staging was built for, or None (unlinked, or
         those buffers no longer exist)."""
         self.check()
@@ -138,7 +137,7 @@ class GraphInputs:
         return None if link is None else link.buffers()
 
     @property
-    def generation(self) -> Optional[int]:
+    def generation(self) -> int | None:
         """The generation of the buffers this staging was built for (None: unlinked)."""
         self.check()
         link = self.link
@@ -178,7 +177,7 @@ class GraphInputs:
                 "to another GraphInputs' memory); build staging with GraphInputs.allocate"
             )
 
-    def _raise_bad_field(self, name: str, fields: Tuple[object, ...]) -> None:
+    def _raise_bad_field(self, name: str, fields: tuple[object, ...]) -> None:
         arena = self.arena
         if name == "<arena>":
             raise ValueError(
@@ -205,7 +204,7 @@ class GraphInputs:
         req_pool_indices: torch.Tensor,
         prefix_lens: torch.Tensor,
         extend_seq_lens: torch.Tensor,
-        valid_lens: Optional[torch.Tensor] = None,
+        valid_lens: torch.Tensor | None = None,
     ) -> None:
         """Copy one step's rows (int64 ``[n]`` each, ``n <= capacity``, on ``device``)
         into rows ``[0, n)`` in place and make rows ``[n, capacity)`` padding. Runs
@@ -247,7 +246,7 @@ class GraphInputs:
             dst[n:].zero_()
         self.req_pool_indices[n:].fill_(PADDING_REQ_POOL_INDEX)
 
-    def plan_kwargs(self, *, with_valid_lens: bool = False) -> Dict[str, torch.Tensor]:
+    def plan_kwargs(self, *, with_valid_lens: bool = False) -> dict[str, torch.Tensor]:
         """The per-row keyword arguments of ``launch_plan``/``plan_reference``."""
         self.check()
         kwargs = {
@@ -260,13 +259,13 @@ class GraphInputs:
         return kwargs
 
     # --- copies -------------------------------------------------------------------
-    def __copy__(self) -> "GraphInputs":
+    def __copy__(self) -> GraphInputs:
         raise TypeError(
             "kv-canary: a GraphInputs cannot be shallow-copied (two owners of one arena); "
             "use copy.deepcopy for an independent copy"
         )
 
-    def __deepcopy__(self, memo: dict) -> "GraphInputs":
+    def __deepcopy__(self, memo: dict[int, Any]) -> GraphInputs:
         self.check()
         link = self.link
         if link is not None:
@@ -287,8 +286,11 @@ class GraphInputs:
         return (
             _unpickle_graph_inputs,
             (
-                self.arena.fields[0].shape[0], str(self.arena.device),
-                self.arena.byte_view().cpu(), link is not None, buffers,
+                self.arena.fields[0].shape[0],
+                str(self.arena.device),
+                self.arena.byte_view().cpu(),
+                link is not None,
+                buffers,
             ),
         )
 
@@ -298,14 +300,17 @@ def _dead() -> None:
 
 
 def _unpickle_graph_inputs(
-    capacity: int, device: str, state: torch.Tensor, linked: bool,
-    buffers: Optional[PlanBuffers],
+    capacity: int,
+    device: str,
+    state: torch.Tensor,
+    linked: bool,
+    buffers: PlanBuffers | None,
 ) -> GraphInputs:
-    link: Optional[StagingLink] = None
+    link: StagingLink | None = None
     if buffers is not None:
         link = StagingLink.to(buffers)
     elif linked:  # built for buffers that no longer existed: refused by every buffers
-        dead: Callable[[], Optional[PlanBuffers]] = _dead
+        dead: Callable[[], PlanBuffers | None] = _dead
         link = StagingLink(dead, -1)
     staging = GraphInputs._allocate(capacity, device, link)
     staging.arena.byte_view().copy_(state)

@@ -12,7 +12,7 @@ arena), sized from ``num_slots`` and ``violation_capacity`` by construction.
 from __future__ import annotations
 
 import operator
-from typing import Any, Optional, Tuple
+from typing import Any
 
 import attrs
 import torch
@@ -28,15 +28,11 @@ _FIELD_NAMES = tuple(name for name, _dtype, _shape in store_specs(1, 1))
 _get_fields = operator.attrgetter(*_FIELD_NAMES)
 
 
-def _layout(num_slots: int, violation_capacity: int) -> Tuple[Tuple[ArenaField, ...], int]:
+def _layout(num_slots: int, violation_capacity: int) -> tuple[tuple[ArenaField, ...], int]:
     return layout(store_specs(num_slots, violation_capacity))
 
 
-def _tensor_field() -> Any:
-    return attrs.field(repr=False)
-
-
-def _check_generation(_inst: object, _attr: attrs.Attribute, value: object) -> None:
+def _check_generation(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
     if check_index("generation", value) < 0:
         raise ValueError(f"kv-canary: generation must be >= 0, got {value!r}")
 
@@ -73,13 +69,13 @@ class CanaryStore:
     arena: Arena = attrs.field(repr=False)
     generation: int = attrs.field(default=0, validator=_check_generation)
 
-    records: torch.Tensor = _tensor_field()
-    violations: torch.Tensor = _tensor_field()
-    violation_count: torch.Tensor = _tensor_field()
-    kernel_runs: torch.Tensor = _tensor_field()
-    slots_processed: torch.Tensor = _tensor_field()
-    chain_position_check: torch.Tensor = _tensor_field()
-    status: torch.Tensor = _tensor_field()
+    records: torch.Tensor = attrs.field(repr=False)
+    violations: torch.Tensor = attrs.field(repr=False)
+    violation_count: torch.Tensor = attrs.field(repr=False)
+    kernel_runs: torch.Tensor = attrs.field(repr=False)
+    slots_processed: torch.Tensor = attrs.field(repr=False)
+    chain_position_check: torch.Tensor = attrs.field(repr=False)
+    status: torch.Tensor = attrs.field(repr=False)
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.arena, Arena):
@@ -106,7 +102,7 @@ class CanaryStore:
     @classmethod
     def allocate(
         cls, *, num_slots: int, violation_capacity: int, device: DeviceLike
-    ) -> "CanaryStore":
+    ) -> CanaryStore:
         """A zeroed store for a KV pool of ``num_slots`` slots (slot 0 is the pool's
         padding slot) and a ring of ``violation_capacity`` rows, on ``device``.
 
@@ -118,7 +114,7 @@ class CanaryStore:
     @classmethod
     def _allocate(
         cls, num_slots: object, violation_capacity: object, device: DeviceLike, generation: int
-    ) -> "CanaryStore":
+    ) -> CanaryStore:
         n = check_capacity("num_slots", num_slots)
         v = check_capacity("violation_capacity", violation_capacity)
         fields, nbytes = _layout(n, v)
@@ -155,8 +151,8 @@ class CanaryStore:
 
     # --- growth -------------------------------------------------------------------
     def resize(
-        self, *, num_slots: Optional[int] = None, violation_capacity: Optional[int] = None
-    ) -> "CanaryStore":
+        self, *, num_slots: int | None = None, violation_capacity: int | None = None
+    ) -> CanaryStore:
         """A new store (``generation + 1``) with the given sizes (an omitted one is
         kept) holding this store's state: the first ``min(old, new)`` records and ring
         rows, the count, the counters, the flag and the status. ``self`` stays valid and
@@ -173,7 +169,7 @@ class CanaryStore:
         new._copy_state_from(self)
         return new
 
-    def ensure_capacity(self, *, num_slots: int = 0) -> "CanaryStore":
+    def ensure_capacity(self, *, num_slots: int = 0) -> CanaryStore:
         """``self`` when it covers ``num_slots`` slots, else :meth:`resize` to exactly
         ``num_slots`` (a KV pool grows in large, known steps; records cost 32 bytes a
         slot, so no headroom is added)."""
@@ -184,7 +180,7 @@ class CanaryStore:
             return self
         return self.resize(num_slots=needed)
 
-    def _copy_state_from(self, old: "CanaryStore") -> None:
+    def _copy_state_from(self, old: CanaryStore) -> None:
         n = min(self.num_slots, old.num_slots)
         v = min(self.violation_capacity, old.violation_capacity)
         self.records[:n].copy_(old.records[:n])
@@ -193,13 +189,13 @@ class CanaryStore:
             getattr(self, name).copy_(getattr(old, name))
 
     # --- copies ---------------------------------------------------------------------
-    def __copy__(self) -> "CanaryStore":
+    def __copy__(self) -> CanaryStore:
         raise TypeError(
             "kv-canary: a CanaryStore cannot be shallow-copied (two owners of one arena); "
             "use copy.deepcopy for an independent store, or resize() to grow it"
         )
 
-    def __deepcopy__(self, memo: dict) -> "CanaryStore":
+    def __deepcopy__(self, memo: dict[int, Any]) -> CanaryStore:
         self.check()
         new = CanaryStore._allocate(
             self.num_slots, self.violation_capacity, self.device, self.generation
@@ -242,7 +238,7 @@ class CanaryStore:
             )
 
     @staticmethod
-    def _check_views(arena: Arena, fields: Tuple[object, ...]) -> None:
+    def _check_views(arena: Arena, fields: tuple[object, ...]) -> None:
         bad = arena.first_bad_field(fields)
         if bad is not None:
             what = "its arena's storage" if bad == "<arena>" else f"CanaryStore.{bad}"
@@ -298,10 +294,13 @@ _ALL_STATUS = CanaryStatus(sum(CanaryStatus))
 
 
 def _unpickle_store(
-    num_slots: int, violation_capacity: int, device: str, generation: int, state: dict
+    num_slots: int,
+    violation_capacity: int,
+    device: str,
+    generation: int,
+    state: dict[str, torch.Tensor],
 ) -> CanaryStore:
     store = CanaryStore._allocate(num_slots, violation_capacity, device, generation)
     for name, value in state.items():
         getattr(store, name).copy_(value)
     return store
-

@@ -10,7 +10,8 @@ expected and what was given.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Optional, Tuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, NoReturn
 
 import torch
 
@@ -19,7 +20,12 @@ from .buffers import STAGING_LINK_ATTR, PlanBuffers, StagingLink
 from .checks import check_bool, check_int64
 from .devices import device_predicate
 from .layout import (
-    BUFFER_SPECS, INT64_MAX, INT64_MIN, LUT_DTYPE, REQ_TO_TOKEN_DTYPE, ROW_DTYPE,
+    BUFFER_SPECS,
+    INT64_MAX,
+    INT64_MIN,
+    LUT_DTYPE,
+    REQ_TO_TOKEN_DTYPE,
+    ROW_DTYPE,
     TOKEN_POOL_DTYPE,
 )
 from .real_kv import RealKV
@@ -38,9 +44,9 @@ class PlanArgs(NamedTuple):
     extend_seq_lens: torch.Tensor
     req_to_token: torch.Tensor
     swa_window_size: int
-    full_to_swa_index_mapping: Optional[torch.Tensor]
-    req_to_verify_expected_tokens: Optional[torch.Tensor]
-    req_to_verify_expected_tokens_valid_lens: Optional[torch.Tensor]
+    full_to_swa_index_mapping: torch.Tensor | None
+    req_to_verify_expected_tokens: torch.Tensor | None
+    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None
     kv_token_id_vs_position_offset: int
 
 
@@ -48,13 +54,10 @@ _SHAPE_DOC = {
     "req_to_token": "[rows, max_seq_len]",
     "full_to_swa_index_mapping": "[lut_len]",
     "req_to_verify_expected_tokens": "[pool_rows, pool_cols]",
-    **{
-        name: "[n]"
-        for name in (
-            "input_ids", "positions", "out_cache_loc", "expected_input_ids",
-            "expected_positions",
-        )
-    },
+    **dict.fromkeys(
+        ("input_ids", "positions", "out_cache_loc", "expected_input_ids", "expected_positions"),
+        "[n]",
+    ),
 }
 
 
@@ -62,8 +65,12 @@ OnDevice = Callable[[torch.Tensor], bool]
 
 
 def check_tensor(
-    name: str, t: object, dtype: torch.dtype, ndim: int, device: torch.device,
-    on_device: Optional[OnDevice] = None,
+    name: str,
+    t: object,
+    dtype: torch.dtype,
+    ndim: int,
+    device: torch.device,
+    on_device: OnDevice | None = None,
 ) -> torch.Tensor:
     """Check one input tensor's type, dtype, rank, device and contiguity.
     ``on_device`` is ``device_predicate(device)``, passed in when the caller has it."""
@@ -97,7 +104,7 @@ def check_tensor(
 
 
 def check_row_tensor(
-    name: str, t: object, bs: int, device: torch.device, on_device: Optional[OnDevice] = None
+    name: str, t: object, bs: int, device: torch.device, on_device: OnDevice | None = None
 ) -> torch.Tensor:
     """Check a per-row int64 ``[bs]`` input."""
     if (  # the fast path of check_length, inlined: it runs for every row tensor per launch
@@ -113,8 +120,12 @@ def check_row_tensor(
 
 
 def check_length(
-    name: str, t: object, length: int, device: torch.device,
-    on_device: Optional[OnDevice] = None, what: str = "n = len(out_cache_loc)",
+    name: str,
+    t: object,
+    length: int,
+    device: torch.device,
+    on_device: OnDevice | None = None,
+    what: str = "n = len(out_cache_loc)",
 ) -> torch.Tensor:
     """Check a 1-D int64 input of ``length`` elements (``what`` names the length)."""
     if on_device is None:
@@ -132,12 +143,14 @@ def check_length(
     raise ValueError(f"kv-canary: {name} must have length {what} = {length}, got {tensor.shape[0]}")
 
 
-def check_int(name: str, value: object, *, minimum: Optional[int] = None) -> int:
+def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
     """Check an integer argument that a kernel receives as int64: ``TypeError`` unless
     ``operator.index`` accepts it (bools refused), ``ValueError`` outside
     ``[max(minimum, -2**63), 2**63 - 1]``."""
-    if type(value) is int and INT64_MIN <= value <= INT64_MAX and (
-        minimum is None or value >= minimum
+    if (
+        type(value) is int
+        and INT64_MIN <= value <= INT64_MAX
+        and (minimum is None or value >= minimum)
     ):
         return value  # the common case, without a call
     low = INT64_MIN if minimum is None else max(minimum, INT64_MIN)
@@ -156,7 +169,7 @@ def check_buffers(buffers: object) -> PlanBuffers:
     return buffers
 
 
-def _refuse_shared_memory(arena: Arena, named: Tuple[Tuple[str, object], ...]) -> None:
+def _refuse_shared_memory(arena: Arena, named: tuple[tuple[str, object], ...]) -> None:
     """The slow path of the aliasing test: name the first input inside the arena."""
     for name, t in named:
         if isinstance(t, torch.Tensor) and arena.overlaps(t):
@@ -167,7 +180,7 @@ def _refuse_shared_memory(arena: Arena, named: Tuple[Tuple[str, object], ...]) -
             )
 
 
-def _refuse_foreign_staging(buffers: PlanBuffers, named: Tuple[Tuple[str, object], ...]) -> None:
+def _refuse_foreign_staging(buffers: PlanBuffers, named: tuple[tuple[str, object], ...]) -> None:
     """The slow path of the staging test: name the first staging tensor built for other
     buffers."""
     for name, t in named:
@@ -182,7 +195,8 @@ def _refuse_foreign_staging(buffers: PlanBuffers, named: Tuple[Tuple[str, object
         built_for = link.buffers()
         if built_for is not buffers:
             which = (
-                "PlanBuffers that no longer exist" if built_for is None
+                "PlanBuffers that no longer exist"
+                if built_for is None
                 else f"other PlanBuffers (generation {link.generation})"
             )
             raise ValueError(
@@ -200,9 +214,9 @@ def validate_plan_args(
     extend_seq_lens: torch.Tensor,
     req_to_token: torch.Tensor,
     swa_window_size: int = 0,
-    full_to_swa_index_mapping: Optional[torch.Tensor] = None,
-    req_to_verify_expected_tokens: Optional[torch.Tensor] = None,
-    req_to_verify_expected_tokens_valid_lens: Optional[torch.Tensor] = None,
+    full_to_swa_index_mapping: torch.Tensor | None = None,
+    req_to_verify_expected_tokens: torch.Tensor | None = None,
+    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None,
     kv_token_id_vs_position_offset: int = 0,
 ) -> PlanArgs:
     """Run every host-side check of ``docs/contract.md`` and return the arguments.
@@ -225,18 +239,29 @@ def validate_plan_args(
     # named check raises with its message.
     T = torch.Tensor
     rp = req_pool_indices
-    if not (type(rp) is T and rp.dtype is ROW_DTYPE and rp.dim() == 1 and on(rp)
-            and rp.is_contiguous()):
+    if not (
+        type(rp) is T and rp.dtype is ROW_DTYPE and rp.dim() == 1 and on(rp) and rp.is_contiguous()
+    ):
         check_tensor("req_pool_indices", rp, ROW_DTYPE, 1, device, on)
     bs = rp.shape[0]
     row_shape = (bs,)
     P = prefix_lens
-    if not (type(P) is T and P.dtype is ROW_DTYPE and P.shape == row_shape and on(P)
-            and P.is_contiguous()):
+    if not (
+        type(P) is T
+        and P.dtype is ROW_DTYPE
+        and P.shape == row_shape
+        and on(P)
+        and P.is_contiguous()
+    ):
         check_row_tensor("prefix_lens", P, bs, device, on)
     E = extend_seq_lens
-    if not (type(E) is T and E.dtype is ROW_DTYPE and E.shape == row_shape and on(E)
-            and E.is_contiguous()):
+    if not (
+        type(E) is T
+        and E.dtype is ROW_DTYPE
+        and E.shape == row_shape
+        and on(E)
+        and E.is_contiguous()
+    ):
         check_row_tensor("extend_seq_lens", E, bs, device, on)
     capacity = arena.fields[_WRITE_ROWS].shape[0]
     if bs > capacity:
@@ -246,16 +271,26 @@ def validate_plan_args(
             "PlanBuffers.ensure_capacity()"
         )
     table = req_to_token
-    if not (type(table) is T and table.dtype is REQ_TO_TOKEN_DTYPE and table.dim() == 2
-            and on(table) and table.is_contiguous()):
+    if not (
+        type(table) is T
+        and table.dtype is REQ_TO_TOKEN_DTYPE
+        and table.dim() == 2
+        and on(table)
+        and table.is_contiguous()
+    ):
         check_tensor("req_to_token", table, REQ_TO_TOKEN_DTYPE, 2, device, on)
     window = swa_window_size
     if not (type(window) is int and 0 <= window <= INT64_MAX):
         window = check_int("swa_window_size", window, minimum=0)
     lut = full_to_swa_index_mapping
     if lut is not None:
-        if not (type(lut) is T and lut.dtype is LUT_DTYPE and lut.dim() == 1 and on(lut)
-                and lut.is_contiguous()):
+        if not (
+            type(lut) is T
+            and lut.dtype is LUT_DTYPE
+            and lut.dim() == 1
+            and on(lut)
+            and lut.is_contiguous()
+        ):
             check_tensor("full_to_swa_index_mapping", lut, LUT_DTYPE, 1, device, on)
     elif window > 0:
         raise ValueError(
@@ -265,20 +300,27 @@ def validate_plan_args(
     pool = req_to_verify_expected_tokens
     valid_lens = req_to_verify_expected_tokens_valid_lens
     if pool is not None:
-        if not (type(pool) is T and pool.dtype is TOKEN_POOL_DTYPE and pool.dim() == 2
-                and on(pool) and pool.is_contiguous()):
+        if not (
+            type(pool) is T
+            and pool.dtype is TOKEN_POOL_DTYPE
+            and pool.dim() == 2
+            and on(pool)
+            and pool.is_contiguous()
+        ):
             check_tensor("req_to_verify_expected_tokens", pool, TOKEN_POOL_DTYPE, 2, device, on)
         if valid_lens is None:
             raise ValueError(
                 "kv-canary: req_to_verify_expected_tokens_valid_lens must be given with "
                 "req_to_verify_expected_tokens, got None"
             )
-        if not (type(valid_lens) is T and valid_lens.dtype is ROW_DTYPE
-                and valid_lens.shape == row_shape and on(valid_lens)
-                and valid_lens.is_contiguous()):
-            check_row_tensor(
-                "req_to_verify_expected_tokens_valid_lens", valid_lens, bs, device, on
-            )
+        if not (
+            type(valid_lens) is T
+            and valid_lens.dtype is ROW_DTYPE
+            and valid_lens.shape == row_shape
+            and on(valid_lens)
+            and valid_lens.is_contiguous()
+        ):
+            check_row_tensor("req_to_verify_expected_tokens_valid_lens", valid_lens, bs, device, on)
     elif valid_lens is not None:
         raise ValueError(
             "kv-canary: req_to_verify_expected_tokens_valid_lens must be None when "
@@ -297,22 +339,47 @@ def validate_plan_args(
         if t is not None:
             ptr = t.data_ptr()
             if ptr < end and ptr + t.nbytes > start:
-                _refuse_shared_memory(arena, _named_inputs(
-                    req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, lut, pool,
-                    valid_lens,
-                ))
+                _refuse_shared_memory(
+                    arena,
+                    _named_inputs(
+                        req_pool_indices,
+                        prefix_lens,
+                        extend_seq_lens,
+                        req_to_token,
+                        lut,
+                        pool,
+                        valid_lens,
+                    ),
+                )
     for t in (rp, P, E, valid_lens):
         if getattr(t, STAGING_LINK_ATTR, None) is not None:  # a linked staging tensor
-            _refuse_foreign_staging(bufs, _named_inputs(
-                req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, lut, pool,
-                valid_lens,
-            ))
+            _refuse_foreign_staging(
+                bufs,
+                _named_inputs(
+                    req_pool_indices,
+                    prefix_lens,
+                    extend_seq_lens,
+                    req_to_token,
+                    lut,
+                    pool,
+                    valid_lens,
+                ),
+            )
     return PlanArgs(
-        bs, rp, P, E, table, window, lut, pool, valid_lens, offset,
+        bs,
+        rp,
+        P,
+        E,
+        table,
+        window,
+        lut,
+        pool,
+        valid_lens,
+        offset,
     )
 
 
-def _named_inputs(*tensors: object) -> Tuple[Tuple[str, object], ...]:
+def _named_inputs(*tensors: object) -> tuple[tuple[str, object], ...]:
     return tuple(zip(_INPUT_NAMES, tensors))
 
 
@@ -320,8 +387,12 @@ _WRITE_ROWS = tuple(BUFFER_SPECS).index("write_seed_slot_indices")
 """The arena field whose length is ``write_req_capacity``."""
 
 _INPUT_NAMES = (
-    "req_pool_indices", "prefix_lens", "extend_seq_lens", "req_to_token",
-    "full_to_swa_index_mapping", "req_to_verify_expected_tokens",
+    "req_pool_indices",
+    "prefix_lens",
+    "extend_seq_lens",
+    "req_to_token",
+    "full_to_swa_index_mapping",
+    "req_to_verify_expected_tokens",
     "req_to_verify_expected_tokens_valid_lens",
 )
 
@@ -335,9 +406,9 @@ class WriteArgs(NamedTuple):
     positions: torch.Tensor
     out_cache_loc: torch.Tensor
     launch_tag: int
-    expected_input_ids: Optional[torch.Tensor]
-    expected_positions: Optional[torch.Tensor]
-    real_kv: Optional[RealKV]
+    expected_input_ids: torch.Tensor | None
+    expected_positions: torch.Tensor | None
+    real_kv: RealKV | None
     """None when no real-KV hash is taken (no object, mode NONE or no sources)."""
     aligned: bool
     """Whether every per-token input starts 16-byte aligned (the kernels' fast variant)."""
@@ -348,7 +419,7 @@ class VerifyArgs(NamedTuple):
 
     launch_tag: int
     check_expected_tokens: bool
-    real_kv: Optional[RealKV]
+    real_kv: RealKV | None
 
 
 def check_store(store: object) -> CanaryStore:
@@ -381,7 +452,7 @@ def _check_not_aliasing_store(name: str, t: torch.Tensor, store: CanaryStore) ->
         )
 
 
-def _check_real_kv(real_kv: object, store: CanaryStore) -> Optional[RealKV]:
+def _check_real_kv(real_kv: object, store: CanaryStore) -> RealKV | None:
     if real_kv is None:
         return None
     if type(real_kv) is not RealKV:
@@ -418,9 +489,9 @@ def validate_write_args(
     positions: torch.Tensor,
     out_cache_loc: torch.Tensor,
     launch_tag: int = 0,
-    expected_input_ids: Optional[torch.Tensor] = None,
-    expected_positions: Optional[torch.Tensor] = None,
-    real_kv: Optional[RealKV] = None,
+    expected_input_ids: torch.Tensor | None = None,
+    expected_positions: torch.Tensor | None = None,
+    real_kv: RealKV | None = None,
 ) -> WriteArgs:
     """Every host-side check of one write call (both write paths run it first).
 
@@ -463,23 +534,36 @@ def validate_write_args(
         if ptr < end and start < ptr + 8 * n:
             _raise_write_input_error(st, inputs)
         aligned = aligned and ptr % 16 == 0
-    tag = launch_tag if type(launch_tag) is int and _I64_MIN <= launch_tag <= _I64_MAX else (
-        check_int64("launch_tag", launch_tag)
+    tag = (
+        launch_tag
+        if type(launch_tag) is int and _I64_MIN <= launch_tag <= _I64_MAX
+        else (check_int64("launch_tag", launch_tag))
     )
     kv = _check_real_kv(real_kv, st)
     return WriteArgs(
-        n, input_ids, positions, out_cache_loc, tag, expected_input_ids, expected_positions, kv,
+        n,
+        input_ids,
+        positions,
+        out_cache_loc,
+        tag,
+        expected_input_ids,
+        expected_positions,
+        kv,
         aligned,
     )
 
 
 _WRITE_INPUT_NAMES = (
-    "input_ids", "positions", "out_cache_loc", "expected_input_ids", "expected_positions"
+    "input_ids",
+    "positions",
+    "out_cache_loc",
+    "expected_input_ids",
+    "expected_positions",
 )
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
-def _raise_write_input_error(store: CanaryStore, inputs: tuple) -> None:
+def _raise_write_input_error(store: CanaryStore, inputs: tuple[Any, ...]) -> NoReturn:
     """Word the first failing check of the write's per-token inputs."""
     device = store.device
     check_tensor("out_cache_loc", inputs[2], ROW_DTYPE, 1, device)
@@ -497,7 +581,7 @@ def validate_verify_args(
     *,
     launch_tag: int = 0,
     check_expected_tokens: bool = True,
-    real_kv: Optional[RealKV] = None,
+    real_kv: RealKV | None = None,
 ) -> VerifyArgs:
     """Every host-side check of one verify call (both verify paths run it first)."""
     st = check_store(store)

@@ -6,12 +6,10 @@ data, so on a GPU it synchronizes: an oracle and a CPU path, not something to ca
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from .buffers import PlanBuffers
-from .layout import PREV_HASH, POSITION, REAL_KV_HASH, RECORD_DTYPE, TOKEN, UNCHECKED_TOKEN
+from .layout import POSITION, PREV_HASH, REAL_KV_HASH, RECORD_DTYPE, TOKEN, UNCHECKED_TOKEN
 from .real_kv import RealKV, first_row_past_sources, real_kv_hash
 from .status import FailBits
 from .store import CanaryStore
@@ -32,7 +30,9 @@ def _verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) -> None:
     if bool(bad.any()):
         k = int(bad.nonzero()[0, 0])
         raise_bad(
-            "plan_buffers.verify_slot_indices", int(looked[k]), int(slots[k]),
+            "plan_buffers.verify_slot_indices",
+            int(looked[k]),
+            int(slots[k]),
             f"in [0, num_slots = {num_slots})",
         )
     prev = buffers.verify_prev_slot_indices.index_select(0, looked)
@@ -40,21 +40,23 @@ def _verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) -> None:
     if bool(bad.any()):
         k = int(bad.nonzero()[0, 0])
         raise_bad(
-            "plan_buffers.verify_prev_slot_indices", int(looked[k]), int(prev[k]),
+            "plan_buffers.verify_prev_slot_indices",
+            int(looked[k]),
+            int(prev[k]),
             f"< num_slots = {num_slots}",
         )
-    k = first_row_past_sources(args.real_kv, slots)
-    if k is not None:
+    past = first_row_past_sources(args.real_kv, slots)
+    if past is not None:
         raise_bad(
-            "plan_buffers.verify_slot_indices", int(looked[k]), int(slots[k]),
+            "plan_buffers.verify_slot_indices",
+            int(looked[past]),
+            int(slots[past]),
             "a slot whose real-KV page row lies inside every source",
         )
 
     rec = store.records.index_select(0, slots)
     reachable = prev != 0
-    expected_chain = torch.where(
-        reachable, chain_hash_of(store.records, prev), rec[:, PREV_HASH]
-    )
+    expected_chain = torch.where(reachable, chain_hash_of(store.records, prev), rec[:, PREV_HASH])
     if args.check_expected_tokens:
         expected_token = buffers.verify_expected_tokens.index_select(0, looked)
     else:
@@ -67,14 +69,21 @@ def _verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) -> None:
         | torch.where(rec[:, REAL_KV_HASH] != kv, int(FailBits.REAL_KV), 0)
         | torch.where(
             (expected_token != UNCHECKED_TOKEN) & (rec[:, TOKEN] != expected_token),
-            int(FailBits.VERIFY_TOKEN), 0,
+            int(FailBits.VERIFY_TOKEN),
+            0,
         )
     )
     hit = (bits != 0).nonzero().squeeze(1)
     tag = torch.full_like(slots, args.launch_tag)
     columns = (
-        tag, slots, rec[:, POSITION], rec[:, TOKEN], expected_token, rec[:, PREV_HASH],
-        expected_chain, bits,
+        tag,
+        slots,
+        rec[:, POSITION],
+        rec[:, TOKEN],
+        expected_token,
+        rec[:, PREV_HASH],
+        expected_chain,
+        bits,
     )
     rows = torch.stack([c.index_select(0, hit).to(RECORD_DTYPE) for c in columns], dim=1)
     append_rows(store, rows)
@@ -88,7 +97,7 @@ def verify_reference(
     *,
     launch_tag: int = 0,
     check_expected_tokens: bool = True,
-    real_kv: Optional[RealKV] = None,
+    real_kv: RealKV | None = None,
 ) -> None:
     """Check the records of every verify entry of a plan, exactly per docs/contract.md
     ("Verify"), appending a violation row for each entry that disagrees.

@@ -8,8 +8,6 @@ so on a GPU it synchronizes: an oracle and a CPU path, not something to capture.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
-
 import torch
 
 from .buffers import PlanBuffers
@@ -85,14 +83,16 @@ def _write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
     total = int(lengths.sum())
     row_of = torch.repeat_interleave(torch.arange(num_rows, device=lo.device), lengths)
     first = torch.cumsum(lengths, 0) - lengths
-    index = lo.index_select(0, row_of) + torch.arange(total, device=lo.device) - first.index_select(
-        0, row_of
+    index = (
+        lo.index_select(0, row_of)
+        + torch.arange(total, device=lo.device)
+        - first.index_select(0, row_of)
     )
     slots = args.out_cache_loc.index_select(0, index)
     bad = slots >= num_slots
     if bool(bad.any()):
-        k = int(bad.nonzero()[0, 0])
-        raise_bad("out_cache_loc", int(index[k]), int(slots[k]), f"< num_slots = {num_slots}")
+        j = int(bad.nonzero()[0, 0])
+        raise_bad("out_cache_loc", int(index[j]), int(slots[j]), f"< num_slots = {num_slots}")
     written = slots >= 0
     kv = _real_kv_of(args.real_kv, slots, written, index)
 
@@ -103,8 +103,9 @@ def _write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
 
     tokens = args.input_ids.index_select(0, index)
     positions = args.positions.index_select(0, index)
-    # (row, step, order within the token) of each violation, to append in contract order
-    found: List[Tuple[torch.Tensor, torch.Tensor]] = []
+    exp_tok: torch.Tensor | None
+    exp_pos: torch.Tensor | None
+    bits: torch.Tensor | None
     tag = torch.full((total,), args.launch_tag, dtype=RECORD_DTYPE, device=lo.device)
     if args.expected_input_ids is not None:
         assert args.expected_positions is not None
@@ -151,7 +152,11 @@ def _write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
         )
     pos_bits = torch.full_like(tag, int(FailBits.WRITE_POSITION))
     parts.append(
-        (pos_rule, _rows(tag, slots, positions, tokens, tokens, chain_at, expected_next, pos_bits), 1)
+        (
+            pos_rule,
+            _rows(tag, slots, positions, tokens, tokens, chain_at, expected_next, pos_bits),
+            1,
+        )
     )
     append_rows(store, _in_flat_order(parts))
     store.kernel_runs.add_(1)
@@ -159,7 +164,7 @@ def _write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
 
 
 def _real_kv_of(
-    real_kv: Optional[RealKV], slots: torch.Tensor, written: torch.Tensor, index: torch.Tensor
+    real_kv: RealKV | None, slots: torch.Tensor, written: torch.Tensor, index: torch.Tensor
 ) -> torch.Tensor:
     kv = torch.zeros_like(slots)
     if real_kv is None:
@@ -169,7 +174,9 @@ def _real_kv_of(
     k = first_row_past_sources(real_kv, s)
     if k is not None:
         raise_bad(
-            "out_cache_loc", int(index[looked[k]]), int(s[k]),
+            "out_cache_loc",
+            int(index[looked[k]]),
+            int(s[k]),
             "a slot whose real-KV page row lies inside every source",
         )
     kv[looked] = real_kv_hash(real_kv, s)
@@ -187,7 +194,7 @@ def _store_in_order(records: torch.Tensor, slots: torch.Tensor, rows: torch.Tens
     records.index_copy_(0, slots[final], rows[final])
 
 
-def _in_flat_order(parts: list) -> torch.Tensor:
+def _in_flat_order(parts: list[tuple[torch.Tensor, torch.Tensor, int]]) -> torch.Tensor:
     """The violation rows of ``parts`` (mask, rows, rank) in the contract's sequential
     order: by flat token number, then rank within a token (input check before position)."""
     keys, rows = [], []
@@ -207,9 +214,9 @@ def write_reference(
     positions: torch.Tensor,
     out_cache_loc: torch.Tensor,
     launch_tag: int = 0,
-    expected_input_ids: Optional[torch.Tensor] = None,
-    expected_positions: Optional[torch.Tensor] = None,
-    real_kv: Optional[RealKV] = None,
+    expected_input_ids: torch.Tensor | None = None,
+    expected_positions: torch.Tensor | None = None,
+    real_kv: RealKV | None = None,
 ) -> None:
     """Stamp the records of the slots a step wrote, exactly per docs/contract.md ("Write").
 

@@ -83,8 +83,17 @@ def mix3(a, b, c):
 
 
 @triton.jit
-def source_hash(src_ptr, row_stride_words, src_rows, page, first_word, mask, kv_words,
-                MODE: tl.constexpr, CHUNK: tl.constexpr):
+def source_hash(
+    src_ptr,
+    row_stride_words,
+    src_rows,
+    page,
+    first_word,
+    mask,
+    kv_words,
+    MODE: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
     """One source's hash of the slots' bytes (uint64 lanes) and the lanes whose page row
     lies at or past the source (not read). ``first_word``: word offset within the row."""
     row_bad = mask & (page >= src_rows)
@@ -108,7 +117,8 @@ def source_hash(src_ptr, row_stride_words, src_rows, page, first_word, mask, kv_
         for k in range(0, kv_words, CHUNK):
             tile = tl.load(
                 base[:, None] + k + cols[None, :],
-                mask=ok[:, None] & (k + cols[None, :] < kv_words), other=0,
+                mask=ok[:, None] & (k + cols[None, :] < kv_words),
+                other=0,
             )
             if CHUNK == 8:
                 chunk = _words8(tl.reshape(tile, [page.shape[0], 2, 2, 2]))
@@ -141,8 +151,24 @@ def _words16(t):
     even, odd = tl.split(t)
     e = _words8(even)
     o = _words8(odd)
-    return (e[0], o[0], e[1], o[1], e[2], o[2], e[3], o[3],
-            e[4], o[4], e[5], o[5], e[6], o[6], e[7], o[7])
+    return (
+        e[0],
+        o[0],
+        e[1],
+        o[1],
+        e[2],
+        o[2],
+        e[3],
+        o[3],
+        e[4],
+        o[4],
+        e[5],
+        o[5],
+        e[6],
+        o[6],
+        e[7],
+        o[7],
+    )
 
 
 @triton.jit
@@ -151,17 +177,64 @@ def _words32(t):
     even, odd = tl.split(t)
     e = _words16(even)
     o = _words16(odd)
-    return (e[0], o[0], e[1], o[1], e[2], o[2], e[3], o[3],
-            e[4], o[4], e[5], o[5], e[6], o[6], e[7], o[7],
-            e[8], o[8], e[9], o[9], e[10], o[10], e[11], o[11],
-            e[12], o[12], e[13], o[13], e[14], o[14], e[15], o[15])
+    return (
+        e[0],
+        o[0],
+        e[1],
+        o[1],
+        e[2],
+        o[2],
+        e[3],
+        o[3],
+        e[4],
+        o[4],
+        e[5],
+        o[5],
+        e[6],
+        o[6],
+        e[7],
+        o[7],
+        e[8],
+        o[8],
+        e[9],
+        o[9],
+        e[10],
+        o[10],
+        e[11],
+        o[11],
+        e[12],
+        o[12],
+        e[13],
+        o[13],
+        e[14],
+        o[14],
+        e[15],
+        o[15],
+    )
 
 
 @triton.jit
 def real_kv_hash(
-    slot, mask, page_size, bpt_words, kv_words,
-    src0, src1, src2, src3, stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
-    NUM_SOURCES: tl.constexpr, MODE: tl.constexpr, CHUNK: tl.constexpr,
+    slot,
+    mask,
+    page_size,
+    bpt_words,
+    kv_words,
+    src0,
+    src1,
+    src2,
+    src3,
+    stride0,
+    stride1,
+    stride2,
+    stride3,
+    rows0,
+    rows1,
+    rows2,
+    rows3,
+    NUM_SOURCES: tl.constexpr,
+    MODE: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     """The contract's ``real_kv(s)`` for in-range slot lanes in ``mask`` (uint64), and the
     lanes whose page row lies past some source (their hash is unspecified)."""
@@ -170,31 +243,28 @@ def real_kv_hash(
     h = tl.zeros(slot.shape, tl.uint64)
     bad = mask & ~mask
     if NUM_SOURCES > 0:
-        a, b = source_hash(src0, stride0, rows0, page, first_word, mask, kv_words, MODE,
-                           CHUNK)
+        a, b = source_hash(src0, stride0, rows0, page, first_word, mask, kv_words, MODE, CHUNK)
         h = sm(h ^ a)
         bad |= b
     if NUM_SOURCES > 1:
-        a, b = source_hash(src1, stride1, rows1, page, first_word, mask, kv_words, MODE,
-                           CHUNK)
+        a, b = source_hash(src1, stride1, rows1, page, first_word, mask, kv_words, MODE, CHUNK)
         h = sm(h ^ a)
         bad |= b
     if NUM_SOURCES > 2:
-        a, b = source_hash(src2, stride2, rows2, page, first_word, mask, kv_words, MODE,
-                           CHUNK)
+        a, b = source_hash(src2, stride2, rows2, page, first_word, mask, kv_words, MODE, CHUNK)
         h = sm(h ^ a)
         bad |= b
     if NUM_SOURCES > 3:
-        a, b = source_hash(src3, stride3, rows3, page, first_word, mask, kv_words, MODE,
-                           CHUNK)
+        a, b = source_hash(src3, stride3, rows3, page, first_word, mask, kv_words, MODE, CHUNK)
         h = sm(h ^ a)
         bad |= b
     return h, bad
 
 
 @triton.jit
-def store_rows(keep, index, tag, slot, position, stored_token, expected_token, chain, aux, bits,
-               violations_ptr):
+def store_rows(
+    keep, index, tag, slot, position, stored_token, expected_token, chain, aux, bits, violations_ptr
+):
     """Store one violation row per lane in ``keep`` at ring row ``index``."""
     row = violations_ptr + index * VIOL_W
     tl.store(row + 0, tl.zeros_like(slot) + tag, mask=keep)
@@ -209,18 +279,40 @@ def store_rows(keep, index, tag, slot, position, stored_token, expected_token, c
 
 @triton.jit
 def append_violations(
-    bad, tag, slot, position, stored_token, expected_token, chain, aux, bits,
-    violations_ptr, count_ptr, capacity,
+    bad,
+    tag,
+    slot,
+    position,
+    stored_token,
+    expected_token,
+    chain,
+    aux,
+    bits,
+    violations_ptr,
+    count_ptr,
+    capacity,
 ):
     """Append one row per lane in ``bad``: one predicated atomic per lane reserves its ring
     index, rows past ``capacity`` are counted but not stored (fill once). No reduction, no
     branch and no shared memory: a clean step (no lane in ``bad``) pays a few predicated-off
     instructions. A step with violations on most lanes serializes its atomics on one
     counter, which is the cost of a badly broken engine, not of a healthy one."""
-    index = tl.atomic_add(count_ptr + tl.zeros_like(slot), tl.full(slot.shape, 1, tl.int64),
-                          mask=bad)
-    store_rows(bad & (index < capacity), index, tag, slot, position, stored_token,
-               expected_token, chain, aux, bits, violations_ptr)
+    index = tl.atomic_add(
+        count_ptr + tl.zeros_like(slot), tl.full(slot.shape, 1, tl.int64), mask=bad
+    )
+    store_rows(
+        bad & (index < capacity),
+        index,
+        tag,
+        slot,
+        position,
+        stored_token,
+        expected_token,
+        chain,
+        aux,
+        bits,
+        violations_ptr,
+    )
 
 
 @triton.jit

@@ -72,7 +72,12 @@ def load_write_counts(extend_seq_lens_ptr, rows, in_batch, active):
 
 @triton.jit
 def load_rows(
-    req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window,
+    req_pool_indices_ptr,
+    prefix_lens_ptr,
+    extend_seq_lens_ptr,
+    rows,
+    bs,
+    window,
     verify_capacity,
 ):
     """Per-row inputs and the contract's ``(active, vcount, wcount)`` for ``rows``."""
@@ -134,9 +139,20 @@ def any_bit(flags, bit: tl.constexpr):
 
 @triton.jit
 def write_offsets_and_counters(
-    rows, in_batch, wcount, w_before, w_total, v_total, owns_counters,
-    write_offsets_ptr, write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr,
-    bs, write_capacity, verify_capacity,
+    rows,
+    in_batch,
+    wcount,
+    w_before,
+    w_total,
+    v_total,
+    owns_counters,
+    write_offsets_ptr,
+    write_num_valid_reqs_ptr,
+    verify_num_valid_ptr,
+    verify_enable_ptr,
+    bs,
+    write_capacity,
+    verify_capacity,
 ):
     """``write_offsets`` of a block of ``rows`` (the total at index ``bs``, zeros after it
     within the block) and, when ``owns_counters`` (the block holds index ``bs``), the three
@@ -156,10 +172,23 @@ def write_offsets_and_counters(
 
 @triton.jit
 def write_seeds(
-    rows, in_batch, rp, prefix, active, wcount, valid_len,
-    req_to_token_ptr, lut_ptr, write_seed_ptr,
-    table_rows, table_cols, lut_len, pool_rows, pool_cols,
-    HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr,
+    rows,
+    in_batch,
+    rp,
+    prefix,
+    active,
+    wcount,
+    valid_len,
+    req_to_token_ptr,
+    lut_ptr,
+    write_seed_ptr,
+    table_rows,
+    table_cols,
+    lut_len,
+    pool_rows,
+    pool_cols,
+    HAS_LUT: tl.constexpr,
+    HAS_POOL: tl.constexpr,
 ):
     """Seeds of a block of ``rows``, and the status bits of the rows' own values
     (returned: req_pool_index, prefix_len, valid_len, pool row, and the seed's LUT slot).
@@ -194,18 +223,36 @@ def zero_offsets_tail(
     for block in range(first_block, n_blocks, step):
         idx = block * BLOCK + tl.arange(0, BLOCK)
         tl.store(
-            write_offsets_ptr + idx, tl.zeros([BLOCK], tl.int64),
+            write_offsets_ptr + idx,
+            tl.zeros([BLOCK], tl.int64),
             mask=(idx > bs) & (idx <= write_capacity),
         )
 
 
 @triton.jit
 def write_entries(
-    entry, in_range, row, rp, pos, valid_len,
-    req_to_token_ptr, lut_ptr, token_pool_ptr,
-    slot_ptr, token_ptr, position_ptr, prev_slot_ptr,
-    token_offset, table_rows, table_cols, lut_len, pool_rows, pool_cols,
-    HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr, BLOCK: tl.constexpr,
+    entry,
+    in_range,
+    row,
+    rp,
+    pos,
+    valid_len,
+    req_to_token_ptr,
+    lut_ptr,
+    token_pool_ptr,
+    slot_ptr,
+    token_ptr,
+    position_ptr,
+    prev_slot_ptr,
+    token_offset,
+    table_rows,
+    table_cols,
+    lut_len,
+    pool_rows,
+    pool_cols,
+    HAS_LUT: tl.constexpr,
+    HAS_POOL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """Slot, expected token, position and prev slot of each verify ``entry`` (lanes in
     ``in_range``), given its ``row`` and that row's ``rp``, position and valid length.

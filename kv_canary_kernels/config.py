@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -31,7 +31,7 @@ def device_config(device: torch.device) -> DeviceConfig:
     return config
 
 
-_CONFIGS: Dict[torch.device, DeviceConfig] = {}
+_CONFIGS: dict[torch.device, DeviceConfig] = {}
 
 
 def _read_config(device: torch.device) -> DeviceConfig:

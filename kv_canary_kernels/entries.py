@@ -28,38 +28,87 @@ from .common import (
 )
 
 _RUNTIME_INTS = [
-    "bs", "seed_programs", "window", "token_offset", "table_rows", "table_cols", "lut_len",
-    "pool_rows", "pool_cols",
+    "bs",
+    "seed_programs",
+    "window",
+    "token_offset",
+    "table_rows",
+    "table_cols",
+    "lut_len",
+    "pool_rows",
+    "pool_cols",
 ]
 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def plan_entries_kernel(
     # inputs
-    req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, req_to_token_ptr, lut_ptr,
-    token_pool_ptr, valid_lens_ptr,
-    verify_offsets_ptr, row_hints_ptr, verify_num_valid_ptr, verify_enable_ptr,
+    req_pool_indices_ptr,
+    prefix_lens_ptr,
+    extend_seq_lens_ptr,
+    req_to_token_ptr,
+    lut_ptr,
+    token_pool_ptr,
+    valid_lens_ptr,
+    verify_offsets_ptr,
+    row_hints_ptr,
+    verify_num_valid_ptr,
+    verify_enable_ptr,
     # outputs
-    write_seed_ptr, slot_ptr, token_ptr, position_ptr, prev_slot_ptr, status_ptr,
+    write_seed_ptr,
+    slot_ptr,
+    token_ptr,
+    position_ptr,
+    prev_slot_ptr,
+    status_ptr,
     # runtime sizes
-    bs, seed_programs, window, token_offset, table_rows, table_cols, lut_len,
-    pool_rows, pool_cols,
-    HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr, BLOCK: tl.constexpr,
-    ROW_WINDOW: tl.constexpr, HINT_STRIDE: tl.constexpr, USE_PDL: tl.constexpr,
+    bs,
+    seed_programs,
+    window,
+    token_offset,
+    table_rows,
+    table_cols,
+    lut_len,
+    pool_rows,
+    pool_cols,
+    HAS_LUT: tl.constexpr,
+    HAS_POOL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ROW_WINDOW: tl.constexpr,
+    HINT_STRIDE: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     tl.static_assert(BLOCK % HINT_STRIDE == 0)  # every block starts at a hinted entry
     pid = tl.program_id(0)
     if pid < seed_programs:
         rows = pid * BLOCK + tl.arange(0, BLOCK)
         in_batch, rp, prefix, active, _vcount, wcount = load_rows(
-            req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window,
+            req_pool_indices_ptr,
+            prefix_lens_ptr,
+            extend_seq_lens_ptr,
+            rows,
+            bs,
+            window,
             bs,  # the verify count is unused here: any capacity
         )
         bits = write_seeds(
-            rows, in_batch, rp, prefix, active, wcount,
+            rows,
+            in_batch,
+            rp,
+            prefix,
+            active,
+            wcount,
             load_valid_lens(valid_lens_ptr, rows, in_batch, HAS_POOL),
-            req_to_token_ptr, lut_ptr, write_seed_ptr,
-            table_rows, table_cols, lut_len, pool_rows, pool_cols, HAS_LUT, HAS_POOL,
+            req_to_token_ptr,
+            lut_ptr,
+            write_seed_ptr,
+            table_rows,
+            table_cols,
+            lut_len,
+            pool_rows,
+            pool_cols,
+            HAS_LUT,
+            HAS_POOL,
         )
     else:
         if USE_PDL:
@@ -103,10 +152,27 @@ def plan_entries_kernel(
                 pos = window_start(prefix, window) + (entry - tl.load(verify_offsets_ptr + row))
                 valid_len = load_valid_lens(valid_lens_ptr, row, in_range, HAS_POOL)
             bits |= write_entries(
-                entry, in_range, row, rp, pos, valid_len,
-                req_to_token_ptr, lut_ptr, token_pool_ptr,
-                slot_ptr, token_ptr, position_ptr, prev_slot_ptr,
-                token_offset, table_rows, table_cols, lut_len, pool_rows, pool_cols,
-                HAS_LUT, HAS_POOL, BLOCK,
+                entry,
+                in_range,
+                row,
+                rp,
+                pos,
+                valid_len,
+                req_to_token_ptr,
+                lut_ptr,
+                token_pool_ptr,
+                slot_ptr,
+                token_ptr,
+                position_ptr,
+                prev_slot_ptr,
+                token_offset,
+                table_rows,
+                table_cols,
+                lut_len,
+                pool_rows,
+                pool_cols,
+                HAS_LUT,
+                HAS_POOL,
+                BLOCK,
             )
     tl.atomic_or(status_ptr, bits, mask=bits != 0)

@@ -14,7 +14,8 @@ The launch also runs on the device the buffers live on, whatever the current dev
 
 from __future__ import annotations
 
-from typing import Any, Dict, Hashable, Sequence, Tuple
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import torch
 
@@ -42,16 +43,16 @@ class Launcher:
 
     def __init__(self, fn: Any):
         self.fn = fn
-        self.variants: Dict[Hashable, Any] = {}
+        self.variants: dict[Hashable, Any] = {}
 
     def launch(
         self,
         device: torch.device,
-        grid: Tuple[int, int, int],
+        grid: tuple[int, int, int],
         key: Hashable,
         args: Sequence[Any],
-        constexprs: Dict[str, Any],
-        options: Dict[str, Any],
+        constexprs: dict[str, Any],
+        options: dict[str, Any],
     ) -> None:
         if INTERPRETING:
             self.fn[grid](*args, **constexprs, **options)
@@ -70,7 +71,15 @@ class Launcher:
             return
         self._launch(index, grid, key, args, constexprs, options)
 
-    def _launch(self, index, grid, key, args, constexprs, options) -> None:
+    def _launch(
+        self,
+        index: int,
+        grid: tuple[int, int, int],
+        key: Hashable,
+        args: Sequence[Any],
+        constexprs: dict[str, Any],
+        options: dict[str, Any],
+    ) -> None:
         full_key = (index, key)
         kernel = self.variants.get(full_key)
         if kernel is None:
@@ -78,11 +87,20 @@ class Launcher:
             self.variants[full_key] = self.fn[grid](*args, **constexprs, **options)
             return
         kernel.run(
-            grid[0], grid[1], grid[2], _stream_of(index), kernel.function,
-            kernel.packed_metadata, None, None, None, *args, *constexprs.values(),
+            grid[0],
+            grid[1],
+            grid[2],
+            _stream_of(index),
+            kernel.function,
+            kernel.packed_metadata,
+            None,
+            None,
+            None,
+            *args,
+            *constexprs.values(),
         )
 
 
-def alignment_key(tensors: Sequence[torch.Tensor]) -> Tuple[bool, ...]:
+def alignment_key(tensors: Sequence[torch.Tensor]) -> tuple[bool, ...]:
     """Per tensor argument, whether Triton may assume it 16-byte aligned."""
     return tuple(t.data_ptr() % 16 == 0 for t in tensors)

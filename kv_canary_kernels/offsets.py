@@ -23,9 +23,16 @@ _SUMS_RUNTIME_INTS = ["bs", "window", "sums_stride", "verify_capacity"]
 
 @triton.jit(do_not_specialize=_SUMS_RUNTIME_INTS)
 def scan_block_sums_kernel(
-    req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, sums_ptr,
-    bs, window, sums_stride, verify_capacity,
-    BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+    req_pool_indices_ptr,
+    prefix_lens_ptr,
+    extend_seq_lens_ptr,
+    sums_ptr,
+    bs,
+    window,
+    sums_stride,
+    verify_capacity,
+    BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """``sums[0, b]`` / ``sums[1, b]``: write / verify entries of the rows of block ``b``
     (counts clamped as ``load_rows`` does, so no sum can wrap)."""
@@ -34,7 +41,12 @@ def scan_block_sums_kernel(
     pid = tl.program_id(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     _in, _rp, _prefix, _active, vcount, wcount = load_rows(
-        req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window,
+        req_pool_indices_ptr,
+        prefix_lens_ptr,
+        extend_seq_lens_ptr,
+        rows,
+        bs,
+        window,
         verify_capacity,
     )
     tl.store(sums_ptr + pid, tl.sum(wcount, 0))
@@ -42,7 +54,12 @@ def scan_block_sums_kernel(
 
 
 _OFFSETS_RUNTIME_INTS = [
-    "bs", "n_sum_blocks", "sums_stride", "write_capacity", "verify_capacity", "window",
+    "bs",
+    "n_sum_blocks",
+    "sums_stride",
+    "write_capacity",
+    "verify_capacity",
+    "window",
 ]
 
 
@@ -56,27 +73,46 @@ def write_row_hints(row_hints_ptr, rows, v_excl, vcount, enabled, HINT_STRIDE: t
     than the stride, so the loop runs once or twice unless a row is much longer."""
     first = (v_excl + HINT_STRIDE - 1) // HINT_STRIDE
     n_hints = tl.where(enabled, (v_excl + vcount + HINT_STRIDE - 1) // HINT_STRIDE - first, 0)
-    for k in range(0, tl.max(n_hints, 0)):
+    for k in range(tl.max(n_hints, 0)):
         tl.store(row_hints_ptr + first + k, rows, mask=k < n_hints)
 
 
 @triton.jit(do_not_specialize=_OFFSETS_RUNTIME_INTS)
 def plan_offsets_kernel(
     # inputs
-    req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, sums_ptr,
+    req_pool_indices_ptr,
+    prefix_lens_ptr,
+    extend_seq_lens_ptr,
+    sums_ptr,
     # outputs
-    write_offsets_ptr, write_num_valid_reqs_ptr,
-    verify_offsets_ptr, row_hints_ptr, verify_num_valid_ptr, verify_enable_ptr,
+    write_offsets_ptr,
+    write_num_valid_reqs_ptr,
+    verify_offsets_ptr,
+    row_hints_ptr,
+    verify_num_valid_ptr,
+    verify_enable_ptr,
     # runtime sizes
-    bs, n_sum_blocks, sums_stride, write_capacity, verify_capacity, window,
-    BLOCK: tl.constexpr, SUM_CHUNK: tl.constexpr, HINT_STRIDE: tl.constexpr,
+    bs,
+    n_sum_blocks,
+    sums_stride,
+    write_capacity,
+    verify_capacity,
+    window,
+    BLOCK: tl.constexpr,
+    SUM_CHUNK: tl.constexpr,
+    HINT_STRIDE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     in_batch, _rp, _prefix, _active, vcount, wcount = load_rows(
-        req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, rows, bs, window,
+        req_pool_indices_ptr,
+        prefix_lens_ptr,
+        extend_seq_lens_ptr,
+        rows,
+        bs,
+        window,
         verify_capacity,
     )
     if USE_PDL:
@@ -107,8 +143,19 @@ def plan_offsets_kernel(
         row_hints_ptr, rows, v_excl, vcount, in_batch & (v_total <= verify_capacity), HINT_STRIDE
     )
     write_offsets_and_counters(
-        rows, in_batch, wcount, w_before, w_total, v_total, pid == bs // BLOCK,
-        write_offsets_ptr, write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr,
-        bs, write_capacity, verify_capacity,
+        rows,
+        in_batch,
+        wcount,
+        w_before,
+        w_total,
+        v_total,
+        pid == bs // BLOCK,
+        write_offsets_ptr,
+        write_num_valid_reqs_ptr,
+        verify_num_valid_ptr,
+        verify_enable_ptr,
+        bs,
+        write_capacity,
+        verify_capacity,
     )
     zero_offsets_tail(write_offsets_ptr, bs, write_capacity, nprog + pid, nprog, BLOCK)

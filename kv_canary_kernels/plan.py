@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Dict, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -41,7 +41,7 @@ INTERPRETER_ENTRY_PROGRAMS = 2
 ROW_WINDOW = 32
 """Rows loaded at once from a block's first row in the large path: a block whose entries
 span more rows searches memory instead of registers."""
-_ENTRIES_OPTIONS: dict = {}
+_ENTRIES_OPTIONS: dict[str, Any] = {}
 """Extra Triton launch options of the entries kernels (the tuning sweep sets ``maxnreg``
 and ``num_stages``)."""
 ENTRY_WARPS = 8
@@ -66,10 +66,10 @@ class _DeviceConfig(NamedTuple):
     """Programmatic dependent launch (sm_90+): the offsets and entries kernels of the
     large-batch path start while their predecessor finishes and wait for it on the
     device."""
-    pdl_options: Dict[str, bool]
+    pdl_options: dict[str, bool]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_config(device: torch.device) -> _DeviceConfig:
     """Per-device launch settings, read once (the first launch on a device)."""
     if INTERPRETING:
@@ -107,11 +107,11 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     table = args.req_to_token
     lut = args.full_to_swa_index_mapping
     pool = args.req_to_verify_expected_tokens
-    valid_lens: Optional[torch.Tensor] = args.req_to_verify_expected_tokens_valid_lens
+    valid_lens: torch.Tensor | None = args.req_to_verify_expected_tokens_valid_lens
     has_lut = lut is not None
     has_pool = pool is not None
-    lut_t = lut if has_lut else buffers.dummy_int64
-    pool_t = pool if has_pool else buffers.dummy_int32
+    lut_t = lut if lut is not None else buffers.dummy_int64
+    pool_t = pool if pool is not None else buffers.dummy_int32
     valid_t = valid_lens if valid_lens is not None else buffers.dummy_int64
     lut_len = lut.shape[0] if lut is not None else 0
     pool_rows, pool_cols = pool.shape if pool is not None else (0, 0)
@@ -121,13 +121,35 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     # A compiled variant depends on the constexprs below, on each pointer's 16-byte
     # alignment (the buffers' fields are aligned by construction, the inputs are the
     # caller's) and on whether each runtime int fits in int32 (Triton types it so).
-    inputs = (args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, table, lut_t,
-              pool_t, valid_t)
+    inputs = (
+        args.req_pool_indices,
+        args.prefix_lens,
+        args.extend_seq_lens,
+        table,
+        lut_t,
+        pool_t,
+        valid_t,
+    )
     offset = args.kv_token_id_vs_position_offset
-    ints = (bs, write_capacity, verify_capacity, window, offset, table_rows, table_cols,
-            lut_len, pool_rows, pool_cols)
-    common_key = (has_lut, has_pool, alignment_key(inputs), int_classes(ints),
-                  tuple(_ENTRIES_OPTIONS.items()))
+    ints = (
+        bs,
+        write_capacity,
+        verify_capacity,
+        window,
+        offset,
+        table_rows,
+        table_cols,
+        lut_len,
+        pool_rows,
+        pool_cols,
+    )
+    common_key = (
+        has_lut,
+        has_pool,
+        alignment_key(inputs),
+        int_classes(ints),
+        tuple(_ENTRIES_OPTIONS.items()),
+    )
     device = buffers.device
 
     if bs < SCAN_BLOCK:
@@ -140,14 +162,21 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         block = SMALL_ENTRY_BLOCK
         entry_grid = min(triton.cdiv(verify_capacity, block), config.small_program_cap)
         _SMALL.launch(
-            device, (1 + entry_grid, 1, 1), (common_key, rows, block, SMALL_ENTRY_WARPS),
+            device,
+            (1 + entry_grid, 1, 1),
+            (common_key, rows, block, SMALL_ENTRY_WARPS),
             (
                 *inputs,
-                buffers.write_offsets, buffers.write_seed_slot_indices,
+                buffers.write_offsets,
+                buffers.write_seed_slot_indices,
                 buffers.write_num_valid_reqs,
-                buffers.verify_slot_indices, buffers.verify_expected_tokens,
-                buffers.verify_expected_positions, buffers.verify_prev_slot_indices,
-                buffers.verify_num_valid, buffers.verify_enable, buffers.status,
+                buffers.verify_slot_indices,
+                buffers.verify_expected_tokens,
+                buffers.verify_expected_positions,
+                buffers.verify_prev_slot_indices,
+                buffers.verify_num_valid,
+                buffers.verify_enable,
+                buffers.status,
                 *ints,
             ),
             {"HAS_LUT": has_lut, "HAS_POOL": has_pool, "ROWS": rows, "BLOCK": block},
@@ -159,7 +188,8 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     n_sum_blocks = triton.cdiv(bs, OFFSETS_BLOCK)
     sums_ints = (bs, window, sums.shape[1], verify_capacity)
     _SUMS.launch(
-        device, (n_sum_blocks, 1, 1),
+        device,
+        (n_sum_blocks, 1, 1),
         (common_key[2], int_classes(sums_ints), OFFSETS_BLOCK, config.use_pdl, _SCAN_WARPS),
         (args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums, *sums_ints),
         {"BLOCK": OFFSETS_BLOCK, "USE_PDL": config.use_pdl},
@@ -167,39 +197,80 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     )
     offsets_ints = (bs, n_sum_blocks, sums.shape[1], write_capacity, verify_capacity, window)
     _OFFSETS.launch(
-        device, (triton.cdiv(bs + 1, OFFSETS_BLOCK), 1, 1),
-        (common_key[2], int_classes(offsets_ints), OFFSETS_BLOCK, _SUM_CHUNK, config.use_pdl,
-         _SCAN_WARPS),
+        device,
+        (triton.cdiv(bs + 1, OFFSETS_BLOCK), 1, 1),
         (
-            args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums,
-            buffers.write_offsets, buffers.write_num_valid_reqs,
-            buffers.verify_offsets, buffers.verify_row_hints, buffers.verify_num_valid,
+            common_key[2],
+            int_classes(offsets_ints),
+            OFFSETS_BLOCK,
+            _SUM_CHUNK,
+            config.use_pdl,
+            _SCAN_WARPS,
+        ),
+        (
+            args.req_pool_indices,
+            args.prefix_lens,
+            args.extend_seq_lens,
+            sums,
+            buffers.write_offsets,
+            buffers.write_num_valid_reqs,
+            buffers.verify_offsets,
+            buffers.verify_row_hints,
+            buffers.verify_num_valid,
             buffers.verify_enable,
             *offsets_ints,
         ),
-        {"BLOCK": OFFSETS_BLOCK, "SUM_CHUNK": _SUM_CHUNK, "HINT_STRIDE": ROW_HINT_STRIDE,
-         "USE_PDL": config.use_pdl},
+        {
+            "BLOCK": OFFSETS_BLOCK,
+            "SUM_CHUNK": _SUM_CHUNK,
+            "HINT_STRIDE": ROW_HINT_STRIDE,
+            "USE_PDL": config.use_pdl,
+        },
         {"num_warps": _SCAN_WARPS, **config.pdl_options},
     )
     block, warps = (LUT_ENTRY_BLOCK, LUT_ENTRY_WARPS) if has_lut else (ENTRY_BLOCK, ENTRY_WARPS)
     seed_programs = triton.cdiv(bs, block)
     entry_grid = min(triton.cdiv(verify_capacity, block), program_cap)
-    entries_ints = (bs, seed_programs, window, offset, table_rows, table_cols, lut_len,
-                    pool_rows, pool_cols)
+    entries_ints = (
+        bs,
+        seed_programs,
+        window,
+        offset,
+        table_rows,
+        table_cols,
+        lut_len,
+        pool_rows,
+        pool_cols,
+    )
     _ENTRIES.launch(
-        device, (seed_programs + entry_grid, 1, 1),
+        device,
+        (seed_programs + entry_grid, 1, 1),
         (common_key, int_classes(entries_ints), block, ROW_WINDOW, config.use_pdl, warps),
         (
-            *inputs[:4], lut_t, pool_t, valid_t,
-            buffers.verify_offsets, buffers.verify_row_hints, buffers.verify_num_valid,
+            *inputs[:4],
+            lut_t,
+            pool_t,
+            valid_t,
+            buffers.verify_offsets,
+            buffers.verify_row_hints,
+            buffers.verify_num_valid,
             buffers.verify_enable,
-            buffers.write_seed_slot_indices, buffers.verify_slot_indices,
-            buffers.verify_expected_tokens, buffers.verify_expected_positions,
-            buffers.verify_prev_slot_indices, buffers.status,
+            buffers.write_seed_slot_indices,
+            buffers.verify_slot_indices,
+            buffers.verify_expected_tokens,
+            buffers.verify_expected_positions,
+            buffers.verify_prev_slot_indices,
+            buffers.status,
             *entries_ints,
         ),
-        {"HAS_LUT": has_lut, "HAS_POOL": has_pool, "BLOCK": block, "ROW_WINDOW": ROW_WINDOW,
-         "HINT_STRIDE": ROW_HINT_STRIDE, "USE_PDL": config.use_pdl},
+        {
+            "HAS_LUT": has_lut,
+            "HAS_POOL": has_pool,
+            "BLOCK": block,
+            "ROW_WINDOW": ROW_WINDOW,
+            "HINT_STRIDE": ROW_HINT_STRIDE,
+            "USE_PDL": config.use_pdl,
+        },
         {"num_warps": warps, **config.pdl_options, **_ENTRIES_OPTIONS},
     )
 
@@ -210,7 +281,7 @@ _OFFSETS = Launcher(plan_offsets_kernel)
 _ENTRIES = Launcher(plan_entries_kernel)
 
 
-def int_classes(values: tuple) -> int:
+def int_classes(values: tuple[int, ...]) -> int:
     """A bit per runtime int: set when it does not fit in int32 (Triton then types it
     int64, a different compiled variant)."""
     bits = 0
@@ -228,9 +299,9 @@ def launch_plan(
     extend_seq_lens: torch.Tensor,
     req_to_token: torch.Tensor,
     swa_window_size: int = 0,
-    full_to_swa_index_mapping: Optional[torch.Tensor] = None,
-    req_to_verify_expected_tokens: Optional[torch.Tensor] = None,
-    req_to_verify_expected_tokens_valid_lens: Optional[torch.Tensor] = None,
+    full_to_swa_index_mapping: torch.Tensor | None = None,
+    req_to_verify_expected_tokens: torch.Tensor | None = None,
+    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None,
     kv_token_id_vs_position_offset: int = 0,
 ) -> None:
     """Fill ``buffers`` with the plan of one batch on the GPU, byte for byte equal to

@@ -27,24 +27,55 @@ from .common import (
 )
 
 _RUNTIME_INTS = [
-    "bs", "write_capacity", "verify_capacity", "window", "token_offset",
-    "table_rows", "table_cols", "lut_len", "pool_rows", "pool_cols",
+    "bs",
+    "write_capacity",
+    "verify_capacity",
+    "window",
+    "token_offset",
+    "table_rows",
+    "table_cols",
+    "lut_len",
+    "pool_rows",
+    "pool_cols",
 ]
 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def plan_small_batch_kernel(
     # inputs
-    req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr, req_to_token_ptr,
-    lut_ptr, token_pool_ptr, valid_lens_ptr,
+    req_pool_indices_ptr,
+    prefix_lens_ptr,
+    extend_seq_lens_ptr,
+    req_to_token_ptr,
+    lut_ptr,
+    token_pool_ptr,
+    valid_lens_ptr,
     # outputs
-    write_offsets_ptr, write_seed_ptr, write_num_valid_reqs_ptr,
-    slot_ptr, token_ptr, position_ptr, prev_slot_ptr,
-    verify_num_valid_ptr, verify_enable_ptr, status_ptr,
+    write_offsets_ptr,
+    write_seed_ptr,
+    write_num_valid_reqs_ptr,
+    slot_ptr,
+    token_ptr,
+    position_ptr,
+    prev_slot_ptr,
+    verify_num_valid_ptr,
+    verify_enable_ptr,
+    status_ptr,
     # runtime sizes
-    bs, write_capacity, verify_capacity, window, token_offset,
-    table_rows, table_cols, lut_len, pool_rows, pool_cols,
-    HAS_LUT: tl.constexpr, HAS_POOL: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    bs,
+    write_capacity,
+    verify_capacity,
+    window,
+    token_offset,
+    table_rows,
+    table_cols,
+    lut_len,
+    pool_rows,
+    pool_cols,
+    HAS_LUT: tl.constexpr,
+    HAS_POOL: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -59,17 +90,41 @@ def plan_small_batch_kernel(
         wcount = load_write_counts(extend_seq_lens_ptr, rows, in_batch, active)
         w_total = tl.sum(wcount, 0)
         write_offsets_and_counters(
-            rows, in_batch, wcount, 0, w_total, v_total, True,
-            write_offsets_ptr, write_num_valid_reqs_ptr, verify_num_valid_ptr,
-            verify_enable_ptr, bs, write_capacity, verify_capacity,
+            rows,
+            in_batch,
+            wcount,
+            0,
+            w_total,
+            v_total,
+            True,
+            write_offsets_ptr,
+            write_num_valid_reqs_ptr,
+            verify_num_valid_ptr,
+            verify_enable_ptr,
+            bs,
+            write_capacity,
+            verify_capacity,
         )
         if bs == ROWS:  # a full tile: the total at index bs lies just past it
             tl.store(write_offsets_ptr + bs, w_total)
         bits = write_seeds(
-            rows, in_batch, rp, prefix, active, wcount,
+            rows,
+            in_batch,
+            rp,
+            prefix,
+            active,
+            wcount,
             load_valid_lens(valid_lens_ptr, rows, in_batch, HAS_POOL),
-            req_to_token_ptr, lut_ptr, write_seed_ptr,
-            table_rows, table_cols, lut_len, pool_rows, pool_cols, HAS_LUT, HAS_POOL,
+            req_to_token_ptr,
+            lut_ptr,
+            write_seed_ptr,
+            table_rows,
+            table_cols,
+            lut_len,
+            pool_rows,
+            pool_cols,
+            HAS_LUT,
+            HAS_POOL,
         )
         tl.atomic_or(status_ptr, bits, mask=bits != 0)
     else:
@@ -97,12 +152,27 @@ def plan_small_batch_kernel(
             last_row = (counts >> 16) - 1
             row = find_rows(first_row, last_row - first_row + 1, entry, v_excl, True, BLOCK)
             bits |= write_entries(
-                entry, in_range, row, tl.gather(rp, row, 0),
+                entry,
+                in_range,
+                row,
+                tl.gather(rp, row, 0),
                 tl.gather(first_pos, row, 0) + entry,
                 load_valid_lens(valid_lens_ptr, row, in_range, HAS_POOL),
-                req_to_token_ptr, lut_ptr, token_pool_ptr,
-                slot_ptr, token_ptr, position_ptr, prev_slot_ptr,
-                token_offset, table_rows, table_cols, lut_len, pool_rows, pool_cols,
-                HAS_LUT, HAS_POOL, BLOCK,
+                req_to_token_ptr,
+                lut_ptr,
+                token_pool_ptr,
+                slot_ptr,
+                token_ptr,
+                position_ptr,
+                prev_slot_ptr,
+                token_offset,
+                table_rows,
+                table_cols,
+                lut_len,
+                pool_rows,
+                pool_cols,
+                HAS_LUT,
+                HAS_POOL,
+                BLOCK,
             )
         tl.atomic_or(status_ptr, bits, mask=bits != 0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from typing import NamedTuple, Optional, Tuple
+from typing import NamedTuple
 
 import torch
 
@@ -11,9 +11,9 @@ from kv_canary_buffers.real_kv import RealKV
 
 
 class SourceArgs(NamedTuple):
-    tensors: Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+    tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
     """Four source pointers; absent sources repeat a present one (never read)."""
-    ints: Tuple[int, ...]
+    ints: tuple[int, ...]
     """Four row strides in 8-byte words, then four row counts."""
     num_sources: int
     mode: int
@@ -21,21 +21,19 @@ class SourceArgs(NamedTuple):
     bpt_words: int
     kv_words: int
     """Words hashed per slot and source."""
-    dtypes: Tuple[torch.dtype, ...]
+    dtypes: tuple[torch.dtype, ...]
     """The pointers' dtypes: part of a compiled variant's signature."""
 
 
-_CACHE: "weakref.WeakKeyDictionary[RealKV, SourceArgs]" = weakref.WeakKeyDictionary()
+_CACHE: weakref.WeakKeyDictionary[RealKV, SourceArgs] = weakref.WeakKeyDictionary()
 
 
-def source_args(real_kv: Optional[RealKV], stand_in: torch.Tensor) -> SourceArgs:
+def source_args(real_kv: RealKV | None, stand_in: torch.Tensor) -> SourceArgs:
     """The kernels' real-KV arguments; ``stand_in`` fills the pointers without a
     ``RealKV``. Sources are 16-byte aligned (validated), so they add nothing to the
     alignment part of a variant's key."""
     if real_kv is None:
-        return SourceArgs(
-            (stand_in,) * 4, (0,) * 8, 0, 0, 1, 0, 0, (stand_in.dtype,) * 4
-        )
+        return SourceArgs((stand_in,) * 4, (0,) * 8, 0, 0, 1, 0, 0, (stand_in.dtype,) * 4)
     cached = _CACHE.get(real_kv)
     if cached is None:
         sources = real_kv.sources

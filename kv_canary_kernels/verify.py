@@ -10,9 +10,6 @@ is another slot (a row's first entry, or a warp's first lane). A persistent grid
 
 from __future__ import annotations
 
-from typing import Optional
-
-import torch
 import triton
 import triton.language as tl
 
@@ -49,9 +46,21 @@ VERIFY_PROGRAMS_PER_SM = 16
 """Persistent grid: up to this many programs per multiprocessor, looping over blocks."""
 
 _RUNTIME_INTS = [
-    "num_slots", "verify_capacity", "violation_capacity", "launch_tag", "page_size",
-    "bpt_words", "kv_words", "stride0", "stride1", "stride2", "stride3",
-    "rows0", "rows1", "rows2", "rows3",
+    "num_slots",
+    "verify_capacity",
+    "violation_capacity",
+    "launch_tag",
+    "page_size",
+    "bpt_words",
+    "kv_words",
+    "stride0",
+    "stride1",
+    "stride2",
+    "stride3",
+    "rows0",
+    "rows1",
+    "rows2",
+    "rows3",
 ]
 
 
@@ -78,17 +87,45 @@ def load_records(records_ptr, slot, mask, BLOCK: tl.constexpr):
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def canary_verify_kernel(
     # the plan
-    slot_ptr, token_ptr, position_ptr, prev_ptr, num_valid_ptr, enable_ptr,
+    slot_ptr,
+    token_ptr,
+    position_ptr,
+    prev_ptr,
+    num_valid_ptr,
+    enable_ptr,
     # the store
-    records_ptr, violations_ptr, count_ptr, runs_ptr, processed_ptr, status_ptr,
+    records_ptr,
+    violations_ptr,
+    count_ptr,
+    runs_ptr,
+    processed_ptr,
+    status_ptr,
     # real-KV sources
-    src0, src1, src2, src3, stride0: tl.int64, stride1: tl.int64, stride2: tl.int64,
-    stride3: tl.int64, rows0: tl.int64, rows1: tl.int64, rows2: tl.int64, rows3: tl.int64,
+    src0,
+    src1,
+    src2,
+    src3,
+    stride0: tl.int64,
+    stride1: tl.int64,
+    stride2: tl.int64,
+    stride3: tl.int64,
+    rows0: tl.int64,
+    rows1: tl.int64,
+    rows2: tl.int64,
+    rows3: tl.int64,
     # runtime sizes (int64 whatever their values: one compiled variant for all)
-    num_slots: tl.int64, verify_capacity: tl.int64, violation_capacity: tl.int64,
-    launch_tag: tl.int64, page_size: tl.int64, bpt_words: tl.int64, kv_words: tl.int64,
-    CHECK_TOKENS: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
-    BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+    num_slots: tl.int64,
+    verify_capacity: tl.int64,
+    violation_capacity: tl.int64,
+    launch_tag: tl.int64,
+    page_size: tl.int64,
+    bpt_words: tl.int64,
+    kv_words: tl.int64,
+    CHECK_TOKENS: tl.constexpr,
+    NUM_SOURCES: tl.constexpr,
+    MODE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -114,9 +151,26 @@ def canary_verify_kernel(
         flags |= tl.where(slot_bad, VERIFY_SLOT_BAD, 0) | tl.where(prev_bad, PREV_SLOT_BAD, 0)
         if NUM_SOURCES > 0:
             kv, row_bad = real_kv_hash(
-                slot, ok, page_size, bpt_words, kv_words, src0, src1, src2, src3,
-                stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
-                NUM_SOURCES, MODE, CHUNK,
+                slot,
+                ok,
+                page_size,
+                bpt_words,
+                kv_words,
+                src0,
+                src1,
+                src2,
+                src3,
+                stride0,
+                stride1,
+                stride2,
+                stride3,
+                rows0,
+                rows1,
+                rows2,
+                rows3,
+                NUM_SOURCES,
+                MODE,
+                CHUNK,
             )
             flags |= tl.where(row_bad, REAL_KV_ROW_BAD, 0)
             ok &= ~row_bad
@@ -151,8 +205,18 @@ def canary_verify_kernel(
             | tl.where((want_token != -1) & (r_token != want_token), VERIFY_TOKEN_BIT, 0)
         )
         append_violations(
-            ok & (bits != 0), launch_tag, slot, r_position, r_token, want_token, r_prev,
-            expected_chain, bits, violations_ptr, count_ptr, violation_capacity,
+            ok & (bits != 0),
+            launch_tag,
+            slot,
+            r_position,
+            r_token,
+            want_token,
+            r_prev,
+            expected_chain,
+            bits,
+            violations_ptr,
+            count_ptr,
+            violation_capacity,
         )
     raise_status(status_ptr, flags)
 
@@ -171,17 +235,35 @@ def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) 
         (grid, 1, 1),
         key,
         (
-            buffers.verify_slot_indices, buffers.verify_expected_tokens,
-            buffers.verify_expected_positions, buffers.verify_prev_slot_indices,
-            buffers.verify_num_valid, buffers.verify_enable,
-            store.records, store.violations, store.violation_count, store.kernel_runs,
-            store.slots_processed, store.status,
-            *src.tensors, *src.ints,
-            store.num_slots, buffers.verify_capacity, store.violation_capacity,
-            args.launch_tag, src.page_size, src.bpt_words, src.kv_words,
+            buffers.verify_slot_indices,
+            buffers.verify_expected_tokens,
+            buffers.verify_expected_positions,
+            buffers.verify_prev_slot_indices,
+            buffers.verify_num_valid,
+            buffers.verify_enable,
+            store.records,
+            store.violations,
+            store.violation_count,
+            store.kernel_runs,
+            store.slots_processed,
+            store.status,
+            *src.tensors,
+            *src.ints,
+            store.num_slots,
+            buffers.verify_capacity,
+            store.violation_capacity,
+            args.launch_tag,
+            src.page_size,
+            src.bpt_words,
+            src.kv_words,
         ),
-        {"CHECK_TOKENS": args.check_expected_tokens, "NUM_SOURCES": src.num_sources,
-         "MODE": src.mode, "BLOCK": VERIFY_BLOCK, "CHUNK": REAL_KV_CHUNK},
+        {
+            "CHECK_TOKENS": args.check_expected_tokens,
+            "NUM_SOURCES": src.num_sources,
+            "MODE": src.mode,
+            "BLOCK": VERIFY_BLOCK,
+            "CHUNK": REAL_KV_CHUNK,
+        },
         {"num_warps": VERIFY_WARPS},
     )
 
@@ -195,7 +277,7 @@ def launch_verify(
     *,
     launch_tag: int = 0,
     check_expected_tokens: bool = True,
-    real_kv: Optional[RealKV] = None,
+    real_kv: RealKV | None = None,
 ) -> None:
     """Check the records of every verify entry of a plan on the GPU, equal to
     :func:`kv_canary_buffers.verify_reference` (same arguments; violation rows of one call

@@ -8,8 +8,6 @@ registers): a token's critical path is the hash itself, not a memory round trip.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
@@ -47,15 +45,29 @@ WRITE_ROWS = 32
 """Rows (lanes) per program: one warp, whose lanes each walk one row's chain."""
 
 _RUNTIME_INTS = [
-    "n", "write_capacity", "num_slots", "violation_capacity", "launch_tag",
-    "page_size", "bpt_words", "kv_words", "stride0", "stride1", "stride2", "stride3",
-    "rows0", "rows1", "rows2", "rows3",
+    "n",
+    "write_capacity",
+    "num_slots",
+    "violation_capacity",
+    "launch_tag",
+    "page_size",
+    "bpt_words",
+    "kv_words",
+    "stride0",
+    "stride1",
+    "stride2",
+    "stride3",
+    "rows0",
+    "rows1",
+    "rows2",
+    "rows3",
 ]
 
 
 @triton.jit
-def _load_token(ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, index, mask,
-                HAS_EXPECTED: tl.constexpr):
+def _load_token(
+    ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, index, mask, HAS_EXPECTED: tl.constexpr
+):
     slot = tl.load(ocl_ptr + index, mask=mask, other=-1)
     token = tl.load(ids_ptr + index, mask=mask, other=0)
     position = tl.load(pos_ptr + index, mask=mask, other=0)
@@ -71,20 +83,50 @@ def _load_token(ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, index, mask
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def canary_write_kernel(
     # the step's inputs
-    ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr,
+    ids_ptr,
+    pos_ptr,
+    ocl_ptr,
+    exp_ids_ptr,
+    exp_pos_ptr,
     # the plan
-    write_offsets_ptr, seeds_ptr, num_rows_ptr,
+    write_offsets_ptr,
+    seeds_ptr,
+    num_rows_ptr,
     # the store
-    records_ptr, violations_ptr, count_ptr, runs_ptr, processed_ptr, check_ptr, status_ptr,
+    records_ptr,
+    violations_ptr,
+    count_ptr,
+    runs_ptr,
+    processed_ptr,
+    check_ptr,
+    status_ptr,
     # real-KV sources
-    src0, src1, src2, src3, stride0: tl.int64, stride1: tl.int64, stride2: tl.int64,
-    stride3: tl.int64, rows0: tl.int64, rows1: tl.int64, rows2: tl.int64, rows3: tl.int64,
+    src0,
+    src1,
+    src2,
+    src3,
+    stride0: tl.int64,
+    stride1: tl.int64,
+    stride2: tl.int64,
+    stride3: tl.int64,
+    rows0: tl.int64,
+    rows1: tl.int64,
+    rows2: tl.int64,
+    rows3: tl.int64,
     # runtime sizes (int64 whatever their values: one compiled variant for all)
-    n: tl.int64, write_capacity: tl.int64, num_slots: tl.int64,
-    violation_capacity: tl.int64, launch_tag: tl.int64, page_size: tl.int64,
-    bpt_words: tl.int64, kv_words: tl.int64,
-    HAS_EXPECTED: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
-    ROWS: tl.constexpr, CHUNK: tl.constexpr,
+    n: tl.int64,
+    write_capacity: tl.int64,
+    num_slots: tl.int64,
+    violation_capacity: tl.int64,
+    launch_tag: tl.int64,
+    page_size: tl.int64,
+    bpt_words: tl.int64,
+    kv_words: tl.int64,
+    HAS_EXPECTED: tl.constexpr,
+    NUM_SOURCES: tl.constexpr,
+    MODE: tl.constexpr,
+    ROWS: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid == 0:
@@ -93,7 +135,8 @@ def canary_write_kernel(
     lanes = tl.arange(0, ROWS)
     flags = tl.where(
         (lanes == 0) & (pid == 0) & ((num_rows < 0) | (num_rows > write_capacity)),
-        PLAN_COUNT_BAD, 0,
+        PLAN_COUNT_BAD,
+        0,
     )
     num_rows = tl.minimum(tl.maximum(num_rows, 0), write_capacity)
     rows = pid * ROWS + lanes
@@ -118,7 +161,8 @@ def canary_write_kernel(
     length = tl.where(busy & ~seed_bad, length, 0)
     has_seed = (length > 0) & (seed >= 0)
     running = tl.where(
-        has_seed, mix3(seed_prev.to(tl.uint64, bitcast=True), seed_token, seed_position),
+        has_seed,
+        mix3(seed_prev.to(tl.uint64, bitcast=True), seed_token, seed_position),
         tl.full([ROWS], ANCHOR, tl.uint64),
     )
     check_pos = has_seed & (tl.load(check_ptr) != 0)
@@ -133,10 +177,16 @@ def canary_write_kernel(
     s1, t1, p1, et1, ep1 = _load_token(
         ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first + 1, length > 1, HAS_EXPECTED
     )
-    for step in range(0, tl.max(length, 0)):
+    for step in range(tl.max(length, 0)):
         s2, t2, p2, et2, ep2 = _load_token(
-            ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first + step + 2,
-            length > step + 2, HAS_EXPECTED,
+            ocl_ptr,
+            ids_ptr,
+            pos_ptr,
+            exp_ids_ptr,
+            exp_pos_ptr,
+            first + step + 2,
+            length > step + 2,
+            HAS_EXPECTED,
         )
         live = (step < length) & (s0 >= 0)
         slot_bad = live & (s0 >= num_slots)
@@ -144,9 +194,26 @@ def canary_write_kernel(
         ok = live & ~slot_bad
         if NUM_SOURCES > 0:
             kv, row_bad = real_kv_hash(
-                s0, ok, page_size, bpt_words, kv_words, src0, src1, src2, src3,
-                stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
-                NUM_SOURCES, MODE, CHUNK,
+                s0,
+                ok,
+                page_size,
+                bpt_words,
+                kv_words,
+                src0,
+                src1,
+                src2,
+                src3,
+                stride0,
+                stride1,
+                stride2,
+                stride3,
+                rows0,
+                rows1,
+                rows2,
+                rows3,
+                NUM_SOURCES,
+                MODE,
+                CHUNK,
             )
             flags |= tl.where(row_bad, REAL_KV_ROW_BAD, 0)
             ok &= ~row_bad
@@ -164,17 +231,38 @@ def canary_write_kernel(
         tl.store(rec + REC_PREV_HASH, chain, mask=ok)
         tl.store(rec + REC_REAL_KV, kv, mask=ok)
         if HAS_EXPECTED:
-            bits = tl.where(t0 != et0, WRITE_TOKEN_BIT, 0) | tl.where(p0 != ep0, WRITE_POSITION_BIT, 0)
+            bits = tl.where(t0 != et0, WRITE_TOKEN_BIT, 0) | tl.where(
+                p0 != ep0, WRITE_POSITION_BIT, 0
+            )
             append_violations(
-                ok & (bits != 0), launch_tag, s0, p0, t0, et0, chain, ep0, bits,
-                violations_ptr, count_ptr, violation_capacity,
+                ok & (bits != 0),
+                launch_tag,
+                s0,
+                p0,
+                t0,
+                et0,
+                chain,
+                ep0,
+                bits,
+                violations_ptr,
+                count_ptr,
+                violation_capacity,
             )
         checked = ok & check_pos
         want = prev_pos + 1
         append_violations(
-            checked & (p0 != want), launch_tag, s0, p0, t0, t0, chain, want,
+            checked & (p0 != want),
+            launch_tag,
+            s0,
+            p0,
+            t0,
+            t0,
+            chain,
+            want,
             tl.full([ROWS], WRITE_POSITION_BIT, tl.int32),
-            violations_ptr, count_ptr, violation_capacity,
+            violations_ptr,
+            count_ptr,
+            violation_capacity,
         )
         prev_pos = tl.where(checked, p0, prev_pos)
         written += ok.to(tl.int64)
@@ -190,29 +278,53 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
     """Launch the write kernel on validated arguments (no check at all)."""
     src = source_args(args.real_kv, store.records)
     has_expected = args.expected_input_ids is not None
-    exp_ids = args.expected_input_ids if has_expected else args.input_ids
-    exp_pos = args.expected_positions if has_expected else args.positions
+    # (validation: both expected tensors are given, or neither)
+    exp_ids = args.input_ids if args.expected_input_ids is None else args.expected_input_ids
+    exp_pos = args.positions if args.expected_positions is None else args.expected_positions
     inputs = (args.input_ids, args.positions, args.out_cache_loc, exp_ids, exp_pos)
     # The plan's, the store's and the sources' tensors are 16-byte aligned by
     # construction; only the caller's inputs may not be.
-    key = (has_expected, src.num_sources, src.mode, src.dtypes,
-           True if args.aligned else alignment_key(inputs))
+    key = (
+        has_expected,
+        src.num_sources,
+        src.mode,
+        src.dtypes,
+        True if args.aligned else alignment_key(inputs),
+    )
     _WRITE.launch(
         store.device,
         (triton.cdiv(buffers.write_req_capacity, WRITE_ROWS), 1, 1),
         key,
         (
             *inputs,
-            buffers.write_offsets, buffers.write_seed_slot_indices,
+            buffers.write_offsets,
+            buffers.write_seed_slot_indices,
             buffers.write_num_valid_reqs,
-            store.records, store.violations, store.violation_count, store.kernel_runs,
-            store.slots_processed, store.chain_position_check, store.status,
-            *src.tensors, *src.ints,
-            args.n, buffers.write_req_capacity, store.num_slots, store.violation_capacity,
-            args.launch_tag, src.page_size, src.bpt_words, src.kv_words,
+            store.records,
+            store.violations,
+            store.violation_count,
+            store.kernel_runs,
+            store.slots_processed,
+            store.chain_position_check,
+            store.status,
+            *src.tensors,
+            *src.ints,
+            args.n,
+            buffers.write_req_capacity,
+            store.num_slots,
+            store.violation_capacity,
+            args.launch_tag,
+            src.page_size,
+            src.bpt_words,
+            src.kv_words,
         ),
-        {"HAS_EXPECTED": has_expected, "NUM_SOURCES": src.num_sources, "MODE": src.mode,
-         "ROWS": WRITE_ROWS, "CHUNK": REAL_KV_CHUNK},
+        {
+            "HAS_EXPECTED": has_expected,
+            "NUM_SOURCES": src.num_sources,
+            "MODE": src.mode,
+            "ROWS": WRITE_ROWS,
+            "CHUNK": REAL_KV_CHUNK,
+        },
         {"num_warps": 1},
     )
 
@@ -228,9 +340,9 @@ def launch_write(
     positions: torch.Tensor,
     out_cache_loc: torch.Tensor,
     launch_tag: int = 0,
-    expected_input_ids: Optional[torch.Tensor] = None,
-    expected_positions: Optional[torch.Tensor] = None,
-    real_kv: Optional[RealKV] = None,
+    expected_input_ids: torch.Tensor | None = None,
+    expected_positions: torch.Tensor | None = None,
+    real_kv: RealKV | None = None,
 ) -> None:
     """Stamp the records of the slots a step wrote, on the GPU, byte for byte equal to
     :func:`kv_canary_buffers.write_reference` (same arguments, shapes and dtypes; violation

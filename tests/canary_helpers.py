@@ -11,7 +11,8 @@ data.
 from __future__ import annotations
 
 import collections
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -69,33 +70,35 @@ def new_store(num_slots=32, violation_capacity=16, device=DEVICE, *, junk_record
     return store
 
 
-def snapshot_store(store: CanaryStore) -> Dict[str, torch.Tensor]:
+def snapshot_store(store: CanaryStore) -> dict[str, torch.Tensor]:
     return {name: getattr(store, name).clone() for name in STORE_FIELDS}
 
 
-def assert_store_equal(store: CanaryStore, before: Dict[str, torch.Tensor]) -> None:
+def assert_store_equal(store: CanaryStore, before: dict[str, torch.Tensor]) -> None:
     for name, old in before.items():
         assert torch.equal(getattr(store, name), old), f"CanaryStore.{name} was written"
 
 
-def snapshot_plan(buffers: PlanBuffers) -> Dict[str, torch.Tensor]:
+def snapshot_plan(buffers: PlanBuffers) -> dict[str, torch.Tensor]:
     return {name: getattr(buffers, name).clone() for name in BUFFER_SPECS}
 
 
-def assert_plan_equal(buffers: PlanBuffers, before: Dict[str, torch.Tensor]) -> None:
+def assert_plan_equal(buffers: PlanBuffers, before: dict[str, torch.Tensor]) -> None:
     for name, old in before.items():
         assert torch.equal(getattr(buffers, name), old), f"PlanBuffers.{name} was written"
 
 
-def counters(store: CanaryStore) -> Tuple[int, int, int, int]:
+def counters(store: CanaryStore) -> tuple[int, int, int, int]:
     """(violation_count, kernel_runs, slots_processed, status)."""
     return (
-        int(store.violation_count), int(store.kernel_runs), int(store.slots_processed),
+        int(store.violation_count),
+        int(store.kernel_runs),
+        int(store.slots_processed),
         int(store.status),
     )
 
 
-def kept_rows(store: CanaryStore, start: int = 0) -> List[Tuple[int, ...]]:
+def kept_rows(store: CanaryStore, start: int = 0) -> list[tuple[int, ...]]:
     """The ring rows ``[start, min(count, capacity))`` as tuples, in ring order."""
     end = min(int(store.violation_count), store.violation_capacity)
     return [tuple(r) for r in store.violations[start:end].tolist()]
@@ -110,7 +113,7 @@ def is_sub_multiset(small, big) -> bool:
     return all(big[k] >= v for k, v in small.items())
 
 
-def record(store: CanaryStore, slot: int) -> List[int]:
+def record(store: CanaryStore, slot: int) -> list[int]:
     return store.records[slot].tolist()
 
 
@@ -159,8 +162,15 @@ def set_verify_plan(
 
 # --- real-KV sources ------------------------------------------------------------------
 def make_source(
-    gen: torch.Generator, rows: int, row_bytes: int, dtype: torch.dtype = torch.uint8,
-    *, pad_bytes: int = 0, offset_bytes: int = 0, spare_rows: int = 0, device="cpu",
+    gen: torch.Generator,
+    rows: int,
+    row_bytes: int,
+    dtype: torch.dtype = torch.uint8,
+    *,
+    pad_bytes: int = 0,
+    offset_bytes: int = 0,
+    spare_rows: int = 0,
+    device="cpu",
 ) -> torch.Tensor:
     """A 2-D source of ``rows`` rows of ``row_bytes`` random bytes, as ``dtype``. With
     ``pad_bytes``/``offset_bytes`` (multiples of 16) it is a strided view into a wider
@@ -173,7 +183,7 @@ def make_source(
     return base[:rows, offset_bytes // item : (offset_bytes + row_bytes) // item]
 
 
-def py_real_kv(real_kv: Optional[RealKV], slot: int) -> Optional[int]:
+def py_real_kv(real_kv: RealKV | None, slot: int) -> int | None:
     """The contract's real_kv(s) from the bytes, in plain Python; None when the slot's
     page row lies past a source (the kernels skip it)."""
     if real_kv is None or real_kv.mode == RealKVMode.NONE or not real_kv.sources:
@@ -202,8 +212,8 @@ def slot_bytes(src: torch.Tensor, page_size: int, bytes_per_token: int, slot: in
 
 # --- the loop model ----------------------------------------------------------------------
 class ModelState(NamedTuple):
-    records: List[List[int]]
-    rows: List[Tuple[int, ...]]  # every row appended, in the contract's order
+    records: list[list[int]]
+    rows: list[tuple[int, ...]]  # every row appended, in the contract's order
     runs: int
     processed: int
     status: int
@@ -212,7 +222,10 @@ class ModelState(NamedTuple):
 def model_state(store: CanaryStore) -> ModelState:
     """The model of ``store`` now (no rows appended yet)."""
     return ModelState(
-        store.records.tolist(), [], int(store.kernel_runs), int(store.slots_processed),
+        store.records.tolist(),
+        [],
+        int(store.kernel_runs),
+        int(store.slots_processed),
         int(store.status),
     )
 
@@ -222,8 +235,16 @@ def _hash_of(records, s: int) -> int:
 
 
 def model_write(
-    st: ModelState, buffers: PlanBuffers, *, input_ids, positions, out_cache_loc,
-    launch_tag=0, expected_input_ids=None, expected_positions=None, real_kv=None,
+    st: ModelState,
+    buffers: PlanBuffers,
+    *,
+    input_ids,
+    positions,
+    out_cache_loc,
+    launch_tag=0,
+    expected_input_ids=None,
+    expected_positions=None,
+    real_kv=None,
     chain_position_check=False,
 ) -> ModelState:
     """Contract "Write" as a loop, with the kernels' skip-and-flag rules for bad data."""
@@ -288,7 +309,11 @@ def model_write(
 
 
 def model_verify(
-    st: ModelState, buffers: PlanBuffers, *, launch_tag=0, check_expected_tokens=True,
+    st: ModelState,
+    buffers: PlanBuffers,
+    *,
+    launch_tag=0,
+    check_expected_tokens=True,
     real_kv=None,
 ) -> ModelState:
     """Contract "Verify" as a loop, with the kernels' skip-and-flag rules for bad data."""
@@ -337,7 +362,9 @@ def model_verify(
         if exp_tok != -1 and tok != exp_tok:
             bits |= FailBits.VERIFY_TOKEN
         if bits:
-            rows.append((launch_tag, s, position, tok, exp_tok, prev_hash, expected_chain, int(bits)))
+            rows.append(
+                (launch_tag, s, position, tok, exp_tok, prev_hash, expected_chain, int(bits))
+            )
     return ModelState(recs, rows, st.runs + 1, processed, status)
 
 

@@ -8,10 +8,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-import pytest  # noqa: E402
+import pytest
 
-from kv_canary_buffers import plan_reference  # noqa: E402
-from kv_canary_kernels import launch_plan  # noqa: E402
+from kv_canary_buffers import plan_reference
+from kv_canary_kernels import launch_plan
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -14,12 +14,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kv_canary_buffers import PlanBuffers, PlanStatus  # noqa: E402
-from kv_canary_kernels import launch_plan  # noqa: E402
-
-from helpers import assert_matches_oracle  # noqa: E402
-from oracle import loop_plan  # noqa: E402
-from test_out_of_range import CASES, base  # noqa: E402
+from helpers import assert_matches_oracle
+from kv_canary_buffers import PlanBuffers, PlanStatus
+from kv_canary_kernels import launch_plan
+from oracle import loop_plan
+from test_out_of_range import CASES, base
 
 
 def main() -> int:
@@ -45,7 +44,9 @@ def main() -> int:
         req_to_token=torch.randint(-1, 4000, (rows, cols), generator=g).to(torch.int32),
         swa_window_size=16,
         full_to_swa_index_mapping=torch.randint(0, 10**6, (3000,), generator=g),
-        req_to_verify_expected_tokens=torch.randint(0, 9, (rows - 5, cols - 4), generator=g).to(torch.int32),
+        req_to_verify_expected_tokens=torch.randint(0, 9, (rows - 5, cols - 4), generator=g).to(
+            torch.int32
+        ),
         req_to_verify_expected_tokens_valid_lens=torch.randint(0, cols + 9, (bs,), generator=g),
         kv_token_id_vs_position_offset=1,
     )
@@ -56,9 +57,13 @@ def main() -> int:
     assert_matches_oracle(buffers, bs, expected)
     flags = buffers.take_status()
     assert flags == expected["flags"], (flags, expected["flags"])
-    assert flags == (PlanStatus.REQ_POOL_INDEX_OUT_OF_RANGE | PlanStatus.PREFIX_LEN_OUT_OF_RANGE
-                     | PlanStatus.LUT_SLOT_OUT_OF_RANGE | PlanStatus.POOL_ROW_OUT_OF_RANGE
-                     | PlanStatus.VALID_LEN_OUT_OF_RANGE)
+    assert flags == (
+        PlanStatus.REQ_POOL_INDEX_OUT_OF_RANGE
+        | PlanStatus.PREFIX_LEN_OUT_OF_RANGE
+        | PlanStatus.LUT_SLOT_OUT_OF_RANGE
+        | PlanStatus.POOL_ROW_OUT_OF_RANGE
+        | PlanStatus.VALID_LEN_OUT_OF_RANGE
+    )
     print(f"{'all kinds, bs=5000':28s} status={flags!r} entries={int(buffers.verify_num_valid)}")
     extremes(dev)
     print("gpu_memcheck: all plans matched the padding oracle")
@@ -73,35 +78,49 @@ def extremes(dev: str) -> None:
 
     g = torch.Generator().manual_seed(1)
     edges = torch.tensor(EDGES)
+
+    def pick(bs: int) -> torch.Tensor:
+        return edges[torch.randint(0, len(EDGES), (bs,), generator=g)]
+
     for bs in (300, 5000):
         for window, offset in ((0, 0), (3, 2**63 - 1), (2**63 - 1, -(2**63)), (2**31, 1)):
             rp = torch.randint(0, 4, (bs,), generator=g)
-            rp[torch.rand(bs, generator=g) < 0.2] = edges[torch.randint(0, len(EDGES), (1,), generator=g)]
-            pick = lambda: edges[torch.randint(0, len(EDGES), (bs,), generator=g)]  # noqa: E731
+            rp[torch.rand(bs, generator=g) < 0.2] = edges[
+                torch.randint(0, len(EDGES), (1,), generator=g)
+            ]
             small = torch.rand(bs, generator=g) < 0.5
-            prefix = torch.where(small, torch.randint(-2, 12, (bs,), generator=g), pick())
+            prefix = torch.where(small, torch.randint(-2, 12, (bs,), generator=g), pick(bs))
             kwargs = dict(
-                req_pool_indices=rp, prefix_lens=prefix, extend_seq_lens=pick(),
+                req_pool_indices=rp,
+                prefix_lens=prefix,
+                extend_seq_lens=pick(bs),
                 req_to_token=torch.randint(-1, 30, (4, 10), generator=g).to(torch.int32),
                 swa_window_size=window,
                 full_to_swa_index_mapping=torch.randint(0, 1000, (28,), generator=g),
-                req_to_verify_expected_tokens=torch.randint(0, 9, (3, 8), generator=g).to(torch.int32),
-                req_to_verify_expected_tokens_valid_lens=pick(),
+                req_to_verify_expected_tokens=torch.randint(0, 9, (3, 8), generator=g).to(
+                    torch.int32
+                ),
+                req_to_verify_expected_tokens_valid_lens=pick(bs),
                 kv_token_id_vs_position_offset=offset,
             )
             for capacity in (64, 4 * bs):
-                expected = loop_plan(write_req_capacity=bs, verify_capacity=capacity,
-                                     pad_bad=True, **kwargs)
-                on_dev = {k: v.to(dev) if isinstance(v, torch.Tensor) else v
-                          for k, v in kwargs.items()}
-                buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=capacity,
-                                               device=dev)
+                expected = loop_plan(
+                    write_req_capacity=bs, verify_capacity=capacity, pad_bad=True, **kwargs
+                )
+                on_dev = {
+                    k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()
+                }
+                buffers = PlanBuffers.allocate(
+                    write_req_capacity=bs, verify_capacity=capacity, device=dev
+                )
                 launch_plan(buffers, **on_dev)
                 assert_matches_oracle(buffers, bs, expected)
                 assert buffers.take_status() == expected["flags"]
-                print(f"{'extremes':12s} bs={bs:5d} W={window:<20d} offset={offset:<21d} "
-                      f"cap={capacity:5d} enable={int(buffers.verify_enable)} "
-                      f"entries={int(buffers.verify_num_valid)}")
+                print(
+                    f"{'extremes':12s} bs={bs:5d} W={window:<20d} offset={offset:<21d} "
+                    f"cap={capacity:5d} enable={int(buffers.verify_enable)} "
+                    f"entries={int(buffers.verify_num_valid)}"
+                )
 
 
 if __name__ == "__main__":

@@ -16,14 +16,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from kv_canary_buffers import (  # noqa: E402
+from kv_canary_buffers import (
     CanaryStatus,
     CanaryStore,
     PlanBuffers,
     RealKV,
     RealKVMode,
 )
-from kv_canary_kernels import launch_verify, launch_write  # noqa: E402
+from kv_canary_kernels import launch_verify, launch_write
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 N_SLOTS = 64
@@ -53,7 +53,7 @@ def setup(rows=3, n=6):
 
 
 def case(name, mutate, expected, stage):
-    plan, store, step, real_kv = setup()
+    plan, store, step, _real_kv = setup()
     kw = {"real_kv": None}
     mutate(plan, store, step, kw)
     if stage == "write":
@@ -69,39 +69,86 @@ def small_kv(plan, store, step, kw):
     kw["real_kv"] = RealKV(
         mode=RealKVMode.ALL,
         sources=(torch.zeros(3, 64, dtype=torch.float16, device=DEV),),  # slots 0..5 only
-        page_size=2, bytes_per_token=64,
+        page_size=2,
+        bytes_per_token=64,
     )
 
 
 CASES = [
-    ("seed past num_slots", lambda p, s, st, kw: p.write_seed_slot_indices.fill_(N_SLOTS),
-     CanaryStatus.SEED_OUT_OF_RANGE, "write"),
-    ("seed 2**63-1", lambda p, s, st, kw: p.write_seed_slot_indices.fill_(2**63 - 1),
-     CanaryStatus.SEED_OUT_OF_RANGE, "write"),
-    ("out_cache_loc past num_slots", lambda p, s, st, kw: st["out_cache_loc"].fill_(2**62),
-     CanaryStatus.WRITE_SLOT_OUT_OF_RANGE, "write"),
-    ("offsets past n", lambda p, s, st, kw: p.write_offsets[3].fill_(2**63 - 1),
-     CanaryStatus.WRITE_INDEX_OUT_OF_RANGE, "write"),
-    ("offsets negative", lambda p, s, st, kw: p.write_offsets[0].fill_(-(2**63)),
-     CanaryStatus.WRITE_INDEX_OUT_OF_RANGE, "write"),
-    ("write rows past capacity", lambda p, s, st, kw: p.write_num_valid_reqs.fill_(2**31 - 1),
-     CanaryStatus.PLAN_COUNT_OUT_OF_RANGE, "write"),
-    ("write rows negative", lambda p, s, st, kw: p.write_num_valid_reqs.fill_(-5),
-     CanaryStatus.PLAN_COUNT_OUT_OF_RANGE, "write"),
-    ("real-KV row past source (write)", small_kv,
-     CanaryStatus.REAL_KV_ROW_OUT_OF_RANGE, "write"),
-    ("verify slot negative", lambda p, s, st, kw: p.verify_slot_indices[2].fill_(-(2**63)),
-     CanaryStatus.VERIFY_SLOT_OUT_OF_RANGE, "verify"),
-    ("verify slot past num_slots", lambda p, s, st, kw: p.verify_slot_indices[5].fill_(N_SLOTS),
-     CanaryStatus.VERIFY_SLOT_OUT_OF_RANGE, "verify"),
-    ("prev past num_slots", lambda p, s, st, kw: p.verify_prev_slot_indices[4].fill_(2**62),
-     CanaryStatus.PREV_SLOT_OUT_OF_RANGE, "verify"),
-    ("verify count past capacity", lambda p, s, st, kw: p.verify_num_valid.fill_(2**31 - 1),
-     CanaryStatus.PLAN_COUNT_OUT_OF_RANGE, "verify"),
-    ("verify count negative", lambda p, s, st, kw: p.verify_num_valid.fill_(-(2**31)),
-     CanaryStatus.PLAN_COUNT_OUT_OF_RANGE, "verify"),
-    ("real-KV row past source (verify)", small_kv,
-     CanaryStatus.REAL_KV_ROW_OUT_OF_RANGE, "verify"),
+    (
+        "seed past num_slots",
+        lambda p, s, st, kw: p.write_seed_slot_indices.fill_(N_SLOTS),
+        CanaryStatus.SEED_OUT_OF_RANGE,
+        "write",
+    ),
+    (
+        "seed 2**63-1",
+        lambda p, s, st, kw: p.write_seed_slot_indices.fill_(2**63 - 1),
+        CanaryStatus.SEED_OUT_OF_RANGE,
+        "write",
+    ),
+    (
+        "out_cache_loc past num_slots",
+        lambda p, s, st, kw: st["out_cache_loc"].fill_(2**62),
+        CanaryStatus.WRITE_SLOT_OUT_OF_RANGE,
+        "write",
+    ),
+    (
+        "offsets past n",
+        lambda p, s, st, kw: p.write_offsets[3].fill_(2**63 - 1),
+        CanaryStatus.WRITE_INDEX_OUT_OF_RANGE,
+        "write",
+    ),
+    (
+        "offsets negative",
+        lambda p, s, st, kw: p.write_offsets[0].fill_(-(2**63)),
+        CanaryStatus.WRITE_INDEX_OUT_OF_RANGE,
+        "write",
+    ),
+    (
+        "write rows past capacity",
+        lambda p, s, st, kw: p.write_num_valid_reqs.fill_(2**31 - 1),
+        CanaryStatus.PLAN_COUNT_OUT_OF_RANGE,
+        "write",
+    ),
+    (
+        "write rows negative",
+        lambda p, s, st, kw: p.write_num_valid_reqs.fill_(-5),
+        CanaryStatus.PLAN_COUNT_OUT_OF_RANGE,
+        "write",
+    ),
+    ("real-KV row past source (write)", small_kv, CanaryStatus.REAL_KV_ROW_OUT_OF_RANGE, "write"),
+    (
+        "verify slot negative",
+        lambda p, s, st, kw: p.verify_slot_indices[2].fill_(-(2**63)),
+        CanaryStatus.VERIFY_SLOT_OUT_OF_RANGE,
+        "verify",
+    ),
+    (
+        "verify slot past num_slots",
+        lambda p, s, st, kw: p.verify_slot_indices[5].fill_(N_SLOTS),
+        CanaryStatus.VERIFY_SLOT_OUT_OF_RANGE,
+        "verify",
+    ),
+    (
+        "prev past num_slots",
+        lambda p, s, st, kw: p.verify_prev_slot_indices[4].fill_(2**62),
+        CanaryStatus.PREV_SLOT_OUT_OF_RANGE,
+        "verify",
+    ),
+    (
+        "verify count past capacity",
+        lambda p, s, st, kw: p.verify_num_valid.fill_(2**31 - 1),
+        CanaryStatus.PLAN_COUNT_OUT_OF_RANGE,
+        "verify",
+    ),
+    (
+        "verify count negative",
+        lambda p, s, st, kw: p.verify_num_valid.fill_(-(2**31)),
+        CanaryStatus.PLAN_COUNT_OUT_OF_RANGE,
+        "verify",
+    ),
+    ("real-KV row past source (verify)", small_kv, CanaryStatus.REAL_KV_ROW_OUT_OF_RANGE, "verify"),
 ]
 
 
@@ -119,8 +166,12 @@ def hostile(seed, rows, entries):
     plan.write_offsets.copy_(draw((rows + 1,)))
     plan.write_seed_slot_indices.copy_(draw((rows,)))
     plan.write_num_valid_reqs.fill_(rows)
-    for name in ("verify_slot_indices", "verify_prev_slot_indices",
-                 "verify_expected_positions", "verify_expected_tokens"):
+    for name in (
+        "verify_slot_indices",
+        "verify_prev_slot_indices",
+        "verify_expected_positions",
+        "verify_expected_tokens",
+    ):
         getattr(plan, name).copy_(draw((entries,)))
     plan.verify_num_valid.fill_(entries)
     plan.verify_enable.fill_(1)
@@ -138,8 +189,10 @@ def hostile(seed, rows, entries):
     if DEV == "cuda":
         torch.cuda.synchronize()
     report = store.take_violations()
-    print(f"hostile seed {seed}: rows {rows}, entries {entries}: status "
-          f"{store.take_status()!r}, {report.appended} violations")
+    print(
+        f"hostile seed {seed}: rows {rows}, entries {entries}: status "
+        f"{store.take_status()!r}, {report.appended} violations"
+    )
 
 
 def main() -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any
 
 import torch
 
@@ -21,16 +21,16 @@ def poison(buffers: PlanBuffers) -> None:
             getattr(buffers, name).fill_(POISON)
 
 
-def snapshot(buffers: PlanBuffers) -> Dict[str, torch.Tensor]:
+def snapshot(buffers: PlanBuffers) -> dict[str, torch.Tensor]:
     return {name: getattr(buffers, name).clone() for name in BUFFER_SPECS}
 
 
-def assert_untouched(buffers: PlanBuffers, before: Dict[str, torch.Tensor]) -> None:
+def assert_untouched(buffers: PlanBuffers, before: dict[str, torch.Tensor]) -> None:
     for name, old in before.items():
         assert torch.equal(getattr(buffers, name), old), f"{name} was written"
 
 
-def observed(buffers: PlanBuffers, bs: int) -> Dict[str, Any]:
+def observed(buffers: PlanBuffers, bs: int) -> dict[str, Any]:
     """The specified part of the buffers, in the oracle's format."""
     nv = int(buffers.verify_num_valid)
     enable = int(buffers.verify_enable)
@@ -48,7 +48,7 @@ def observed(buffers: PlanBuffers, bs: int) -> Dict[str, Any]:
     }
 
 
-def assert_matches_oracle(buffers: PlanBuffers, bs: int, expected: Dict[str, Any]) -> None:
+def assert_matches_oracle(buffers: PlanBuffers, bs: int, expected: dict[str, Any]) -> None:
     got = observed(buffers, bs)
     for key, value in got.items():
         assert value == expected[key], f"{key}: got {value}, expected {expected[key]}"
@@ -66,25 +66,27 @@ def make_tables(
     max_seq_len: int,
     n_slots: int,
     lut: bool = False,
-    pool_cols: Optional[int] = None,
+    pool_cols: int | None = None,
     device: str = "cpu",
-) -> Dict[str, Optional[torch.Tensor]]:
+) -> dict[str, torch.Tensor | None]:
     """A ``req_to_token`` with distinct random slots (some negative), and optionally a LUT
     over every slot and an expected-token pool."""
     table = torch.randint(-2, n_slots, (rows, max_seq_len), generator=gen, dtype=torch.int64)
-    out: Dict[str, Optional[torch.Tensor]] = {
+    out: dict[str, torch.Tensor | None] = {
         "req_to_token": table.to(torch.int32).to(device),
         "full_to_swa_index_mapping": None,
         "req_to_verify_expected_tokens": None,
     }
     if lut:
-        out["full_to_swa_index_mapping"] = (
-            torch.randint(-1, 10 * n_slots, (n_slots,), generator=gen).to(device)
-        )
+        out["full_to_swa_index_mapping"] = torch.randint(
+            -1, 10 * n_slots, (n_slots,), generator=gen
+        ).to(device)
     if pool_cols is not None:
-        out["req_to_verify_expected_tokens"] = torch.randint(
-            0, 50000, (rows, pool_cols), generator=gen, dtype=torch.int64
-        ).to(torch.int32).to(device)
+        out["req_to_verify_expected_tokens"] = (
+            torch.randint(0, 50000, (rows, pool_cols), generator=gen, dtype=torch.int64)
+            .to(torch.int32)
+            .to(device)
+        )
     return out
 
 
@@ -96,9 +98,9 @@ def make_rows(
     max_prefix: int,
     max_extend: int = 4,
     pad_fraction: float = 0.2,
-    pool_cols: Optional[int] = None,
+    pool_cols: int | None = None,
     device: str = "cpu",
-) -> Dict[str, torch.Tensor]:
+) -> dict[str, torch.Tensor]:
     """Per-row inputs: some padding rows holding garbage lengths."""
     rp = torch.randint(1, max(rows, 2), (bs,), generator=gen)
     pad = torch.rand(bs, generator=gen) < pad_fraction

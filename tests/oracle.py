@@ -7,7 +7,7 @@ with ``pad_bad=False`` such data raises ``ValueError``, as ``plan_reference`` do
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any
 
 import torch
 
@@ -16,7 +16,7 @@ from kv_canary_buffers import PlanStatus
 MAX_ROW_WRITES = 2**32  # the contract's clamp of a row's write count (stated, not imported)
 
 
-def _rows(t: Optional[torch.Tensor]):
+def _rows(t: torch.Tensor | None):
     return None if t is None else t.cpu().tolist()
 
 
@@ -29,12 +29,12 @@ def loop_plan(
     extend_seq_lens: torch.Tensor,
     req_to_token: torch.Tensor,
     swa_window_size: int = 0,
-    full_to_swa_index_mapping: Optional[torch.Tensor] = None,
-    req_to_verify_expected_tokens: Optional[torch.Tensor] = None,
-    req_to_verify_expected_tokens_valid_lens: Optional[torch.Tensor] = None,
+    full_to_swa_index_mapping: torch.Tensor | None = None,
+    req_to_verify_expected_tokens: torch.Tensor | None = None,
+    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None,
     kv_token_id_vs_position_offset: int = 0,
     pad_bad: bool = False,
-) -> Dict[str, Any]:
+) -> dict[str, Any]:
     rp_l, p_l, e_l = _rows(req_pool_indices), _rows(prefix_lens), _rows(extend_seq_lens)
     table = _rows(req_to_token)
     rows, cols = req_to_token.shape
@@ -92,9 +92,13 @@ def loop_plan(
                 prev = slot_at(rp, pos - 1) if pos > 0 else -1
                 token = -1
                 q = pos + off
-                if pool is not None and 0 <= q < vlen[r]:
-                    if 0 <= rp < len(pool) and q < len(pool[rp]):
-                        token = pool[rp][q]
+                if (
+                    pool is not None
+                    and 0 <= q < vlen[r]
+                    and 0 <= rp < len(pool)
+                    and q < len(pool[rp])
+                ):
+                    token = pool[rp][q]
                 entries.append((slot_at(rp, pos), token, pos, prev))
     if flags and not pad_bad:
         raise ValueError(f"data outside the tables: {flags!r}")

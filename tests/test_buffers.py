@@ -59,8 +59,9 @@ def test_allocation_bytes_equals_nbytes(w, v):
     nb = -(-w // OFFSETS_BLOCK)
     nh = -(-v // ROW_HINT_STRIDE)
     # every field of the arena starts on a 256-byte boundary
-    field_bytes = [8 * (w + 1), 8 * w, 4] + [8 * v] * 4 + [4, 4, 8 * (w + 1), 16 * nb, 4 * nh,
-                                                            4, 8, 4]
+    field_bytes = (
+        [8 * (w + 1), 8 * w, 4] + [8 * v] * 4 + [4, 4, 8 * (w + 1), 16 * nb, 4 * nh, 4, 8, 4]
+    )
     aligned = sum(-(-n // 256) * 256 for n in field_bytes)
     assert PlanBuffers.allocation_bytes(w, v) == aligned
 
@@ -109,7 +110,9 @@ def test_capacities_are_read_from_the_arena_not_passed_or_rebound():
 
 def test_evolve_without_changes_is_refused_as_a_second_owner():
     b = make()
-    with pytest.raises(ValueError, match="kv-canary: this arena already belongs to a live PlanBuffers"):
+    with pytest.raises(
+        ValueError, match="kv-canary: this arena already belongs to a live PlanBuffers"
+    ):
         attrs.evolve(b)
     with pytest.raises(ValueError, match="already belongs"):
         attrs.evolve(b, generation=5)
@@ -119,14 +122,26 @@ def test_evolve_without_changes_is_refused_as_a_second_owner():
 @pytest.mark.parametrize(
     "field, tensor, match",
     [
-        ("verify_slot_indices", torch.zeros(15, dtype=torch.int64),
-         r"PlanBuffers.verify_slot_indices must have shape \(16,\) .* got \(15,\)"),
-        ("verify_num_valid", torch.zeros(1, dtype=torch.int64),
-         "PlanBuffers.verify_num_valid must have dtype torch.int32, got torch.int64"),
-        ("write_seed_slot_indices", torch.zeros(8, dtype=torch.int64)[::2],
-         "PlanBuffers.write_seed_slot_indices must be contiguous"),
-        ("status", torch.zeros(1, dtype=torch.int32, device="meta"),
-         "PlanBuffers.status must be on device cpu .* got meta"),
+        (
+            "verify_slot_indices",
+            torch.zeros(15, dtype=torch.int64),
+            r"PlanBuffers.verify_slot_indices must have shape \(16,\) .* got \(15,\)",
+        ),
+        (
+            "verify_num_valid",
+            torch.zeros(1, dtype=torch.int64),
+            "PlanBuffers.verify_num_valid must have dtype torch.int32, got torch.int64",
+        ),
+        (
+            "write_seed_slot_indices",
+            torch.zeros(8, dtype=torch.int64)[::2],
+            "PlanBuffers.write_seed_slot_indices must be contiguous",
+        ),
+        (
+            "status",
+            torch.zeros(1, dtype=torch.int32, device="meta"),
+            "PlanBuffers.status must be on device cpu .* got meta",
+        ),
     ],
 )
 def test_evolve_rejects_wrong_shape_dtype_layout_device(field, tensor, match):
@@ -136,9 +151,11 @@ def test_evolve_rejects_wrong_shape_dtype_layout_device(field, tensor, match):
 
 def test_evolve_rejects_a_non_tensor_and_shared_storage():
     b = make()
-    with pytest.raises(TypeError, match="PlanBuffers.status must be a torch.Tensor, got list"):
+    with pytest.raises(TypeError, match=r"PlanBuffers\.status must be a torch\.Tensor, got list"):
         attrs.evolve(b, status=[0])
-    with pytest.raises(ValueError, match="PlanBuffers.verify_offsets is not the memory it was built with"):
+    with pytest.raises(
+        ValueError, match=r"PlanBuffers\.verify_offsets is not the memory it was built with"
+    ):
         attrs.evolve(b, verify_offsets=b.write_offsets)
 
 

@@ -5,10 +5,6 @@ contract's text and the plain-Python hashes, never from either path."""
 import pytest
 import torch
 
-from kv_canary_buffers import FailBits, RealKV, RealKVMode, plan_reference
-from kv_canary_buffers.hashing import H0_SIGNED, mix3, mix3_int, sm, sm_int, to_signed
-from kv_canary_buffers.layout import ANCHOR_SEED, H0, INT64_MAX, INT64_MIN
-
 from canary_helpers import (
     DEVICE,
     JUNK,
@@ -17,29 +13,33 @@ from canary_helpers import (
     i64,
     is_sub_multiset,
     kept_rows,
+    make_source,
     multiset,
     new_plan,
     new_store,
     py_real_kv,
-    make_source,
     set_verify_plan,
     set_write_plan,
     slot_bytes,
     snapshot_store,
 )
+from kv_canary_buffers import FailBits, RealKV, RealKVMode, plan_reference
+from kv_canary_buffers.hashing import H0_SIGNED, mix3, mix3_int, sm, sm_int, to_signed
+from kv_canary_buffers.layout import ANCHOR_SEED, H0, INT64_MAX, INT64_MIN
 
 WT, WP = int(FailBits.WRITE_TOKEN), int(FailBits.WRITE_POSITION)
 CHAIN, POS, KV, VT = (
-    int(FailBits.CHAIN), int(FailBits.POSITION), int(FailBits.REAL_KV), int(FailBits.VERIFY_TOKEN)
+    int(FailBits.CHAIN),
+    int(FailBits.POSITION),
+    int(FailBits.REAL_KV),
+    int(FailBits.VERIFY_TOKEN),
 )
 MIX_H0_10_0 = to_signed(0xCD6D3FC64AB68B75)
 MIX_H0_M1_5 = to_signed(0xA655CDB26A444C27)
 
 
 def write(canary, store, plan, ids, pos, ocl, **kw):
-    canary.write(
-        store, plan, input_ids=i64(ids), positions=i64(pos), out_cache_loc=i64(ocl), **kw
-    )
+    canary.write(store, plan, input_ids=i64(ids), positions=i64(pos), out_cache_loc=i64(ocl), **kw)
 
 
 def assert_records(store, before, expected):
@@ -111,11 +111,19 @@ def test_written_chain_hashes_are_the_check_values(canary):
     h1 = MIX_H0_10_0
     h2 = mix3_int(h1, 11, 1)
     h_ext = mix3_int(H0_SIGNED, INT64_MIN, INT64_MAX)
-    assert_records(store, before, {
-        3: [10, 0, H0_SIGNED, 0], 4: [11, 1, h1, 0], 5: [12, 2, h2, 0],
-        6: [-1, 5, H0_SIGNED, 0], 7: [1, 6, MIX_H0_M1_5, 0],
-        8: [INT64_MIN, INT64_MAX, H0_SIGNED, 0], 9: [INT64_MAX, INT64_MIN, h_ext, 0],
-    })
+    assert_records(
+        store,
+        before,
+        {
+            3: [10, 0, H0_SIGNED, 0],
+            4: [11, 1, h1, 0],
+            5: [12, 2, h2, 0],
+            6: [-1, 5, H0_SIGNED, 0],
+            7: [1, 6, MIX_H0_M1_5, 0],
+            8: [INT64_MIN, INT64_MAX, H0_SIGNED, 0],
+            9: [INT64_MAX, INT64_MIN, h_ext, 0],
+        },
+    )
     assert counters(store) == (0, 1, 7, 0)
     assert_no_rows(store)
 
@@ -128,9 +136,15 @@ def test_seed_record_starts_the_chain(canary):
     set_write_plan(plan, [0, 2, 3], [9, -1])
     write(canary, store, plan, [20, 21, 30], [5, 6, 0], [11, 12, 13])
     h = mix3_int(12345, 7, 4)  # hash_of(9)
-    assert_records(store, before, {
-        11: [20, 5, h, 0], 12: [21, 6, mix3_int(h, 20, 5), 0], 13: [30, 0, H0_SIGNED, 0],
-    })
+    assert_records(
+        store,
+        before,
+        {
+            11: [20, 5, h, 0],
+            12: [21, 6, mix3_int(h, 20, 5), 0],
+            13: [30, 0, H0_SIGNED, 0],
+        },
+    )
     assert counters(store) == (0, 1, 3, 0)
     assert_no_rows(store)
 
@@ -145,8 +159,14 @@ def test_negative_slots_are_skipped_and_do_not_advance_the_chain(canary):
     set_write_plan(plan, [0, 4], [2])
     ids, pos = [40, 41, 42, 43], [10, 50, 11, 60]
     write(
-        canary, store, plan, ids, pos, [5, -1, 6, -7],
-        expected_input_ids=i64([40, 0, 42, 0]), expected_positions=i64([10, 0, 11, 0]),
+        canary,
+        store,
+        plan,
+        ids,
+        pos,
+        [5, -1, 6, -7],
+        expected_input_ids=i64([40, 0, 42, 0]),
+        expected_positions=i64([10, 0, 11, 0]),
     )
     h = mix3_int(5, 1, 9)
     assert_records(store, before, {5: [40, 10, h, 0], 6: [42, 11, mix3_int(h, 40, 10), 0]})
@@ -163,11 +183,16 @@ def test_idle_rows_and_rows_past_the_count_are_not_read(canary):
     set_write_plan(plan, [0, 2, 2, 1, 5], [-1, 10**9, 10**12, 20])
     write(canary, store, plan, [1, 2, 3, 4, 5], [0, 1, 2, 3, 4], [5, -1, 6, 7, 8])
     h20 = hash_of(before["records"][20].tolist())
-    assert_records(store, before, {
-        5: [1, 0, H0_SIGNED, 0],
-        6: [3, 2, h20, 0], 7: [4, 3, mix3_int(h20, 3, 2), 0],
-        8: [5, 4, mix3_int(mix3_int(h20, 3, 2), 4, 3), 0],
-    })
+    assert_records(
+        store,
+        before,
+        {
+            5: [1, 0, H0_SIGNED, 0],
+            6: [3, 2, h20, 0],
+            7: [4, 3, mix3_int(h20, 3, 2), 0],
+            8: [5, 4, mix3_int(mix3_int(h20, 3, 2), 4, 3), 0],
+        },
+    )
     assert counters(store) == (0, 1, 4, 0)
     assert store.take_status() == 0
 
@@ -188,19 +213,30 @@ def test_expected_input_check_rows(canary):
     set_write_plan(plan, [0, 4], [-1])
     ids, pos = [10, 11, 12, 13], [0, 1, 2, 3]
     write(
-        canary, store, plan, ids, pos, [4, 5, 6, 7], launch_tag=-77,
-        expected_input_ids=i64([10, 99, 12, 98]), expected_positions=i64([0, 1, 7, 8]),
+        canary,
+        store,
+        plan,
+        ids,
+        pos,
+        [4, 5, 6, 7],
+        launch_tag=-77,
+        expected_input_ids=i64([10, 99, 12, 98]),
+        expected_positions=i64([0, 1, 7, 8]),
     )
     h = [H0_SIGNED]
     for t, p in zip(ids, pos):
         h.append(mix3_int(h[-1], t, p))
     # the records hold what was written, not what was expected
     assert_records(store, before, {4 + k: [ids[k], pos[k], h[k], 0] for k in range(4)})
-    assert_rows(canary, store, [
-        (-77, 5, 1, 11, 99, h[1], 1, WT),
-        (-77, 6, 2, 12, 12, h[2], 7, WP),
-        (-77, 7, 3, 13, 98, h[3], 8, WT | WP),
-    ])
+    assert_rows(
+        canary,
+        store,
+        [
+            (-77, 5, 1, 11, 99, h[1], 1, WT),
+            (-77, 6, 2, 12, 12, h[2], 7, WP),
+            (-77, 7, 3, 13, 98, h[3], 8, WT | WP),
+        ],
+    )
     assert counters(store)[1:] == (1, 4, 0)
 
 
@@ -217,17 +253,29 @@ def test_chain_position_check(canary, flag):
     set_write_plan(plan, [0, 4, 6], [9, -1])
     ids, pos = [1, 2, 3, 4, 5, 6], [5, 7, 8, 10, 3, 9]
     write(
-        canary, store, plan, ids, pos, [11, 12, 13, 14, 15, 16], launch_tag=3,
-        expected_input_ids=i64([1, 2, 3, 40, 5, 6]), expected_positions=i64(pos),
+        canary,
+        store,
+        plan,
+        ids,
+        pos,
+        [11, 12, 13, 14, 15, 16],
+        launch_tag=3,
+        expected_input_ids=i64([1, 2, 3, 40, 5, 6]),
+        expected_positions=i64(pos),
     )
     h = [mix3_int(555, 70, 4)]
     for t, p in zip(ids[:4], pos[:4]):
         h.append(mix3_int(h[-1], t, p))
     g = mix3_int(H0_SIGNED, 5, 3)
-    assert_records(store, before, {
-        **{11 + k: [ids[k], pos[k], h[k], 0] for k in range(4)},
-        15: [5, 3, H0_SIGNED, 0], 16: [6, 9, g, 0],
-    })
+    assert_records(
+        store,
+        before,
+        {
+            **{11 + k: [ids[k], pos[k], h[k], 0] for k in range(4)},
+            15: [5, 3, H0_SIGNED, 0],
+            16: [6, 9, g, 0],
+        },
+    )
     expected = [(3, 14, 10, 4, 40, h[3], 10, WT)]  # the expected-input row comes first
     if enabled:
         expected = [
@@ -263,7 +311,9 @@ def test_verify_skips_slot_zero_entries_but_counts_them(canary):
     chain_records(store, [5, 6], [50, 60])
     before = snapshot_store(store)
     # slot-0 entries carry junk a look would flag (a predecessor far out of range too)
-    set_verify_plan(plan, [0, 5, 0, 6, 0], [10**9, -1, -3, 5, 0], [9, 0, 9, 1, 9], [1, 50, 2, 60, 3])
+    set_verify_plan(
+        plan, [0, 5, 0, 6, 0], [10**9, -1, -3, 5, 0], [9, 0, 9, 1, 9], [1, 50, 2, 60, 3]
+    )
     canary.verify(store, plan, launch_tag=1)
     assert_no_rows(store)
     assert counters(store) == (0, 1, 5, 0)
@@ -338,7 +388,11 @@ def test_persistent_verify_loop_reaches_every_block(canary):
     plan.verify_expected_tokens.fill_(-1)
     plan.verify_num_valid.fill_(n)
     plan.verify_enable.fill_(1)
-    for i, (s, p, pos, tok) in {k - 1: (3, -1, 0, 30), k: (4, 3, 1, 40), n - 1: (5, 0, 9, -1)}.items():
+    for i, (s, p, pos, tok) in {
+        k - 1: (3, -1, 0, 30),
+        k: (4, 3, 1, 40),
+        n - 1: (5, 0, 9, -1),
+    }.items():
         plan.verify_slot_indices[i], plan.verify_prev_slot_indices[i] = s, p
         plan.verify_expected_positions[i], plan.verify_expected_tokens[i] = pos, tok
     chain_records(store, [3, 4], [30, 40])
@@ -349,11 +403,16 @@ def test_persistent_verify_loop_reaches_every_block(canary):
     store.records[3, 0] = 31
     canary.verify(store, plan, launch_tag=1)
     h4 = store.records[4, 2].item()
-    assert_rows(canary, store, [
-        (1, 3, 0, 31, 30, H0_SIGNED, H0_SIGNED, VT),
-        (1, 4, 1, 40, 40, h4, mix3_int(H0_SIGNED, 31, 0), CHAIN),
-        (1, 5, 0, 50, -1, 77, 77, POS),
-    ], start=1)
+    assert_rows(
+        canary,
+        store,
+        [
+            (1, 3, 0, 31, 30, H0_SIGNED, H0_SIGNED, VT),
+            (1, 4, 1, 40, 40, h4, mix3_int(H0_SIGNED, 31, 0), CHAIN),
+            (1, 5, 0, 50, -1, 77, 77, POS),
+        ],
+        start=1,
+    )
 
 
 @pytest.mark.parametrize("check", [True, False])
@@ -380,8 +439,7 @@ def test_overflowed_plan_checks_nothing(canary):
     store, plan = new_store(), new_plan()
     before = snapshot_store(store)
     # entries and count are junk an enabled verify would flag; enable 0 skips them all
-    set_verify_plan(plan, [-5, 10**6, 7], [10**6, 10**6, 10**6], [1, 2, 3], enable=0,
-                    num_valid=-3)
+    set_verify_plan(plan, [-5, 10**6, 7], [10**6, 10**6, 10**6], [1, 2, 3], enable=0, num_valid=-3)
     canary.verify(store, plan)
     assert counters(store) == (0, 1, 0, 0)
     assert torch.equal(store.records, before["records"])
@@ -392,7 +450,10 @@ def test_plan_overflow_from_the_plan_skips_verify(canary):
     store = new_store()
     plan = new_plan(verify_capacity=2)
     plan_reference(
-        plan, req_pool_indices=i64([1]), prefix_lens=i64([3]), extend_seq_lens=i64([0]),
+        plan,
+        req_pool_indices=i64([1]),
+        prefix_lens=i64([3]),
+        extend_seq_lens=i64([0]),
         req_to_token=torch.arange(8, dtype=torch.int32, device=DEVICE).reshape(2, 4),
     )
     assert int(plan.verify_enable) == 0
@@ -407,16 +468,16 @@ def test_window_start_takes_the_real_predecessor(canary):
     the window shows as CHAIN on the window's first entry, and records further back are
     not looked at."""
     store = new_store(num_slots=40)
-    table = torch.tensor([[0] * 8, [31, 7, 12, 25, 3, 18, 9, 21]], dtype=torch.int32,
-                         device=DEVICE)
+    table = torch.tensor([[0] * 8, [31, 7, 12, 25, 3, 18, 9, 21]], dtype=torch.int32, device=DEVICE)
     lut = torch.arange(40, dtype=torch.int64, device=DEVICE)
     tokens = [100, 101, 102, 103, 104, 105]
     plan = new_plan(verify_capacity=8)
     common = dict(req_pool_indices=i64([1]), req_to_token=table, full_to_swa_index_mapping=lut)
     plan_reference(plan, prefix_lens=i64([0]), extend_seq_lens=i64([6]), **common)
     write(canary, store, plan, tokens, list(range(6)), [31, 7, 12, 25, 3, 18])
-    plan_reference(plan, prefix_lens=i64([6]), extend_seq_lens=i64([1]), swa_window_size=3,
-                   **common)
+    plan_reference(
+        plan, prefix_lens=i64([6]), extend_seq_lens=i64([1]), swa_window_size=3, **common
+    )
     assert plan.verify_prev_slot_indices[:3].tolist() == [12, 25, 3]
     canary.verify(store, plan)
     assert counters(store) == (0, 2, 6 + 3, 0)
@@ -424,7 +485,9 @@ def test_window_start_takes_the_real_predecessor(canary):
     store.records[12, 0] = 555  # position 2: the window's predecessor
     canary.verify(store, plan, launch_tag=8)
     rec = store.records[25].tolist()
-    assert_rows(canary, store, [(8, 25, 3, 103, -1, rec[2], hash_of(store.records[12].tolist()), CHAIN)])
+    assert_rows(
+        canary, store, [(8, 25, 3, 103, -1, rec[2], hash_of(store.records[12].tolist()), CHAIN)]
+    )
 
 
 # --- the ring and the counters -------------------------------------------------------
@@ -449,10 +512,21 @@ def test_ring_fills_once_and_counts_dropped_rows(canary):
         assert is_sub_multiset(got, rows)
     report = store.take_violations()
     assert (report.appended, report.dropped, len(report.violations)) == (5, 2, 3)
-    assert multiset([
-        (v.launch_tag, v.slot, v.position, v.stored_token, v.expected_token,
-         v.stored_chain_hash, v.expected_aux, int(v.fail_bits)) for v in report.violations
-    ]) == multiset(got)
+    assert multiset(
+        [
+            (
+                v.launch_tag,
+                v.slot,
+                v.position,
+                v.stored_token,
+                v.expected_token,
+                v.stored_chain_hash,
+                v.expected_aux,
+                int(v.fail_bits),
+            )
+            for v in report.violations
+        ]
+    ) == multiset(got)
     assert (report.kernel_runs, report.slots_processed) == (1, 5)
     # cleared: ring rows and count; the counters are cumulative
     assert (store.violations == 0).all() and int(store.violation_count) == 0
@@ -586,11 +660,15 @@ def test_real_kv_all_hashes_many_words_in_order(canary, read_bytes):
     bpt, page = 512, 2
     sources = (
         make_source(g, 8, page * bpt, device=DEVICE),
-        make_source(g, 8, page * bpt, torch.bfloat16, pad_bytes=32, offset_bytes=16,
-                    device=DEVICE),
+        make_source(g, 8, page * bpt, torch.bfloat16, pad_bytes=32, offset_bytes=16, device=DEVICE),
     )
-    kv = RealKV(mode=RealKVMode.ALL, sources=sources, page_size=page, bytes_per_token=bpt,
-                read_bytes=read_bytes)
+    kv = RealKV(
+        mode=RealKVMode.ALL,
+        sources=sources,
+        page_size=page,
+        bytes_per_token=bpt,
+        read_bytes=read_bytes,
+    )
     store, plan = new_store(num_slots=16), new_plan()
     slots = [5, 6, 7]
     set_write_plan(plan, [0, 3], [-1])

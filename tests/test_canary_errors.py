@@ -8,10 +8,6 @@ import types
 import pytest
 import torch
 
-from kv_canary_buffers import CanaryStore, PlanBuffers, RealKV, RealKVMode
-
-from kv_canary_buffers.devices import normalize_device
-
 from canary_helpers import (
     DEVICE,
     assert_plan_equal,
@@ -25,10 +21,18 @@ from canary_helpers import (
     snapshot_plan,
     snapshot_store,
 )
+from kv_canary_buffers import CanaryStore, PlanBuffers, RealKV, RealKVMode
+from kv_canary_buffers.devices import normalize_device
 
 I32 = torch.int32
 DEV = str(normalize_device(DEVICE))  # as messages spell it ("cuda:0", "cpu")
-TENSOR_ARGS = ("input_ids", "positions", "out_cache_loc", "expected_input_ids", "expected_positions")
+TENSOR_ARGS = (
+    "input_ids",
+    "positions",
+    "out_cache_loc",
+    "expected_input_ids",
+    "expected_positions",
+)
 
 
 class StoreSubclass(CanaryStore):
@@ -51,15 +55,33 @@ def lookalike(obj, names):
 
 
 STORE_NAMES = (
-    "arena", "generation", "records", "violations", "violation_count", "kernel_runs",
-    "slots_processed", "chain_position_check", "status", "num_slots", "violation_capacity",
+    "arena",
+    "generation",
+    "records",
+    "violations",
+    "violation_count",
+    "kernel_runs",
+    "slots_processed",
+    "chain_position_check",
+    "status",
+    "num_slots",
+    "violation_capacity",
     "device",
 )
 PLAN_NAMES = (
-    "write_req_capacity", "verify_capacity", "device", "write_offsets",
-    "write_seed_slot_indices", "write_num_valid_reqs", "verify_slot_indices",
-    "verify_expected_tokens", "verify_expected_positions", "verify_prev_slot_indices",
-    "verify_num_valid", "verify_enable", "status",
+    "write_req_capacity",
+    "verify_capacity",
+    "device",
+    "write_offsets",
+    "write_seed_slot_indices",
+    "write_num_valid_reqs",
+    "verify_slot_indices",
+    "verify_expected_tokens",
+    "verify_expected_positions",
+    "verify_prev_slot_indices",
+    "verify_num_valid",
+    "verify_enable",
+    "status",
 )
 
 
@@ -73,7 +95,9 @@ def setup():
     set_write_plan(plan, [0, 2], [-1])
     set_verify_plan(plan, [3, 4], [-1, 3], [7, 7])
     kv = RealKV(
-        mode=RealKVMode.ALL, sources=make_source(g, 16, 32, device=DEVICE), page_size=1,
+        mode=RealKVMode.ALL,
+        sources=make_source(g, 16, 32, device=DEVICE),
+        page_size=1,
         bytes_per_token=32,
     )
     return store, plan, kv
@@ -81,8 +105,12 @@ def setup():
 
 def write_kwargs(kv):
     return dict(
-        input_ids=i64([1, 2]), positions=i64([0, 1]), out_cache_loc=i64([3, 4]),
-        launch_tag=5, expected_input_ids=i64([1, 2]), expected_positions=i64([0, 1]),
+        input_ids=i64([1, 2]),
+        positions=i64([0, 1]),
+        out_cache_loc=i64([3, 4]),
+        launch_tag=5,
+        expected_input_ids=i64([1, 2]),
+        expected_positions=i64([0, 1]),
         real_kv=kv,
     )
 
@@ -117,7 +145,11 @@ def _bad_tensor(kind, name, t):
     if kind == "length":
         longer = torch.cat([t, t[:1]])
         if name == "out_cache_loc":  # n comes from it: the others then have the wrong length
-            return longer, ValueError, r"input_ids must have length n = len\(out_cache_loc\) = 3, got 2"
+            return (
+                longer,
+                ValueError,
+                r"input_ids must have length n = len\(out_cache_loc\) = 3, got 2",
+            )
         return longer, ValueError, rf"{name} must have length n = len\(out_cache_loc\) = 2, got 3"
     raise AssertionError(kind)
 
@@ -138,7 +170,10 @@ def test_expected_arrays_alone_are_refused(canary, setup, given):
     other = ({"expected_input_ids", "expected_positions"} - {given}).pop()
     kwargs[other] = None
     run_refused(
-        lambda: canary.write(store, plan, **kwargs), store, plan, ValueError,
+        lambda: canary.write(store, plan, **kwargs),
+        store,
+        plan,
+        ValueError,
         f"expected_input_ids and expected_positions must be given together, got only {given}",
     )
 
@@ -155,17 +190,23 @@ ALIASES = {
 
 @pytest.mark.parametrize("case", sorted(ALIASES))
 def test_inputs_aliasing_the_store_are_refused(canary, setup, case):
-    store, plan, kv = setup
+    store, plan, _kv = setup
     name, alias, n = ALIASES[case]
     set_write_plan(plan, [0, n], [-1])
     kwargs = dict(
-        input_ids=i64([1] * n), positions=i64([0] * n), out_cache_loc=i64([3] * n),
-        expected_input_ids=i64([1] * n), expected_positions=i64([0] * n),
+        input_ids=i64([1] * n),
+        positions=i64([0] * n),
+        out_cache_loc=i64([3] * n),
+        expected_input_ids=i64([1] * n),
+        expected_positions=i64([0] * n),
     )
     kwargs[name] = alias(store)
     assert kwargs[name].is_contiguous() and kwargs[name].shape == (n,)
     run_refused(
-        lambda: canary.write(store, plan, **kwargs), store, plan, ValueError,
+        lambda: canary.write(store, plan, **kwargs),
+        store,
+        plan,
+        ValueError,
         f"{name} must not share memory with the CanaryStore it writes",
     )
 
@@ -175,14 +216,21 @@ def test_a_record_column_is_refused_as_not_contiguous(canary, setup):
     kwargs = write_kwargs(kv)
     kwargs["out_cache_loc"] = store.records[:2, 0]
     run_refused(
-        lambda: canary.write(store, plan, **kwargs), store, plan, ValueError,
+        lambda: canary.write(store, plan, **kwargs),
+        store,
+        plan,
+        ValueError,
         r"out_cache_loc must be contiguous, got strides \(4,\)",
     )
 
 
 # --- scalar arguments --------------------------------------------------------------------------
 TAGS = {
-    2**63: (ValueError, r"launch_tag must be in \[-9223372036854775808, 9223372036854775807\], got 9223372036854775808"),
+    2**63: (
+        ValueError,
+        r"launch_tag must be in \[-9223372036854775808, 9223372036854775807\], "
+        r"got 9223372036854775808",
+    ),
     -(2**63) - 1: (ValueError, r"launch_tag must be in \[.*\], got -9223372036854775809"),
     1.5: (TypeError, "launch_tag must be an int, got float 1.5"),
     True: (TypeError, "launch_tag must be an int, got bool True"),
@@ -205,7 +253,7 @@ def test_launch_tag_outside_int64_or_not_an_int(canary, setup, stage, tag):
 
 
 def test_extreme_launch_tags_are_accepted(canary, setup):
-    store, plan, kv = setup
+    store, plan, _kv = setup
     for tag in (2**63 - 1, -(2**63)):
         canary.verify(store, plan, launch_tag=tag)
     tags = {r[0] for r in store.violations[: int(store.violation_count)].tolist()}
@@ -214,10 +262,13 @@ def test_extreme_launch_tags_are_accepted(canary, setup):
 
 @pytest.mark.parametrize("value", [1, 0, None, "yes", torch.tensor(True)], ids=repr)
 def test_check_expected_tokens_must_be_a_bool(canary, setup, value):
-    store, plan, kv = setup
+    store, plan, _kv = setup
     run_refused(
-        lambda: canary.verify(store, plan, check_expected_tokens=value), store, plan,
-        TypeError, "check_expected_tokens must be a bool, got ",
+        lambda: canary.verify(store, plan, check_expected_tokens=value),
+        store,
+        plan,
+        TypeError,
+        "check_expected_tokens must be a bool, got ",
     )
 
 
@@ -273,12 +324,19 @@ def test_plan_buffers_on_another_device(canary, setup, stage):
     _store, plan, _kv = setup
     meta = CanaryStore.allocate(num_slots=16, violation_capacity=4, device="meta")
     if stage == "write":
-        kwargs = {k: v.to("meta") for k, v in write_kwargs(None).items() if k not in ("launch_tag", "real_kv")}
+        kwargs = {
+            k: v.to("meta")
+            for k, v in write_kwargs(None).items()
+            if k not in ("launch_tag", "real_kv")
+        }
         call = lambda: canary.write(meta, plan, **kwargs)  # noqa: E731
     else:
         call = lambda: canary.verify(meta, plan)  # noqa: E731
     run_refused(
-        call, meta, plan, ValueError,
+        call,
+        meta,
+        plan,
+        ValueError,
         f"plan_buffers must be on the store's device meta, got {DEV}",
     )
 
@@ -310,16 +368,27 @@ def test_real_kv_of_the_wrong_type(canary, setup, stage, case):
     if case == "tensor":
         wrong, name = kv.sources[0], "Tensor"
     elif case == "subclass":
-        wrong = RealKVSubclass(
-            mode=kv.mode, sources=kv.sources, page_size=1, bytes_per_token=32
-        )
+        wrong = RealKVSubclass(mode=kv.mode, sources=kv.sources, page_size=1, bytes_per_token=32)
         name = "RealKVSubclass"
     else:
-        wrong = lookalike(kv, ("mode", "sources", "page_size", "bytes_per_token", "read_bytes",
-                               "hashed_bytes", "device"))
+        wrong = lookalike(
+            kv,
+            (
+                "mode",
+                "sources",
+                "page_size",
+                "bytes_per_token",
+                "read_bytes",
+                "hashed_bytes",
+                "device",
+            ),
+        )
         name = "SimpleNamespace"
     run_refused(
-        _call(canary, stage, store, plan, wrong), store, plan, TypeError,
+        _call(canary, stage, store, plan, wrong),
+        store,
+        plan,
+        TypeError,
         f"real_kv must be a kv_canary_buffers.RealKV or None, got {name}$",
     )
 
@@ -330,7 +399,10 @@ def test_real_kv_on_another_device(canary, setup, stage):
     meta = torch.zeros(16, 32, dtype=torch.uint8, device="meta")
     kv = RealKV(mode=RealKVMode.PARTIAL, sources=meta, page_size=1, bytes_per_token=32)
     run_refused(
-        _call(canary, stage, store, plan, kv), store, plan, ValueError,
+        _call(canary, stage, store, plan, kv),
+        store,
+        plan,
+        ValueError,
         f"real_kv sources must be on the store's device {DEV}, got meta",
     )
 
@@ -339,11 +411,16 @@ def test_real_kv_on_another_device(canary, setup, stage):
 def test_real_kv_source_aliasing_the_store(canary, setup, stage):
     store, plan, kv = setup
     alias = RealKV(
-        mode=RealKVMode.ALL, sources=(kv.sources[0], store.records.view(16, 4)), page_size=1,
+        mode=RealKVMode.ALL,
+        sources=(kv.sources[0], store.records.view(16, 4)),
+        page_size=1,
         bytes_per_token=32,
     )
     run_refused(
-        _call(canary, stage, store, plan, alias), store, plan, ValueError,
+        _call(canary, stage, store, plan, alias),
+        store,
+        plan,
+        ValueError,
         r"real_kv.sources\[1\] must not share memory with the CanaryStore",
     )
 
@@ -357,7 +434,10 @@ def test_real_kv_source_resized_after_construction(canary, setup, stage, mode):
     kv = RealKV(mode=mode, sources=sources, page_size=1, bytes_per_token=32)
     sources[1].untyped_storage().resize_(0)
     run_refused(
-        _call(canary, stage, store, plan, kv), store, plan, ValueError,
+        _call(canary, stage, store, plan, kv),
+        store,
+        plan,
+        ValueError,
         r"RealKV.sources\[1\] changed since the RealKV was built",
     )
 
@@ -367,7 +447,10 @@ def test_real_kv_source_swapped_after_construction(canary, setup, stage):
     store, plan, kv = setup
     kv.sources[0].set_(torch.zeros(16, 32, dtype=torch.uint8, device=DEVICE))
     run_refused(
-        _call(canary, stage, store, plan, kv), store, plan, ValueError,
+        _call(canary, stage, store, plan, kv),
+        store,
+        plan,
+        ValueError,
         r"RealKV.sources\[0\] changed since the RealKV was built",
     )
 
@@ -383,45 +466,65 @@ def _misaligned():
 
 REALKV_ERRORS = {
     "five sources": (
-        dict(sources=[_src() for _ in range(5)]), ValueError,
+        dict(sources=[_src() for _ in range(5)]),
+        ValueError,
         "RealKV.sources must hold at most 4 tensors, got 5",
     ),
     "page_size 0": (dict(page_size=0), ValueError, "RealKV.page_size must be >= 1, got 0"),
     "page_size float": (dict(page_size=1.0), TypeError, "RealKV.page_size must be an int"),
     "page_size bool": (dict(page_size=True), TypeError, "RealKV.page_size must be an int"),
     "bytes_per_token 24": (
-        dict(bytes_per_token=24), ValueError,
+        dict(bytes_per_token=24),
+        ValueError,
         "RealKV.bytes_per_token must be a positive multiple of 16, got 24",
     ),
     "bytes_per_token 0": (dict(bytes_per_token=0), ValueError, "RealKV.bytes_per_token must be"),
     "read_bytes over": (
-        dict(read_bytes=48), ValueError, "RealKV.read_bytes must be <= bytes_per_token = 32, got 48"
+        dict(read_bytes=48),
+        ValueError,
+        "RealKV.read_bytes must be <= bytes_per_token = 32, got 48",
     ),
-    "read_bytes 8": (dict(read_bytes=8), ValueError, "RealKV.read_bytes must be a positive multiple"),
+    "read_bytes 8": (
+        dict(read_bytes=8),
+        ValueError,
+        "RealKV.read_bytes must be a positive multiple",
+    ),
     "1-D source": (dict(sources=_src(1, 64)[0]), ValueError, r"RealKV.sources\[0\] must be 2-D"),
-    "3-D source": (dict(sources=_src(8, 64).view(8, 4, 16)), ValueError, r"RealKV.sources\[0\] must be 2-D"),
+    "3-D source": (
+        dict(sources=_src(8, 64).view(8, 4, 16)),
+        ValueError,
+        r"RealKV.sources\[0\] must be 2-D",
+    ),
     "misaligned view": (
-        dict(sources=_misaligned()), ValueError,
+        dict(sources=_misaligned()),
+        ValueError,
         r"RealKV.sources\[0\] must start 16-byte aligned .* data_ptr % 16 = 8",
     ),
     "row stride not a multiple of 16": (
-        dict(sources=_src(8, 72)), ValueError,
+        dict(sources=_src(8, 72)),
+        ValueError,
         r"RealKV.sources\[0\] must start 16-byte aligned .*a row stride of 72 bytes$",
     ),
     "strided rows": (
-        dict(sources=_src(64, 8).t()), ValueError, r"RealKV.sources\[0\] must have contiguous rows",
+        dict(sources=_src(64, 8).t()),
+        ValueError,
+        r"RealKV.sources\[0\] must have contiguous rows",
     ),
     "rows too short": (
-        dict(sources=_src(8, 48), page_size=2, bytes_per_token=32), ValueError,
+        dict(sources=_src(8, 48), page_size=2, bytes_per_token=32),
+        ValueError,
         r"RealKV.sources\[0\] rows must hold page_size \* bytes_per_token = 64 bytes, got 48$",
     ),
     "two devices": (
-        dict(sources=[_src(), _src(device="meta")]), ValueError,
+        dict(sources=[_src(), _src(device="meta")]),
+        ValueError,
         rf"RealKV.sources\[1\] must be on {DEV} like sources\[0\], got meta",
     ),
     "not a tuple": (dict(sources=iter([_src()])), TypeError, "RealKV.sources must be a tuple"),
     "not a tensor": (
-        dict(sources=[_src(), "kv"]), TypeError, r"RealKV.sources\[1\] must be a torch.Tensor, got str"
+        dict(sources=[_src(), "kv"]),
+        TypeError,
+        r"RealKV.sources\[1\] must be a torch.Tensor, got str",
     ),
 }
 
@@ -436,18 +539,27 @@ def test_real_kv_construction_errors(case):
 
 
 def test_real_kv_rows_too_short_names_the_sizes():
-    with pytest.raises(ValueError, match=(
-        r"^kv-canary: RealKV.sources\[0\] rows must hold page_size \* bytes_per_token = 64 "
-        r"bytes, got 48$"
-    )):
-        RealKV(mode=RealKVMode.ALL, sources=_src(8, 24, torch.float16), page_size=2,
-               bytes_per_token=32)
+    with pytest.raises(
+        ValueError,
+        match=(
+            r"^kv-canary: RealKV.sources\[0\] rows must hold page_size \* bytes_per_token = 64 "
+            r"bytes, got 48$"
+        ),
+    ):
+        RealKV(
+            mode=RealKVMode.ALL, sources=_src(8, 24, torch.float16), page_size=2, bytes_per_token=32
+        )
 
 
 def test_real_kv_accepts_the_documented_shapes():
     src = _src(8, 96)[:, 16:80]  # a view into a wider buffer
-    kv = RealKV(mode=1, sources=[src, _src(9, 32, torch.bfloat16)],
-                page_size=2, bytes_per_token=32, read_bytes=16)
+    kv = RealKV(
+        mode=1,
+        sources=[src, _src(9, 32, torch.bfloat16)],
+        page_size=2,
+        bytes_per_token=32,
+        read_bytes=16,
+    )
     assert kv.mode is RealKVMode.PARTIAL and kv.hashed_bytes == 16
     assert kv.source_rows() == (8, 9) and kv.read_bytes == 16
     assert RealKV(mode=2, sources=src, page_size=1, bytes_per_token=64).read_bytes == 64
@@ -457,12 +569,18 @@ def test_real_kv_accepts_the_documented_shapes():
 
 @pytest.mark.parametrize(
     "mode, error",
-    [(5, ValueError), (-1, ValueError), (None, TypeError), ("ALL", TypeError),
-     (1.0, TypeError), (True, TypeError)],
+    [
+        (5, ValueError),
+        (-1, ValueError),
+        (None, TypeError),
+        ("ALL", TypeError),
+        (1.0, TypeError),
+        (True, TypeError),
+    ],
     ids=repr,
 )
 def test_real_kv_mode_must_be_a_mode(mode, error):
-    with pytest.raises(error, match="^kv-canary: RealKV.mode must be"):
+    with pytest.raises(error, match=r"^kv-canary: RealKV\.mode must be"):
         RealKV(mode=mode, sources=_src(), page_size=1, bytes_per_token=32)
 
 

@@ -8,10 +8,6 @@ so a read past either would find plausible data and show."""
 import pytest
 import torch
 
-from kv_canary_buffers import CanaryStatus, RealKV, RealKVMode
-from kv_canary_buffers.hashing import H0_SIGNED, mix3_int
-from kv_canary_buffers.layout import INT64_MAX
-
 from canary_helpers import (
     CANARY_PATHS,
     DEVICE,
@@ -31,6 +27,9 @@ from canary_helpers import (
     snapshot_plan,
     snapshot_store,
 )
+from kv_canary_buffers import CanaryStatus, RealKV, RealKVMode
+from kv_canary_buffers.hashing import H0_SIGNED, mix3_int
+from kv_canary_buffers.layout import INT64_MAX
 
 S = CanaryStatus
 NUM_SLOTS = 16
@@ -99,7 +98,8 @@ CASES = {
         "write",
         lambda p: (set_write_plan(p, [0, 2, 6], [-1, -1]), write_inputs([3, 4, 5, 6]))[1],
         S.WRITE_INDEX_OUT_OF_RANGE,
-        r"plan_buffers.write_offsets\[1:3\] = \[2, 6\] must lie in \[0, n = len\(out_cache_loc\) = 4\]",
+        r"plan_buffers.write_offsets\[1:3\] = \[2, 6\] "
+        r"must lie in \[0, n = len\(out_cache_loc\) = 4\]",
         # clamped to [2, 4): slots 5, 6 written; the guard tail (slots 7..10) is not read
         lambda s: s.records[5:7, 0].tolist() == [102, 103] and counters(s)[2] == 4,
     ),
@@ -119,16 +119,20 @@ CASES = {
     ),
     "write real-KV page past a source": (
         "write",
-        lambda p: (set_write_plan(p, [0, 3], [-1]),
-                   {**write_inputs([3, 9, 5]), "real_kv": short_kv()})[1],
+        lambda p: (
+            set_write_plan(p, [0, 3], [-1]),
+            {**write_inputs([3, 9, 5]), "real_kv": short_kv()},
+        )[1],
         S.REAL_KV_ROW_OUT_OF_RANGE,
         r"out_cache_loc\[1\] = 9 must be a slot whose real-KV page row lies inside every source",
         lambda s: s.records[5, 2].item() == h((100, 0)) and s.records[9, 0].item() != 101,
     ),
     "write count past the capacity": (
         "write",
-        lambda p: (set_write_plan(p, [0, 1, 2, 3, 4], [-1, -1, -1, -1], num_rows=5),
-                   write_inputs([3, 4, 5, 6]))[1],
+        lambda p: (
+            set_write_plan(p, [0, 1, 2, 3, 4], [-1, -1, -1, -1], num_rows=5),
+            write_inputs([3, 4, 5, 6]),
+        )[1],
         S.PLAN_COUNT_OUT_OF_RANGE,
         r"plan_buffers.write_num_valid_reqs\[0\] = 5 must be in \[0, 4\]",
         lambda s: counters(s)[2] == 4,  # clamped to the 4 rows of the capacity

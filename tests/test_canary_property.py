@@ -8,15 +8,12 @@ raise its status bits, and the references must raise ValueError and write nothin
 
 import copy
 import random
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-
-from kv_canary_buffers import CanaryStatus, PlanBuffers, RealKV, RealKVMode, plan_reference
-from kv_canary_buffers.layout import INT64_MAX, INT64_MIN
 
 from canary_helpers import (
     CANARY_PATHS,
@@ -34,9 +31,13 @@ from canary_helpers import (
     new_store,
     snapshot_store,
 )
+from kv_canary_buffers import CanaryStatus, PlanBuffers, RealKV, RealKVMode, plan_reference
+from kv_canary_buffers.layout import INT64_MAX, INT64_MIN
 
 REF, KER = CANARY_PATHS["reference"], CANARY_PATHS["kernels"]
-SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+SETTINGS = dict(
+    deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 FULL_RING = 4096
 
 
@@ -51,7 +52,7 @@ def _value(rng: random.Random) -> int:
     return rng.randint(-3, 60)
 
 
-def gen_real_kv(rng: random.Random, num_slots: int, *, short: bool = False) -> Optional[RealKV]:
+def gen_real_kv(rng: random.Random, num_slots: int, *, short: bool = False) -> RealKV | None:
     """None, or up to 4 sources of one random geometry and random dtypes, some strided
     views; with ``short`` some source may miss the last pages."""
     if rng.random() < (0.2 if short else 0.4):
@@ -70,8 +71,18 @@ def gen_real_kv(rng: random.Random, num_slots: int, *, short: bool = False) -> O
         extra = rng.choice([0, 0, 16, 32])  # longer rows than a page
         pad = rng.choice([0, 0, 16, 48])
         offset = rng.choice([0, 16]) if pad >= 16 else 0
-        sources.append(make_source(g, rows, page * bpt + extra, dtype, pad_bytes=pad,
-                                   offset_bytes=offset, spare_rows=3, device=DEVICE))
+        sources.append(
+            make_source(
+                g,
+                rows,
+                page * bpt + extra,
+                dtype,
+                pad_bytes=pad,
+                offset_bytes=offset,
+                spare_rows=3,
+                device=DEVICE,
+            )
+        )
     mode = rng.choice([RealKVMode.NONE, RealKVMode.PARTIAL, RealKVMode.ALL, RealKVMode.ALL])
     return RealKV(mode=mode, sources=sources, page_size=page, bytes_per_token=bpt, read_bytes=read)
 
@@ -90,7 +101,7 @@ def gen_store(rng: random.Random, num_slots: int, capacity: int):
     return store
 
 
-def gen_write(rng: random.Random, store, plan: PlanBuffers, *, hostile: bool) -> Dict[str, Any]:
+def gen_write(rng: random.Random, store, plan: PlanBuffers, *, hostile: bool) -> dict[str, Any]:
     """Fill the write part of ``plan`` and return the write's keyword arguments.
 
     Valid data keeps the contract's preconditions: rows never share a written slot, and no
@@ -119,7 +130,7 @@ def gen_write(rng: random.Random, store, plan: PlanBuffers, *, hostile: bool) ->
         offsets[rows_read] = rng.choice([-5, -(10**12)])  # the last row read: idle
 
     # which rows cover each index (clamped ranges of rows with hi > lo)
-    cover: List[List[int]] = [[] for _ in range(n)]
+    cover: list[list[int]] = [[] for _ in range(n)]
     busy = []
     for r in range(rows_read):
         lo, hi = offsets[r], offsets[r + 1]
@@ -130,11 +141,13 @@ def gen_write(rng: random.Random, store, plan: PlanBuffers, *, hostile: bool) ->
 
     pool = list(range(num_slots))
     rng.shuffle(pool)
-    written: Dict[int, List[int]] = {r: [] for r in busy}
+    written: dict[int, list[int]] = {r: [] for r in busy}
     ocl = []
     for i in range(n):
         if len(cover[i]) == 0:  # never read: anything, in range or not
-            ocl.append(rng.choice([-1, 0, num_slots, num_slots + 7, 10**9, rng.randint(0, num_slots)]))
+            ocl.append(
+                rng.choice([-1, 0, num_slots, num_slots + 7, 10**9, rng.randint(0, num_slots)])
+            )
         elif len(cover[i]) > 1 or rng.random() < 0.15:
             ocl.append(rng.choice([-1, -2]))  # shared by two rows: skipped by both
         else:
@@ -173,23 +186,25 @@ def gen_write(rng: random.Random, store, plan: PlanBuffers, *, hostile: bool) ->
                 p = (p + 1) if p < INT64_MAX else p
                 positions[i] = p
     ids = [_value(rng) for _ in range(n)]
-    kwargs: Dict[str, Any] = dict(
-        input_ids=guarded(ids, rng), positions=guarded(positions, rng),
+    kwargs: dict[str, Any] = dict(
+        input_ids=guarded(ids, rng),
+        positions=guarded(positions, rng),
         out_cache_loc=guarded(ocl, rng, pool[:GUARD]),
         launch_tag=rng.choice([0, 7, -1, INT64_MIN, INT64_MAX, rng.randint(INT64_MIN, INT64_MAX)]),
     )
     if rng.random() < 0.5:
         exp_ids = [t if rng.random() < 0.8 else _value(rng) for t in ids]
         exp_pos = [p if rng.random() < 0.8 else _value(rng) for p in positions]
-        kwargs.update(expected_input_ids=guarded(exp_ids, rng),
-                      expected_positions=guarded(exp_pos, rng))
+        kwargs.update(
+            expected_input_ids=guarded(exp_ids, rng), expected_positions=guarded(exp_pos, rng)
+        )
     return kwargs
 
 
 GUARD = 4
 
 
-def guarded(values: List[int], rng: random.Random, tail: Optional[List[int]] = None):
+def guarded(values: list[int], rng: random.Random, tail: list[int] | None = None):
     """``i64(values)`` inside a longer tensor whose tail holds plausible data (for
     out_cache_loc: slots no row writes), so that a read past ``n`` shows; sometimes one
     element in, so that it starts 8 bytes off a 16-byte boundary."""
@@ -200,8 +215,14 @@ def guarded(values: List[int], rng: random.Random, tail: Optional[List[int]] = N
     return t
 
 
-def gen_verify(rng: random.Random, store, plan: PlanBuffers, *, hostile: bool,
-               chains: Optional[List[List[int]]] = None) -> Dict[str, Any]:
+def gen_verify(
+    rng: random.Random,
+    store,
+    plan: PlanBuffers,
+    *,
+    hostile: bool,
+    chains: list[list[int]] | None = None,
+) -> dict[str, Any]:
     """Fill the verify part of ``plan`` and return the verify's keyword arguments.
 
     Entries mix chains that were just written (clean unless the records changed),
@@ -257,7 +278,7 @@ def gen_verify(rng: random.Random, store, plan: PlanBuffers, *, hostile: bool,
     )
 
 
-def written_chains(kwargs, plan) -> List[List[int]]:
+def written_chains(kwargs, plan) -> list[list[int]]:
     """The slots each row wrote, in order (for clean verify entries)."""
     ocl = kwargs["out_cache_loc"].tolist()
     n = len(ocl)
@@ -281,7 +302,7 @@ class Trio:
         self.ker = copy.deepcopy(store)
         self.full = copy.deepcopy(store).resize(violation_capacity=FULL_RING)
 
-    def run(self, stage: str, plan: PlanBuffers, kwargs: Dict[str, Any]) -> None:
+    def run(self, stage: str, plan: PlanBuffers, kwargs: dict[str, Any]) -> None:
         model_fn = model_write if stage == "write" else model_verify
         flag = bool(int(self.ref.chain_position_check))
         extra = {"chain_position_check": flag} if stage == "write" else {}
@@ -291,8 +312,10 @@ class Trio:
         written = model.processed - int(self.ref.slots_processed)
         event(f"{stage}: {'nothing processed' if not written else 'processed'}")
         before = {name: int(s.violation_count) for name, s in self.stores()}
-        kept = {name: s.violations[: min(before[name], s.violation_capacity)].clone()
-                for name, s in self.stores()}
+        kept = {
+            name: s.violations[: min(before[name], s.violation_capacity)].clone()
+            for name, s in self.stores()
+        }
         for name, s in self.stores():
             path = KER if name == "ker" else REF
             getattr(path, stage)(s, plan, **kwargs)
@@ -383,14 +406,20 @@ def test_engine_steps_from_plan_reference(b):
     rp = [requests.pop() if requests and rng.random() < 0.8 else 0 for _ in range(bs)]
     first = [rng.randint(0, 6) for _ in range(bs)]
     second = [rng.randint(0, 3) for _ in range(bs)]
-    pool = torch.randint(0, 50, (rows, cols + 2), generator=torch.Generator().manual_seed(b["seed"] % 2**31))
-    common: Dict[str, Any] = dict(req_pool_indices=i64(rp), req_to_token=table.to(DEVICE))
+    pool = torch.randint(
+        0, 50, (rows, cols + 2), generator=torch.Generator().manual_seed(b["seed"] % 2**31)
+    )
+    common: dict[str, Any] = dict(req_pool_indices=i64(rp), req_to_token=table.to(DEVICE))
     if b["window"]:
-        common.update(swa_window_size=b["window"],
-                      full_to_swa_index_mapping=torch.arange(num_slots, device=DEVICE))
+        common.update(
+            swa_window_size=b["window"],
+            full_to_swa_index_mapping=torch.arange(num_slots, device=DEVICE),
+        )
     if b["pool"]:
-        common.update(req_to_verify_expected_tokens=pool.to(torch.int32).to(DEVICE),
-                      req_to_verify_expected_tokens_valid_lens=i64([cols + 2] * bs))
+        common.update(
+            req_to_verify_expected_tokens=pool.to(torch.int32).to(DEVICE),
+            req_to_verify_expected_tokens_valid_lens=i64([cols + 2] * bs),
+        )
     real_kv = gen_real_kv(rng, num_slots)
     store = new_store(num_slots, b["capacity"])
     if rng.random() < 0.5:
@@ -405,8 +434,17 @@ def test_engine_steps_from_plan_reference(b):
             ids.append(int(pool[rp[r], p]))
             pos.append(p)
             ocl.append(int(table[rp[r], p]))
-    trio.run("write", plan, dict(input_ids=i64(ids), positions=i64(pos), out_cache_loc=i64(ocl),
-                                 real_kv=real_kv, launch_tag=1))
+    trio.run(
+        "write",
+        plan,
+        dict(
+            input_ids=i64(ids),
+            positions=i64(pos),
+            out_cache_loc=i64(ocl),
+            real_kv=real_kv,
+            launch_tag=1,
+        ),
+    )
     if rng.random() < 0.4:
         for s in (trio.ref, trio.ker, trio.full):
             s.records[ocl[0] if ocl else 0, 1] += 1
@@ -419,9 +457,19 @@ def test_engine_steps_from_plan_reference(b):
             ids.append(int(pool[rp[r], p]))
             pos.append(p)
             ocl.append(int(table[rp[r], p]) if rng.random() < 0.9 else -1)
-    trio.run("write", plan, dict(input_ids=i64(ids), positions=i64(pos), out_cache_loc=i64(ocl),
-                                 real_kv=real_kv, launch_tag=3,
-                                 expected_input_ids=i64(ids), expected_positions=i64(pos)))
+    trio.run(
+        "write",
+        plan,
+        dict(
+            input_ids=i64(ids),
+            positions=i64(pos),
+            out_cache_loc=i64(ocl),
+            real_kv=real_kv,
+            launch_tag=3,
+            expected_input_ids=i64(ids),
+            expected_positions=i64(pos),
+        ),
+    )
 
 
 # --- data out of range -------------------------------------------------------------------------
@@ -447,8 +495,13 @@ def test_out_of_range_data_kernels_skip_and_flag_references_raise(h):
     real_kv = gen_real_kv(rng, h["num_slots"], short=True)
     if h["stage"] == "write":
         kwargs = gen_write(rng, store, plan, hostile=True)
-        model = model_write(model_state(store), plan, **kwargs, real_kv=real_kv,
-                            chain_position_check=bool(int(store.chain_position_check)))
+        model = model_write(
+            model_state(store),
+            plan,
+            **kwargs,
+            real_kv=real_kv,
+            chain_position_check=bool(int(store.chain_position_check)),
+        )
     else:
         kwargs = gen_verify(rng, store, plan, hostile=True)
         model = model_verify(model_state(store), plan, **kwargs, real_kv=real_kv)

@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from kv_canary_buffers import PlanBuffers
-
 from helpers import ENTRY_FIELDS, POISON, poison
+from kv_canary_buffers import PlanBuffers
 
 
 def i64(values, device):
@@ -34,7 +33,8 @@ def run(plan, device, *, write_req_capacity=4, verify_capacity=64, **kwargs):
 
 def test_worked_example(plan, device):
     b = run(
-        plan, device,
+        plan,
+        device,
         req_pool_indices=i64([1, 0, 2], device),
         prefix_lens=i64([5, 99, 3], device),
         extend_seq_lens=i64([1, 99, 1], device),
@@ -54,7 +54,8 @@ def test_worked_example(plan, device):
 
 def test_padding_rows_with_garbage_lengths_contribute_nothing(plan, device):
     b = run(
-        plan, device,
+        plan,
+        device,
         req_pool_indices=i64([0, 2, 0, 0], device),
         prefix_lens=i64([10**9, 2, -5, 3], device),
         extend_seq_lens=i64([10**9, 3, -1, 7], device),
@@ -69,7 +70,8 @@ def test_padding_rows_with_garbage_lengths_contribute_nothing(plan, device):
 def test_swa_window_start_takes_its_real_predecessor(plan, device):
     lut = torch.arange(100, 164, dtype=torch.int64, device=device)  # slot s -> 100 + s
     b = run(
-        plan, device,
+        plan,
+        device,
         req_pool_indices=i64([1, 2], device),
         prefix_lens=i64([6, 2], device),
         extend_seq_lens=i64([1, 1], device),
@@ -89,7 +91,8 @@ def test_lut_translates_slots_prev_and_seed_and_negative_slots_pass_through(plan
     table = torch.tensor([[0] * 4, [5, -1, 7, 2]], dtype=torch.int32, device=device)
     lut = torch.tensor([90, 91, 92, 93, 94, 95, 96, 97], dtype=torch.int64, device=device)
     b = run(
-        plan, device,
+        plan,
+        device,
         req_pool_indices=i64([1], device),
         prefix_lens=i64([4], device),
         extend_seq_lens=i64([2], device),
@@ -105,9 +108,12 @@ def test_lut_translates_slots_prev_and_seed_and_negative_slots_pass_through(plan
 def test_negative_slots_pass_through_without_lut(plan, device):
     table = torch.tensor([[0, 0], [-3, -1]], dtype=torch.int32, device=device)
     b = run(
-        plan, device,
-        req_pool_indices=i64([1], device), prefix_lens=i64([2], device),
-        extend_seq_lens=i64([1], device), req_to_token=table,
+        plan,
+        device,
+        req_pool_indices=i64([1], device),
+        prefix_lens=i64([2], device),
+        extend_seq_lens=i64([1], device),
+        req_to_token=table,
     )
     assert entries(b)["verify_slot_indices"] == [-3, -1]
     assert entries(b)["verify_prev_slot_indices"] == [-1, -3]
@@ -118,7 +124,8 @@ def test_pool_gather_with_offset_and_valid_length_under_swa(plan, device):
     pool = (1000 * torch.arange(3)[:, None] + torch.arange(10)[None, :]).to(torch.int32)
     lut = torch.arange(64, dtype=torch.int64, device=device)
     b = run(
-        plan, device,
+        plan,
+        device,
         req_pool_indices=i64([2, 1], device),
         prefix_lens=i64([6, 3], device),
         extend_seq_lens=i64([0, 0], device),
@@ -140,9 +147,12 @@ def test_pool_gather_with_offset_and_valid_length_under_swa(plan, device):
 def test_negative_offset_position_is_unchecked(plan, device):
     pool = torch.arange(8, dtype=torch.int32).reshape(2, 4).to(device)
     b = run(
-        plan, device,
-        req_pool_indices=i64([1], device), prefix_lens=i64([2], device),
-        extend_seq_lens=i64([1], device), req_to_token=lin_table(2, 4, device),
+        plan,
+        device,
+        req_pool_indices=i64([1], device),
+        prefix_lens=i64([2], device),
+        extend_seq_lens=i64([1], device),
+        req_to_token=lin_table(2, 4, device),
         req_to_verify_expected_tokens=pool,
         req_to_verify_expected_tokens_valid_lens=i64([4], device),
         kv_token_id_vs_position_offset=-1,
@@ -153,7 +163,9 @@ def test_negative_offset_position_is_unchecked(plan, device):
 @pytest.mark.parametrize("capacity, enable", [(8, 1), (7, 0)])
 def test_overflow_is_strict_and_exact_fit_is_enabled(plan, device, capacity, enable):
     b = run(
-        plan, device, verify_capacity=capacity,
+        plan,
+        device,
+        verify_capacity=capacity,
         req_pool_indices=i64([1, 0, 2], device),
         prefix_lens=i64([5, 99, 3], device),
         extend_seq_lens=i64([1, 99, 1], device),
@@ -171,9 +183,12 @@ def test_overflow_is_strict_and_exact_fit_is_enabled(plan, device, capacity, ena
 
 def test_bs_zero(plan, device):
     b = run(
-        plan, device,
-        req_pool_indices=i64([], device), prefix_lens=i64([], device),
-        extend_seq_lens=i64([], device), req_to_token=lin_table(2, 4, device),
+        plan,
+        device,
+        req_pool_indices=i64([], device),
+        prefix_lens=i64([], device),
+        extend_seq_lens=i64([], device),
+        req_to_token=lin_table(2, 4, device),
     )
     assert b.write_offsets.tolist() == [0] * 5
     assert int(b.write_num_valid_reqs) == 0
@@ -183,9 +198,13 @@ def test_bs_zero(plan, device):
 
 def test_bs_below_capacity_zeroes_the_offsets_tail(plan, device):
     b = run(
-        plan, device, write_req_capacity=8,
-        req_pool_indices=i64([1, 2], device), prefix_lens=i64([1, 0], device),
-        extend_seq_lens=i64([2, 3], device), req_to_token=lin_table(3, 4, device),
+        plan,
+        device,
+        write_req_capacity=8,
+        req_pool_indices=i64([1, 2], device),
+        prefix_lens=i64([1, 0], device),
+        extend_seq_lens=i64([2, 3], device),
+        req_to_token=lin_table(3, 4, device),
     )
     assert b.write_offsets.tolist() == [0, 2, 5, 0, 0, 0, 0, 0, 0]
     assert b.write_seed_slot_indices[:2].tolist() == [16, -1]
@@ -198,21 +217,28 @@ def test_long_lived_buffer_reused_across_shrinking_batches(plan, device):
     for bs in (6, 4, 1, 0, 3):
         rp = i64(list(range(1, bs + 1)), device)
         plan(
-            buffers, req_pool_indices=rp, prefix_lens=i64([2] * bs, device),
-            extend_seq_lens=i64([1] * bs, device), req_to_token=table,
+            buffers,
+            req_pool_indices=rp,
+            prefix_lens=i64([2] * bs, device),
+            extend_seq_lens=i64([1] * bs, device),
+            req_to_token=table,
         )
         assert buffers.write_offsets.tolist() == list(range(bs + 1)) + [0] * (6 - bs)
         assert int(buffers.write_num_valid_reqs) == bs
         assert int(buffers.verify_num_valid) == 2 * bs
-        assert buffers.write_seed_slot_indices[:bs].tolist() == [16 * r + 1 for r in range(1, bs + 1)]
+        assert buffers.write_seed_slot_indices[:bs].tolist() == [
+            16 * r + 1 for r in range(1, bs + 1)
+        ]
 
 
 def test_plans_equal_compares_the_specified_part_only(device):
     from kv_canary_buffers import plan_reference, plans_equal
 
     kwargs = dict(
-        req_pool_indices=i64([1, 0, 2], device), prefix_lens=i64([5, 99, 3], device),
-        extend_seq_lens=i64([1, 99, 1], device), req_to_token=lin_table(4, 16, device),
+        req_pool_indices=i64([1, 0, 2], device),
+        prefix_lens=i64([5, 99, 3], device),
+        extend_seq_lens=i64([1, 99, 1], device),
+        req_to_token=lin_table(4, 16, device),
     )
     a = run(plan_reference, device, **kwargs)
     b = run(plan_reference, device, **kwargs)

@@ -29,8 +29,14 @@ STEP_LINE = re.compile(r"^step \d+: ")
 def demo(*args: str, env_drop=("TRITON_INTERPRET",), **kwargs) -> subprocess.CompletedProcess:
     """The demo as a module in a fresh process (stdout and stderr are pipes)."""
     env = {k: v for k, v in os.environ.items() if k not in env_drop}
-    return subprocess.run([sys.executable, "-m", "kv_canary_buffers", *args],
-                          capture_output=True, text=True, env=env, timeout=120, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "kv_canary_buffers", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        **kwargs,
+    )
 
 
 def body(text: str) -> list:
@@ -48,8 +54,10 @@ def test_clean_run_as_a_module_has_no_violation():
     out = demo("--steps", "30", *SMALL)
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout
-    assert text.startswith(f"kv-canary demo {__version__}: 30 steps on cpu, HEAD and TAIL "
-                           "stores, stages: torch references")
+    assert text.startswith(
+        f"kv-canary demo {__version__}: 30 steps on cpu, HEAD and TAIL "
+        "stores, stages: torch references"
+    )
     assert value(text, "violations") == "0"
     assert value(text, "plans differing from plan_reference") == "0"
     assert int(value(text, "overflow steps (verify skipped)")) >= 1
@@ -62,10 +70,13 @@ def test_clean_run_as_a_module_has_no_violation():
     assert any("plan buffers grew: write_req_capacity 8 -> 16" in line for line in lines)
     assert any("verify_enable=0" in line for line in lines)
     # what is timed, without the warm-up: min, median, p90 and the count
-    timing = re.search(r"^timing: host time of one eager step's canary launches \(plan \+ "
-                       r"HEAD verify \+ write \+ TAIL verify; both groups\): min [\d.]+ m?s, "
-                       r"median [\d.]+ m?s, p90 [\d.]+ m?s over (\d+) steps \((\d+) warm-up",
-                       text, re.MULTILINE)
+    timing = re.search(
+        r"^timing: host time of one eager step's canary launches \(plan \+ "
+        r"HEAD verify \+ write \+ TAIL verify; both groups\): min [\d.]+ m?s, "
+        r"median [\d.]+ m?s, p90 [\d.]+ m?s over (\d+) steps \((\d+) warm-up",
+        text,
+        re.MULTILINE,
+    )
     assert timing and int(timing.group(1)) + int(timing.group(2)) == 30
     # no progress bar when the output is not a terminal
     assert "\r" not in text + out.stderr and "━" not in text + out.stderr
@@ -83,18 +94,25 @@ def test_inject_corruption_catches_every_kind(capsys):
     for kind in Corruption:
         injected = [line for line in lines if f"injected {kind.value}: " in line]
         assert len(injected) == 1, kind
-        row = re.search(rf"^\s*{re.escape(kind.value)}\s+step (\d+)\s+step (\d+), "
-                        r"(HEAD|TAIL) store", table, re.MULTILINE)
+        row = re.search(
+            rf"^\s*{re.escape(kind.value)}\s+step (\d+)\s+step (\d+), "
+            r"(HEAD|TAIL) store",
+            table,
+            re.MULTILINE,
+        )
         assert row and int(row.group(2)) >= int(row.group(1)), kind
-        first = re.search(rf"^  {re.escape(kind.value)}: \[([A-Z_|]+)\] tag \d+ slot \d+",
-                          decoded, re.MULTILINE)
+        first = re.search(
+            rf"^  {re.escape(kind.value)}: \[([A-Z_|]+)\] tag \d+ slot \d+", decoded, re.MULTILINE
+        )
         assert first, kind
         assert {b.name for b in kind.expected_bits} <= set(first.group(1).split("|"))
     assert value(text, "violations outside injected requests") == "0"
     assert int(value(text, "violations")) >= len(Corruption)
-    assert text.rstrip().endswith("result: OK: all 7 injected kinds caught, "
-                                  f"{value(text, 'violations')} violations, all in the "
-                                  "injected requests")
+    assert text.rstrip().endswith(
+        "result: OK: all 7 injected kinds caught, "
+        f"{value(text, 'violations')} violations, all in the "
+        "injected requests"
+    )
 
 
 def test_the_kernels_in_a_tiny_run(capsys):
@@ -145,8 +163,18 @@ def test_help_lists_every_flag(capsys):
         run(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for flag in ("--version", "--steps", "--max-batch", "--max-seq-len", "--device", "--seed",
-                 "--inject-corruption", "--stages", "--no-tail", "--no-graphs"):
+    for flag in (
+        "--version",
+        "--steps",
+        "--max-batch",
+        "--max-seq-len",
+        "--device",
+        "--seed",
+        "--inject-corruption",
+        "--stages",
+        "--no-tail",
+        "--no-graphs",
+    ):
         assert flag in out
 
 
@@ -172,14 +200,21 @@ def test_cuda_without_cuda_is_refused_in_one_line(capsys):
     assert exit_info.value.code == 2
     assert capsys.readouterr().err == (
         "kv-canary demo: error: --device cuda: CUDA is not available on this machine; "
-        "devices that work here: cpu\n")
+        "devices that work here: cpu\n"
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--steps", "0"], "--steps and --max-batch must be >= 1"),
-    (["--max-seq-len", "4"], "--max-seq-len must be >= 8, got 4"),
-    (["--steps", "10", "--inject-corruption"], "--inject-corruption needs --steps >= 20, got 10"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--steps", "0"], "--steps and --max-batch must be >= 1"),
+        (["--max-seq-len", "4"], "--max-seq-len must be >= 8, got 4"),
+        (
+            ["--steps", "10", "--inject-corruption"],
+            "--inject-corruption needs --steps >= 20, got 10",
+        ),
+    ],
+)
 def test_bad_arguments_are_refused_in_one_line(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         run(args)
@@ -191,16 +226,21 @@ def test_bad_arguments_are_refused_in_one_line(args, message, capsys):
 def test_kernels_without_triton_are_refused_in_one_line():
     out = demo("--stages", "kernels")
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.startswith("kv-canary demo: error: --stages kernels: the Triton kernels "
-                                 "need a CUDA device, or TRITON_INTERPRET=1")
+    assert out.stderr.startswith(
+        "kv-canary demo: error: --stages kernels: the Triton kernels "
+        "need a CUDA device, or TRITON_INTERPRET=1"
+    )
     assert len(out.stderr.splitlines()) == 1
 
 
 def test_a_closed_pipe_ends_the_demo_quietly():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.Popen([sys.executable, "-m", "kv_canary_buffers", "--steps", "40",
-                             "--inject-corruption", *SMALL], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kv_canary_buffers", "--steps", "40", "--inject-corruption", *SMALL],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     first = proc.stdout.readline()
     proc.stdout.close()  # like `| head -1`: the reader goes away, the demo writes on
@@ -212,12 +252,15 @@ def test_a_closed_pipe_ends_the_demo_quietly():
 
 
 def test_the_demo_modules_never_import_triton():
-    code = ("import sys\n"
-            "from kv_canary_buffers import simulation\n"
-            "from kv_canary_buffers.demo import run\n"
-            "assert run(['--steps', '2', '--max-batch', '4', '--max-seq-len', '16']) == 0\n"
-            "assert 'triton' not in sys.modules, 'triton was imported'\n")
+    code = (
+        "import sys\n"
+        "from kv_canary_buffers import simulation\n"
+        "from kv_canary_buffers.demo import run\n"
+        "assert run(['--steps', '2', '--max-batch', '4', '--max-seq-len', '16']) == 0\n"
+        "assert 'triton' not in sys.modules, 'triton was imported'\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 0, out.stderr

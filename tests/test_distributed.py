@@ -21,11 +21,17 @@ def _report(rank: int, corrupt: bool) -> ViolationReport:
     """A store whose slot 20 + rank is corrupted (or not), verified once."""
     table = (16 * torch.arange(4)[:, None] + torch.arange(16)[None, :]).to(torch.int32)
     plan = PlanBuffers.allocate(write_req_capacity=1, verify_capacity=16, device="cpu")
-    plan_reference(plan, req_pool_indices=torch.tensor([1]), prefix_lens=torch.tensor([3]),
-                   extend_seq_lens=torch.tensor([0]), req_to_token=table)
+    plan_reference(
+        plan,
+        req_pool_indices=torch.tensor([1]),
+        prefix_lens=torch.tensor([3]),
+        extend_seq_lens=torch.tensor([0]),
+        req_to_token=table,
+    )
     store = CanaryStore.allocate(num_slots=64, violation_capacity=4, device="cpu")
     # records of slots 16, 17, 18: a clean chain
     from kv_canary_buffers.hashing import H0_SIGNED, mix3_int
+
     chain = H0_SIGNED
     for pos, slot in enumerate((16, 17, 18)):
         store.records[slot] = torch.tensor([100 + pos, pos, chain, 0])
@@ -37,8 +43,7 @@ def _report(rank: int, corrupt: bool) -> ViolationReport:
 
 
 def _worker(rank: int, init_file: str, corrupt_ranks, dst, results) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
-                            world_size=WORLD)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
         calls = []
         original = dist.all_gather
@@ -53,11 +58,18 @@ def _worker(rank: int, init_file: str, corrupt_ranks, dst, results) -> None:
         finally:
             dist.all_gather = original
         results[rank] = (
-            None if out is None else (
-                out.appended, out.kernel_runs, out.slots_processed,
-                [(v.rank, v.violation.slot, int(v.violation.fail_bits), v.violation.launch_tag)
-                 for v in out.violations],
-                len(out.per_rank), str(out),
+            None
+            if out is None
+            else (
+                out.appended,
+                out.kernel_runs,
+                out.slots_processed,
+                [
+                    (v.rank, v.violation.slot, int(v.violation.fail_bits), v.violation.launch_tag)
+                    for v in out.violations
+                ],
+                len(out.per_rank),
+                str(out),
             ),
             len(calls),
         )
@@ -69,8 +81,12 @@ def _run(corrupt_ranks, dst):
     with tempfile.TemporaryDirectory() as tmp:
         manager = mp.Manager()
         results = manager.dict()
-        mp.spawn(_worker, args=(os.path.join(tmp, "init"), corrupt_ranks, dst, results),
-                 nprocs=WORLD, join=True)
+        mp.spawn(
+            _worker,
+            args=(os.path.join(tmp, "init"), corrupt_ranks, dst, results),
+            nprocs=WORLD,
+            join=True,
+        )
         return dict(results)
 
 
@@ -83,7 +99,8 @@ def test_gather_tags_each_violation_with_its_rank(corrupt_ranks):
     # slot 17's position is off, so is the hash slot 18 chains from it
     assert appended == 2 * len(corrupt_ranks)
     assert rows == [
-        row for r in corrupt_ranks
+        row
+        for r in corrupt_ranks
         for row in ((r, 17, int(FailBits.POSITION), r), (r, 18, int(FailBits.CHAIN), r))
     ]
     assert calls == 2 and results[1][1] == 2  # counts, then the rows

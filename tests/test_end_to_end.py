@@ -134,8 +134,11 @@ def test_each_kind_is_caught_with_its_bits_and_slot(kind, tail):
     launch = launch_of(v.launch_tag)
     if kind is Corruption.WRONG_TOKEN_WRITTEN:
         assert launch == "HEAD_WRITE" and v.stored_token != v.expected_token
-    elif delay == 0 and kind in (Corruption.DOUBLE_ALLOCATION, Corruption.FREED_PAGE_REUSED,
-                                 Corruption.KV_OVERWRITTEN):
+    elif delay == 0 and kind in (
+        Corruption.DOUBLE_ALLOCATION,
+        Corruption.FREED_PAGE_REUSED,
+        Corruption.KV_OVERWRITTEN,
+    ):
         assert launch == "TAIL_VERIFY"  # what this step's forward and write did
     else:
         assert launch == "HEAD_VERIFY"

@@ -11,22 +11,25 @@ gaps after every field, the seeds past bs and the entries past verify_num_valid 
 hold the poison afterwards. Then the issue's own examples, by hand.
 """
 
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import DEVICE
+from helpers import (
+    arena_snapshot,
+    assert_arena_unchanged,
+    assert_buffers_equal,
+    assert_in_bounds,
+    assert_matches_oracle,
+    poison_arena,
+)
 from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference
 from kv_canary_buffers.layout import INT64_MAX, INT64_MIN, MAX_ROW_WRITES, SCAN_BLOCK
 from kv_canary_kernels import launch_plan
-
-from conftest import DEVICE
-from helpers import (
-    assert_arena_unchanged, assert_buffers_equal, assert_in_bounds, assert_matches_oracle,
-    arena_snapshot, poison_arena,
-)
 from oracle import loop_plan
 
 I64, I32 = torch.int64, torch.int32
@@ -45,7 +48,7 @@ def int64s():
 
 
 @st.composite
-def hostile(draw, *, large: bool = False) -> Dict[str, Any]:
+def hostile(draw, *, large: bool = False) -> dict[str, Any]:
     """A batch whose per-row values and integer arguments come from the whole int64 range
     (and small, in-table values, so that some rows plan entries). ``large``: the drawn
     rows sit among SCAN_BLOCK padding rows that hold extreme garbage, so the batch takes
@@ -54,10 +57,12 @@ def hostile(draw, *, large: bool = False) -> Dict[str, Any]:
     cols = draw(st.integers(1, 12))
     n_slots = draw(st.integers(1, 30))
     pool_cols = draw(st.integers(0, 12))
-    window = draw(st.one_of(
-        st.sampled_from([0, 0, 0, 1, 3, 2**31 - 1, 2**31, 2**62, INT64_MAX]),
-        st.integers(0, INT64_MAX),
-    ))
+    window = draw(
+        st.one_of(
+            st.sampled_from([0, 0, 0, 1, 3, 2**31 - 1, 2**31, 2**62, INT64_MAX]),
+            st.integers(0, INT64_MAX),
+        )
+    )
     use_lut = window > 0 or draw(st.booleans())
     use_pool = draw(st.booleans())
     n = draw(st.integers(0, 10))
@@ -81,7 +86,7 @@ def hostile(draw, *, large: bool = False) -> Dict[str, Any]:
         rp, P, E, V = (t.tolist() for t in (cols_rp, cols_p, cols_e, cols_v))
     else:
         bs = n
-    kwargs: Dict[str, Any] = dict(
+    kwargs: dict[str, Any] = dict(
         req_pool_indices=torch.tensor(rp, dtype=I64),
         prefix_lens=torch.tensor(P, dtype=I64),
         extend_seq_lens=torch.tensor(E, dtype=I64),
@@ -100,8 +105,7 @@ def hostile(draw, *, large: bool = False) -> Dict[str, Any]:
     # The exact total (Python integers): capacities near it, when it is small, so that
     # exact fits and overflows by one both occur.
     total = sum(
-        (min(p, window) if window > 0 else p) if r != 0 and p > 0 else 0
-        for r, p in zip(rp, P)
+        (min(p, window) if window > 0 else p) if r != 0 and p > 0 else 0 for r, p in zip(rp, P)
     )
     near = [total - 1, total, total + 1] if total <= 600 else []
     verify_capacity = max(1, draw(st.one_of(st.sampled_from(near or [1]), st.integers(1, 600))))
@@ -112,7 +116,7 @@ def hostile(draw, *, large: bool = False) -> Dict[str, Any]:
     return {"kwargs": kwargs, "caps": caps, "bs": bs}
 
 
-def on_device(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+def on_device(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
 
@@ -125,7 +129,7 @@ def check_reference(case) -> None:
     expected = loop_plan(**case["caps"], **case["kwargs"], pad_bad=True)
     if expected["flags"] != PlanStatus.OK:
         before = arena_snapshot(buffers)
-        with pytest.raises(ValueError, match="kv-canary: .*data outside the tables"):
+        with pytest.raises(ValueError, match=r"kv-canary: .*data outside the tables"):
             plan_reference(buffers, **case["kwargs"])
         assert_arena_unchanged(buffers, before)
         return
@@ -235,14 +239,14 @@ def test_windows_and_negative_prefixes_do_not_wrap(plan, pad_rows):
             swa_window_size=window,
             full_to_swa_index_mapping=torch.arange(100, 140, dtype=I64),
         )
-        buffers, bs = run_both(plan, dict(write_req_capacity=4, verify_capacity=8),
-                               pad_rows, **kwargs)
+        buffers, bs = run_both(
+            plan, dict(write_req_capacity=4, verify_capacity=8), pad_rows, **kwargs
+        )
         expected = min(3, window)
         assert (int(buffers.verify_enable), int(buffers.verify_num_valid)) == (1, expected)
-        assert buffers.verify_expected_positions[:expected].tolist() == list(
-            range(3 - expected, 3))
+        assert buffers.verify_expected_positions[:expected].tolist() == list(range(3 - expected, 3))
         # row 3 (rp 1, P 3): the seed is LUT[req_to_token[1, 2]] = LUT[8 + 2 + 1]
-        assert buffers.write_seed_slot_indices[bs - 4: bs].tolist() == [-1, -1, -1, 111]
+        assert buffers.write_seed_slot_indices[bs - 4 : bs].tolist() == [-1, -1, -1, 111]
         assert buffers.take_status() == PlanStatus.OK
 
 
@@ -258,11 +262,12 @@ def test_huge_extends_clamp_the_write_counts(plan, pad_rows):
         extend_seq_lens=torch.tensor(E, dtype=I64),
         req_to_token=table(),
     )
-    buffers, bs = run_both(plan, dict(write_req_capacity=n + 1, verify_capacity=4),
-                           pad_rows, **kwargs)
+    buffers, bs = run_both(
+        plan, dict(write_req_capacity=n + 1, verify_capacity=4), pad_rows, **kwargs
+    )
     counts = [min(max(0, e), MAX_ROW_WRITES) for e in E]
     sums = [sum(counts[:i]) for i in range(n + 1)]
-    assert buffers.write_offsets[bs - n: bs + 1].tolist() == sums
+    assert buffers.write_offsets[bs - n : bs + 1].tolist() == sums
     assert sums[-1] == 4 * 2**32 + 12
 
 
@@ -271,8 +276,13 @@ def test_token_offsets_at_the_int64_edges(plan, pad_rows):
     """pos + offset is saturated, never wrapped: an offset of 2**63 - 1 or -2**63 checks
     no token (on the kernels, also at positions near 2**63 from a prefix past the width)."""
     pool = torch.arange(40, dtype=I32).reshape(4, 10)
-    cases = [(INT64_MAX, [-1, -1, -1]), (INT64_MAX - 1, [-1, -1, -1]),
-             (INT64_MIN, [-1, -1, -1]), (2, [12, 13, 14]), (-1, [-1, 10, 11])]
+    cases = [
+        (INT64_MAX, [-1, -1, -1]),
+        (INT64_MAX - 1, [-1, -1, -1]),
+        (INT64_MIN, [-1, -1, -1]),
+        (2, [12, 13, 14]),
+        (-1, [-1, 10, 11]),
+    ]
     for offset, tokens in cases:
         kwargs = dict(
             req_pool_indices=torch.tensor([1], dtype=I64),
@@ -285,10 +295,14 @@ def test_token_offsets_at_the_int64_edges(plan, pad_rows):
         )
         if pad_rows:
             kwargs["req_to_verify_expected_tokens_valid_lens"] = torch.cat(
-                [torch.zeros(pad_rows, dtype=I64), kwargs["req_to_verify_expected_tokens_valid_lens"]]
+                [
+                    torch.zeros(pad_rows, dtype=I64),
+                    kwargs["req_to_verify_expected_tokens_valid_lens"],
+                ]
             )
-        buffers, _ = run_both(plan, dict(write_req_capacity=1, verify_capacity=4), pad_rows,
-                              **kwargs)
+        buffers, _ = run_both(
+            plan, dict(write_req_capacity=1, verify_capacity=4), pad_rows, **kwargs
+        )
         assert buffers.verify_expected_tokens[:3].tolist() == tokens
     if plan is plan_reference:
         return
@@ -307,11 +321,17 @@ def test_token_offsets_at_the_int64_edges(plan, pad_rows):
         )
         if pad_rows:
             kwargs["req_to_verify_expected_tokens_valid_lens"] = torch.cat(
-                [torch.zeros(pad_rows, dtype=I64), kwargs["req_to_verify_expected_tokens_valid_lens"]]
+                [
+                    torch.zeros(pad_rows, dtype=I64),
+                    kwargs["req_to_verify_expected_tokens_valid_lens"],
+                ]
             )
-        buffers, _ = run_both(plan, dict(write_req_capacity=1, verify_capacity=4), pad_rows,
-                              **kwargs)
-        assert buffers.verify_expected_positions[:3].tolist() == [INT64_MAX - 3 + i for i in range(3)]
+        buffers, _ = run_both(
+            plan, dict(write_req_capacity=1, verify_capacity=4), pad_rows, **kwargs
+        )
+        assert buffers.verify_expected_positions[:3].tolist() == [
+            INT64_MAX - 3 + i for i in range(3)
+        ]
         assert buffers.verify_slot_indices[:3].tolist() == [0, 0, 0]
         assert buffers.verify_expected_tokens[:3].tolist() == [-1, -1, -1]
         assert buffers.take_status() == (
@@ -319,30 +339,60 @@ def test_token_offsets_at_the_int64_edges(plan, pad_rows):
         )
 
 
-@pytest.mark.parametrize("name, value, exc, match", [
-    ("swa_window_size", 2**63, ValueError, r"swa_window_size must be in \[0, 2\*\*63|9223372036854775807\], got 9223372036854775808"),
-    ("swa_window_size", 2**64 - 1, ValueError, "swa_window_size must be in"),
-    ("swa_window_size", -(2**63) - 1, ValueError, "swa_window_size must be in"),
-    ("swa_window_size", True, TypeError, "swa_window_size must be an int, got bool"),
-    ("swa_window_size", 3.0, TypeError, "swa_window_size must be an int, got float"),
-    ("kv_token_id_vs_position_offset", 2**63, ValueError, "kv_token_id_vs_position_offset must be in"),
-    ("kv_token_id_vs_position_offset", 2**64 - 1, ValueError, "kv_token_id_vs_position_offset must be in"),
-    ("kv_token_id_vs_position_offset", -(2**63) - 1, ValueError, "kv_token_id_vs_position_offset must be in"),
-    ("kv_token_id_vs_position_offset", "1", TypeError, "kv_token_id_vs_position_offset must be an int, got str"),
-])
+@pytest.mark.parametrize(
+    "name, value, exc, match",
+    [
+        (
+            "swa_window_size",
+            2**63,
+            ValueError,
+            r"swa_window_size must be in \[0, 9223372036854775807\], got 9223372036854775808",
+        ),
+        ("swa_window_size", 2**64 - 1, ValueError, "swa_window_size must be in"),
+        ("swa_window_size", -(2**63) - 1, ValueError, "swa_window_size must be in"),
+        ("swa_window_size", True, TypeError, "swa_window_size must be an int, got bool"),
+        ("swa_window_size", 3.0, TypeError, "swa_window_size must be an int, got float"),
+        (
+            "kv_token_id_vs_position_offset",
+            2**63,
+            ValueError,
+            "kv_token_id_vs_position_offset must be in",
+        ),
+        (
+            "kv_token_id_vs_position_offset",
+            2**64 - 1,
+            ValueError,
+            "kv_token_id_vs_position_offset must be in",
+        ),
+        (
+            "kv_token_id_vs_position_offset",
+            -(2**63) - 1,
+            ValueError,
+            "kv_token_id_vs_position_offset must be in",
+        ),
+        (
+            "kv_token_id_vs_position_offset",
+            "1",
+            TypeError,
+            "kv_token_id_vs_position_offset must be an int, got str",
+        ),
+    ],
+)
 def test_integer_arguments_outside_int64_raise_before_writing(plan, name, value, exc, match):
     """2**63 reached Triton as uint64 (planning 0 entries where the reference planned 8),
     2**64 - 1 silently acted as -1, and values past the range raised raw errors."""
     buffers = PlanBuffers.allocate(write_req_capacity=2, verify_capacity=16, device=DEVICE)
     poison_arena(buffers)
     before = arena_snapshot(buffers)
-    kwargs = on_device(dict(
-        req_pool_indices=torch.tensor([1, 2], dtype=I64),
-        prefix_lens=torch.tensor([4, 4], dtype=I64),
-        extend_seq_lens=torch.tensor([1, 1], dtype=I64),
-        req_to_token=table(),
-        full_to_swa_index_mapping=torch.arange(100, 140, dtype=I64),
-    ))
+    kwargs = on_device(
+        dict(
+            req_pool_indices=torch.tensor([1, 2], dtype=I64),
+            prefix_lens=torch.tensor([4, 4], dtype=I64),
+            extend_seq_lens=torch.tensor([1, 1], dtype=I64),
+            req_to_token=table(),
+            full_to_swa_index_mapping=torch.arange(100, 140, dtype=I64),
+        )
+    )
     kwargs[name] = value
     with pytest.raises(exc, match="kv-canary: " + match):
         plan(buffers, **kwargs)
@@ -353,10 +403,18 @@ def test_numpy_integers_are_accepted_as_integer_arguments(plan):
     np = pytest.importorskip("numpy")
     buffers = PlanBuffers.allocate(write_req_capacity=1, verify_capacity=16, device=DEVICE)
     poison_arena(buffers)
-    plan(buffers, **on_device(dict(
-        req_pool_indices=torch.tensor([1], dtype=I64), prefix_lens=torch.tensor([8], dtype=I64),
-        extend_seq_lens=torch.tensor([1], dtype=I64), req_to_token=table(),
-        swa_window_size=np.int64(2**62), full_to_swa_index_mapping=torch.arange(40, dtype=I64),
-        kv_token_id_vs_position_offset=np.int32(-1),
-    )))
+    plan(
+        buffers,
+        **on_device(
+            dict(
+                req_pool_indices=torch.tensor([1], dtype=I64),
+                prefix_lens=torch.tensor([8], dtype=I64),
+                extend_seq_lens=torch.tensor([1], dtype=I64),
+                req_to_token=table(),
+                swa_window_size=np.int64(2**62),
+                full_to_swa_index_mapping=torch.arange(40, dtype=I64),
+                kv_token_id_vs_position_offset=np.int32(-1),
+            )
+        ),
+    )
     assert int(buffers.verify_num_valid) == 8

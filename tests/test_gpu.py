@@ -4,13 +4,12 @@ no recompilation, and differential tests at engine sizes."""
 import pytest
 import torch
 
+from helpers import assert_buffers_equal, make_rows, make_tables, poison
 from kv_canary_buffers import GraphInputs, PlanBuffers, PlanStatus, plan_reference
 from kv_canary_kernels import launch_plan
 from kv_canary_kernels.entries import plan_entries_kernel
 from kv_canary_kernels.offsets import plan_offsets_kernel, scan_block_sums_kernel
 from kv_canary_kernels.small_batch import plan_small_batch_kernel
-
-from helpers import assert_buffers_equal, make_rows, make_tables, poison
 
 pytestmark = [
     pytest.mark.gpu,
@@ -24,11 +23,20 @@ def engine_batch(seed, *, bs, rows=None, max_prefix=600, window=0, pool=True, lu
     rows = rows or bs + 1
     max_seq_len = max_prefix + 8
     tables = make_tables(
-        g, rows=rows, max_seq_len=max_seq_len, n_slots=rows * 64, lut=lut or window > 0,
-        pool_cols=max_seq_len if pool else None, device=DEV,
+        g,
+        rows=rows,
+        max_seq_len=max_seq_len,
+        n_slots=rows * 64,
+        lut=lut or window > 0,
+        pool_cols=max_seq_len if pool else None,
+        device=DEV,
     )
     per_row = make_rows(
-        g, bs=bs, rows=rows, max_prefix=max_prefix, pool_cols=max_seq_len if pool else None,
+        g,
+        bs=bs,
+        rows=rows,
+        max_prefix=max_prefix,
+        pool_cols=max_seq_len if pool else None,
         device=DEV,
     )
     kwargs = {k: v for k, v in {**tables, **per_row}.items() if v is not None}
@@ -41,8 +49,12 @@ def engine_batch(seed, *, bs, rows=None, max_prefix=600, window=0, pool=True, lu
 @pytest.mark.parametrize("window", [0, 100])
 def test_kernels_equal_reference_at_engine_sizes(bs, window):
     kwargs = engine_batch(bs + window, bs=bs, window=window)
-    ref = PlanBuffers.allocate(write_req_capacity=max(bs, 1) + 5, verify_capacity=12_000_000, device=DEV)
-    out = PlanBuffers.allocate(write_req_capacity=max(bs, 1) + 5, verify_capacity=12_000_000, device=DEV)
+    ref = PlanBuffers.allocate(
+        write_req_capacity=max(bs, 1) + 5, verify_capacity=12_000_000, device=DEV
+    )
+    out = PlanBuffers.allocate(
+        write_req_capacity=max(bs, 1) + 5, verify_capacity=12_000_000, device=DEV
+    )
     poison(ref)
     poison(out)
     plan_reference(ref, **kwargs)
@@ -67,7 +79,10 @@ def test_overflow_at_engine_size_skips_entries():
 def _cache_sizes():
     sizes = []
     kernels = (
-        plan_small_batch_kernel, scan_block_sums_kernel, plan_offsets_kernel, plan_entries_kernel
+        plan_small_batch_kernel,
+        scan_block_sums_kernel,
+        plan_offsets_kernel,
+        plan_entries_kernel,
     )
     for fn in kernels:
         sizes.append(sum(len(c[0]) for c in fn.device_caches.values()))
@@ -93,8 +108,10 @@ def test_new_batch_sizes_and_capacities_do_not_recompile():
 
 def test_no_device_allocation_after_warm_up():
     buffers = PlanBuffers.allocate(write_req_capacity=4096, verify_capacity=3_000_000, device=DEV)
-    batches = [engine_batch(s, bs=bs, window=w) for s, (bs, w) in
-               enumerate([(1, 0), (256, 64), (4096, 0), (300, 64)])]
+    batches = [
+        engine_batch(s, bs=bs, window=w)
+        for s, (bs, w) in enumerate([(1, 0), (256, 64), (4096, 0), (300, 64)])
+    ]
     for kwargs in batches:
         launch_plan(buffers, **kwargs)
     torch.cuda.synchronize()
@@ -110,9 +127,18 @@ def test_no_device_allocation_after_warm_up():
 def test_captured_plan_replays_any_batch_up_to_capacity(window, capacity):
     rows, max_seq_len = capacity + 1, 512
     g = torch.Generator().manual_seed(window)
-    tables = make_tables(g, rows=rows, max_seq_len=max_seq_len, n_slots=rows * max_seq_len,
-                         lut=True, pool_cols=max_seq_len, device=DEV)
-    buffers = PlanBuffers.allocate(write_req_capacity=capacity, verify_capacity=capacity * max_seq_len, device=DEV)
+    tables = make_tables(
+        g,
+        rows=rows,
+        max_seq_len=max_seq_len,
+        n_slots=rows * max_seq_len,
+        lut=True,
+        pool_cols=max_seq_len,
+        device=DEV,
+    )
+    buffers = PlanBuffers.allocate(
+        write_req_capacity=capacity, verify_capacity=capacity * max_seq_len, device=DEV
+    )
     staging = GraphInputs.for_buffers(buffers)
     static = dict(
         req_to_token=tables["req_to_token"],
@@ -130,11 +156,14 @@ def test_captured_plan_replays_any_batch_up_to_capacity(window, capacity):
     with torch.cuda.graph(graph):
         launch_plan(buffers, **static)
 
-    ref = PlanBuffers.allocate(write_req_capacity=capacity, verify_capacity=capacity * max_seq_len, device=DEV)
-    for step in range(25):
+    ref = PlanBuffers.allocate(
+        write_req_capacity=capacity, verify_capacity=capacity * max_seq_len, device=DEV
+    )
+    for _step in range(25):
         n = int(torch.randint(0, capacity + 1, (1,), generator=g))
-        rows_in = make_rows(g, bs=n, rows=rows, max_prefix=max_seq_len - 1,
-                            pool_cols=max_seq_len, device=DEV)
+        rows_in = make_rows(
+            g, bs=n, rows=rows, max_prefix=max_seq_len - 1, pool_cols=max_seq_len, device=DEV
+        )
         staging.fill(
             req_pool_indices=rows_in["req_pool_indices"],
             prefix_lens=rows_in["prefix_lens"],

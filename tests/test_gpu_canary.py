@@ -58,8 +58,13 @@ def make_real_kv(mode, num_slots, g, page_size=4, bytes_per_token=64):
     k = torch.randint(-100, 100, (pages, page_size * bytes_per_token // 2), generator=g)
     v = torch.randint(-100, 100, (pages, page_size * bytes_per_token // 2), generator=g)
     k, v = k.to(torch.bfloat16).to(DEV), v.to(torch.bfloat16).to(DEV)
-    return RealKV(mode=mode, sources=(k, v), page_size=page_size,
-                  bytes_per_token=bytes_per_token, read_bytes=32)
+    return RealKV(
+        mode=mode,
+        sources=(k, v),
+        page_size=page_size,
+        bytes_per_token=bytes_per_token,
+        read_bytes=32,
+    )
 
 
 def fill_prefix(store, table, prefix, tokens, real_kv):
@@ -68,16 +73,23 @@ def fill_prefix(store, table, prefix, tokens, real_kv):
     plan = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=1, device=DEV)
     rp = torch.arange(1, bs + 1, device=DEV)
     zeros = torch.zeros(bs, dtype=torch.int64, device=DEV)
-    plan_reference(plan, req_pool_indices=rp, prefix_lens=zeros, extend_seq_lens=prefix,
-                   req_to_token=table)
+    plan_reference(
+        plan, req_pool_indices=rp, prefix_lens=zeros, extend_seq_lens=prefix, req_to_token=table
+    )
     ids, pos, loc = [], [], []
     for r in range(bs):
         p = int(prefix[r])
         ids.append(tokens[r + 1, :p].long())
         pos.append(torch.arange(p, device=DEV))
         loc.append(table[r + 1, :p].long())
-    write_reference(store, plan, input_ids=torch.cat(ids), positions=torch.cat(pos),
-                    out_cache_loc=torch.cat(loc), real_kv=real_kv)
+    write_reference(
+        store,
+        plan,
+        input_ids=torch.cat(ids),
+        positions=torch.cat(pos),
+        out_cache_loc=torch.cat(loc),
+        real_kv=real_kv,
+    )
 
 
 @pytest.mark.parametrize("mode", [RealKVMode.NONE, RealKVMode.PARTIAL, RealKVMode.ALL])
@@ -98,13 +110,20 @@ def test_verify_and_write_equal_references_at_engine_sizes(bs, window, mode):
     plan = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=bs * 210, device=DEV)
     extend = torch.randint(0, 4, (bs,), generator=g).to(DEV)
     plan_reference(
-        plan, req_pool_indices=torch.arange(1, bs + 1, device=DEV), prefix_lens=prefix,
-        extend_seq_lens=extend, req_to_token=table, swa_window_size=window,
-        full_to_swa_index_mapping=lut, req_to_verify_expected_tokens=tokens,
+        plan,
+        req_pool_indices=torch.arange(1, bs + 1, device=DEV),
+        prefix_lens=prefix,
+        extend_seq_lens=extend,
+        req_to_token=table,
+        swa_window_size=window,
+        full_to_swa_index_mapping=lut,
+        req_to_verify_expected_tokens=tokens,
         req_to_verify_expected_tokens_valid_lens=prefix,
     )
-    ref, out = [CanaryStore.allocate(num_slots=num_slots, violation_capacity=16384, device=DEV)
-                for _ in range(2)]
+    ref, out = [
+        CanaryStore.allocate(num_slots=num_slots, violation_capacity=16384, device=DEV)
+        for _ in range(2)
+    ]
     for s in (ref, out):
         s._copy_state_from(base)
         s.violations.fill_(POISON)
@@ -125,7 +144,9 @@ def test_verify_and_write_equal_references_at_engine_sizes(bs, window, mode):
     step = dict(
         input_ids=torch.randint(0, 50000, (n,), generator=g).to(DEV),
         positions=torch.randint(0, 300, (n,), generator=g).to(DEV),
-        out_cache_loc=loc, launch_tag=4, real_kv=real_kv,
+        out_cache_loc=loc,
+        launch_tag=4,
+        real_kv=real_kv,
     )
     step["expected_input_ids"] = step["input_ids"].clone()
     step["expected_input_ids"][::7] += 1
@@ -154,10 +175,12 @@ def test_write_equals_reference_for_decode_and_prefill(rows, length):
     step = dict(
         input_ids=torch.randint(0, 50000, (n,), generator=g).to(DEV),
         positions=torch.arange(n).to(DEV),
-        out_cache_loc=perm[rows:rows + n].to(DEV),
+        out_cache_loc=perm[rows : rows + n].to(DEV),
     )
-    ref, out = [CanaryStore.allocate(num_slots=num_slots, violation_capacity=64, device=DEV)
-                for _ in range(2)]
+    ref, out = [
+        CanaryStore.allocate(num_slots=num_slots, violation_capacity=64, device=DEV)
+        for _ in range(2)
+    ]
     for s in (ref, out):
         s._copy_state_from(seeds_from)
     write_reference(ref, plan, **step)
@@ -166,18 +189,20 @@ def test_write_equals_reference_for_decode_and_prefill(rows, length):
 
 
 def _cache_sizes():
-    return [sum(len(c[0]) for c in fn.device_caches.values())
-            for fn in (canary_write_kernel, canary_verify_kernel)]
+    return [
+        sum(len(c[0]) for c in fn.device_caches.values())
+        for fn in (canary_write_kernel, canary_verify_kernel)
+    ]
 
 
 class Step:
     """A captured engine step: fixed input tensors sized by capacities."""
 
     def __init__(self, *, cap_rows, cap_tokens, num_slots, cols):
-        self.plan = PlanBuffers.allocate(write_req_capacity=cap_rows,
-                                         verify_capacity=cap_rows * cols, device=DEV)
-        self.store = CanaryStore.allocate(num_slots=num_slots, violation_capacity=512,
-                                          device=DEV)
+        self.plan = PlanBuffers.allocate(
+            write_req_capacity=cap_rows, verify_capacity=cap_rows * cols, device=DEV
+        )
+        self.store = CanaryStore.allocate(num_slots=num_slots, violation_capacity=512, device=DEV)
         self.staging = GraphInputs.for_buffers(self.plan)
         self.ids = torch.zeros(cap_tokens, dtype=torch.int64, device=DEV)
         self.pos = torch.zeros(cap_tokens, dtype=torch.int64, device=DEV)
@@ -202,8 +227,16 @@ def test_graph_of_plan_verify_write_replays_refilled_steps():
     staged_step = dict(input_ids=cap.ids, positions=cap.pos, out_cache_loc=cap.loc)
 
     def step_fn():
-        cap.run(launch_plan, launch_verify, launch_write, cap.store, cap.plan, tables,
-                staged_rows, staged_step)
+        cap.run(
+            launch_plan,
+            launch_verify,
+            launch_write,
+            cap.store,
+            cap.plan,
+            tables,
+            staged_rows,
+            staged_step,
+        )
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -216,21 +249,25 @@ def test_graph_of_plan_verify_write_replays_refilled_steps():
 
     ref_store = CanaryStore.allocate(num_slots=num_slots, violation_capacity=512, device=DEV)
     ref_store._copy_state_from(cap.store)
-    ref_plan = PlanBuffers.allocate(write_req_capacity=cap_rows,
-                                    verify_capacity=cap_rows * cols, device=DEV)
+    ref_plan = PlanBuffers.allocate(
+        write_req_capacity=cap_rows, verify_capacity=cap_rows * cols, device=DEV
+    )
     prefix = torch.zeros(cap_rows + 1, dtype=torch.int64)
     for it in range(30):
         bs = int(torch.randint(1, cap_rows + 1, (1,), generator=g))
         rp = torch.randperm(cap_rows, generator=g)[:bs] + 1
-        ext = torch.where(prefix[rp] == 0, torch.randint(1, 8, (bs,), generator=g),
-                          torch.ones(bs, dtype=torch.int64))
+        ext = torch.where(
+            prefix[rp] == 0,
+            torch.randint(1, 8, (bs,), generator=g),
+            torch.ones(bs, dtype=torch.int64),
+        )
         ext = torch.minimum(ext, cols - 1 - prefix[rp])
         P = prefix[rp].clone()
         ids, pos, loc = [], [], []
         for r, p, e in zip(rp.tolist(), P.tolist(), ext.tolist()):
             ids.append(torch.randint(0, 1000, (e,), generator=g))
             pos.append(torch.arange(p, p + e))
-            loc.append(table[r, p:p + e].long().cpu())
+            loc.append(table[r, p : p + e].long().cpu())
         ids, pos, loc = torch.cat(ids), torch.cat(pos), torch.cat(loc)
         n = ids.shape[0]
         if it == 20:  # a corrupted record for both to catch in this step's verify
@@ -238,21 +275,30 @@ def test_graph_of_plan_verify_write_replays_refilled_steps():
             assert prefix[r] > 0
             ref_store.records[int(table[r, 0]), 0] += 1
             cap.store.records[int(table[r, 0]), 0] += 1
-        per_row = dict(req_pool_indices=rp.to(DEV), prefix_lens=P.to(DEV),
-                       extend_seq_lens=ext.to(DEV))
+        per_row = dict(
+            req_pool_indices=rp.to(DEV), prefix_lens=P.to(DEV), extend_seq_lens=ext.to(DEV)
+        )
         cap.staging.fill(**per_row, valid_lens=P.to(DEV))
         cap.ids[:n].copy_(ids)
         cap.pos[:n].copy_(pos)
         cap.loc[:n].copy_(loc)
         cap.loc[n:].fill_(-1)
         graph.replay()
-        cap.run(plan_reference, verify_reference, write_reference, ref_store, ref_plan, tables,
-                dict(per_row, req_to_verify_expected_tokens_valid_lens=P.to(DEV)),
-                dict(input_ids=ids.to(DEV), positions=pos.to(DEV), out_cache_loc=loc.to(DEV)))
+        cap.run(
+            plan_reference,
+            verify_reference,
+            write_reference,
+            ref_store,
+            ref_plan,
+            tables,
+            dict(per_row, req_to_verify_expected_tokens_valid_lens=P.to(DEV)),
+            dict(input_ids=ids.to(DEV), positions=pos.to(DEV), out_cache_loc=loc.to(DEV)),
+        )
         # tokens of the prefix are known: the expected-token pool follows the writes
-        for r, p, e, chunk in zip(rp.tolist(), P.tolist(), ext.tolist(),
-                                  torch.split(ids, ext.tolist())):
-            tokens[r, p:p + e] = chunk.to(DEV, torch.int32)
+        for r, p, e, chunk in zip(
+            rp.tolist(), P.tolist(), ext.tolist(), torch.split(ids, ext.tolist())
+        ):
+            tokens[r, p : p + e] = chunk.to(DEV, torch.int32)
         prefix[rp] += ext
         torch.cuda.synchronize()
         assert torch.equal(cap.store.records, ref_store.records), it
@@ -273,12 +319,18 @@ def test_no_allocation_and_no_recompile_across_sizes():
     steps = []
     for bs in bs_list:
         rp = torch.arange(1, bs + 1, device=DEV)
-        per_row = dict(req_pool_indices=rp, prefix_lens=prefix[:bs],
-                       extend_seq_lens=torch.ones(bs, dtype=torch.int64, device=DEV),
-                       req_to_token=table)
-        loc = table[1:bs + 1, 0].long()
-        step = dict(input_ids=torch.zeros(bs, dtype=torch.int64, device=DEV),
-                    positions=torch.zeros(bs, dtype=torch.int64, device=DEV), out_cache_loc=loc)
+        per_row = dict(
+            req_pool_indices=rp,
+            prefix_lens=prefix[:bs],
+            extend_seq_lens=torch.ones(bs, dtype=torch.int64, device=DEV),
+            req_to_token=table,
+        )
+        loc = table[1 : bs + 1, 0].long()
+        step = dict(
+            input_ids=torch.zeros(bs, dtype=torch.int64, device=DEV),
+            positions=torch.zeros(bs, dtype=torch.int64, device=DEV),
+            out_cache_loc=loc,
+        )
         steps.append((per_row, step))
 
     def run(i):

@@ -4,9 +4,8 @@ that names the argument, and leaves every byte of the buffers as it was."""
 import pytest
 import torch
 
-from kv_canary_buffers import PlanBuffers
-
 from helpers import assert_untouched, poison, snapshot
+from kv_canary_buffers import PlanBuffers
 
 I64, I32 = torch.int64, torch.int32
 
@@ -28,52 +27,65 @@ def good_kwargs(device):
 CASES = {
     "wrong dtype": (
         lambda k, d: k.update(prefix_lens=k["prefix_lens"].to(I32)),
-        ValueError, "kv-canary: prefix_lens must have dtype torch.int64, got torch.int32",
+        ValueError,
+        "kv-canary: prefix_lens must have dtype torch.int64, got torch.int32",
     ),
     "table wrong dtype": (
         lambda k, d: k.update(req_to_token=k["req_to_token"].to(I64)),
-        ValueError, "kv-canary: req_to_token must have dtype torch.int32, got torch.int64",
+        ValueError,
+        "kv-canary: req_to_token must have dtype torch.int32, got torch.int64",
     ),
     "lut wrong dtype": (
         lambda k, d: k.update(full_to_swa_index_mapping=k["full_to_swa_index_mapping"].to(I32)),
-        ValueError, "full_to_swa_index_mapping must have dtype torch.int64, got torch.int32",
+        ValueError,
+        "full_to_swa_index_mapping must have dtype torch.int64, got torch.int32",
     ),
     "pool wrong dtype": (
         lambda k, d: k.update(
-            req_to_verify_expected_tokens=k["req_to_verify_expected_tokens"].to(I64)),
-        ValueError, "req_to_verify_expected_tokens must have dtype torch.int32, got torch.int64",
+            req_to_verify_expected_tokens=k["req_to_verify_expected_tokens"].to(I64)
+        ),
+        ValueError,
+        "req_to_verify_expected_tokens must have dtype torch.int32, got torch.int64",
     ),
     "not contiguous": (
         lambda k, d: k.update(req_to_token=torch.zeros(8, 4, dtype=I32, device=d).t()),
-        ValueError, r"kv-canary: req_to_token must be contiguous, got strides \(1, 4\)",
+        ValueError,
+        r"kv-canary: req_to_token must be contiguous, got strides \(1, 4\)",
     ),
     "row not contiguous": (
         lambda k, d: k.update(extend_seq_lens=torch.ones(4, dtype=I64, device=d)[::2]),
-        ValueError, "kv-canary: extend_seq_lens must be contiguous",
+        ValueError,
+        "kv-canary: extend_seq_lens must be contiguous",
     ),
     "wrong rank table": (
         lambda k, d: k.update(req_to_token=torch.zeros(8, dtype=I32, device=d)),
-        ValueError, r"kv-canary: req_to_token must be 2-D \[rows, max_seq_len\], got 1-D",
+        ValueError,
+        r"kv-canary: req_to_token must be 2-D \[rows, max_seq_len\], got 1-D",
     ),
     "wrong rank rows": (
         lambda k, d: k.update(req_pool_indices=torch.ones(2, 1, dtype=I64, device=d)),
-        ValueError, r"kv-canary: req_pool_indices must be 1-D \[bs\], got 2-D shape \(2, 1\)",
+        ValueError,
+        r"kv-canary: req_pool_indices must be 1-D \[bs\], got 2-D shape \(2, 1\)",
     ),
     "wrong rank lut": (
         lambda k, d: k.update(full_to_swa_index_mapping=torch.zeros(2, 2, dtype=I64, device=d)),
-        ValueError, r"full_to_swa_index_mapping must be 1-D \[lut_len\], got 2-D",
+        ValueError,
+        r"full_to_swa_index_mapping must be 1-D \[lut_len\], got 2-D",
     ),
     "wrong rank pool": (
         lambda k, d: k.update(req_to_verify_expected_tokens=torch.zeros(4, dtype=I32, device=d)),
-        ValueError, r"req_to_verify_expected_tokens must be 2-D \[pool_rows, pool_cols\]",
+        ValueError,
+        r"req_to_verify_expected_tokens must be 2-D \[pool_rows, pool_cols\]",
     ),
     "row tensor of wrong rank": (
         lambda k, d: k.update(prefix_lens=torch.zeros(2, 1, dtype=I64, device=d)),
-        ValueError, r"kv-canary: prefix_lens must be 1-D \[bs\], got 2-D shape \(2, 1\)",
+        ValueError,
+        r"kv-canary: prefix_lens must be 1-D \[bs\], got 2-D shape \(2, 1\)",
     ),
     "row tensor on another device": (
         lambda k, d: k.update(extend_seq_lens=k["extend_seq_lens"].to("meta")),
-        ValueError, "kv-canary: extend_seq_lens must be on the buffers' device .*, got meta",
+        ValueError,
+        "kv-canary: extend_seq_lens must be on the buffers' device .*, got meta",
     ),
     "lengths differ": (
         lambda k, d: k.update(prefix_lens=torch.zeros(3, dtype=I64, device=d)),
@@ -82,24 +94,30 @@ CASES = {
     ),
     "valid lens length differs": (
         lambda k, d: k.update(
-            req_to_verify_expected_tokens_valid_lens=torch.zeros(1, dtype=I64, device=d)),
-        ValueError, "req_to_verify_expected_tokens_valid_lens must have length bs",
+            req_to_verify_expected_tokens_valid_lens=torch.zeros(1, dtype=I64, device=d)
+        ),
+        ValueError,
+        "req_to_verify_expected_tokens_valid_lens must have length bs",
     ),
     "bs over capacity": (
         lambda k, d: k.update(
             req_pool_indices=torch.ones(5, dtype=I64, device=d),
             prefix_lens=torch.ones(5, dtype=I64, device=d),
             extend_seq_lens=torch.ones(5, dtype=I64, device=d),
-            req_to_verify_expected_tokens_valid_lens=torch.ones(5, dtype=I64, device=d)),
-        ValueError, "bs = len\\(req_pool_indices\\) must be <= write_req_capacity, got 5 > 4",
+            req_to_verify_expected_tokens_valid_lens=torch.ones(5, dtype=I64, device=d),
+        ),
+        ValueError,
+        "bs = len\\(req_pool_indices\\) must be <= write_req_capacity, got 5 > 4",
     ),
     "negative window": (
         lambda k, d: k.update(swa_window_size=-1),
-        ValueError, r"kv-canary: swa_window_size must be in \[0, 9223372036854775807\], got -1",
+        ValueError,
+        r"kv-canary: swa_window_size must be in \[0, 9223372036854775807\], got -1",
     ),
     "window not an int": (
         lambda k, d: k.update(swa_window_size=2.0),
-        TypeError, "kv-canary: swa_window_size must be an int, got float",
+        TypeError,
+        "kv-canary: swa_window_size must be an int, got float",
     ),
     "window without lut": (
         lambda k, d: k.update(full_to_swa_index_mapping=None),
@@ -108,23 +126,28 @@ CASES = {
     ),
     "pool without valid lens": (
         lambda k, d: k.update(req_to_verify_expected_tokens_valid_lens=None),
-        ValueError, "req_to_verify_expected_tokens_valid_lens must be given with",
+        ValueError,
+        "req_to_verify_expected_tokens_valid_lens must be given with",
     ),
     "valid lens without pool": (
         lambda k, d: k.update(req_to_verify_expected_tokens=None),
-        ValueError, "req_to_verify_expected_tokens_valid_lens must be None when",
+        ValueError,
+        "req_to_verify_expected_tokens_valid_lens must be None when",
     ),
     "offset not an int": (
         lambda k, d: k.update(kv_token_id_vs_position_offset=None),
-        TypeError, "kv_token_id_vs_position_offset must be an int, got NoneType",
+        TypeError,
+        "kv_token_id_vs_position_offset must be an int, got NoneType",
     ),
     "not a tensor": (
         lambda k, d: k.update(prefix_lens=[3, 2]),
-        TypeError, "kv-canary: prefix_lens must be a torch.Tensor, got list",
+        TypeError,
+        "kv-canary: prefix_lens must be a torch.Tensor, got list",
     ),
     "different device": (
         lambda k, d: k.update(req_to_token=k["req_to_token"].to("meta")),
-        ValueError, "kv-canary: req_to_token must be on the buffers' device .*, got meta",
+        ValueError,
+        "kv-canary: req_to_token must be on the buffers' device .*, got meta",
     ),
 }
 
@@ -146,7 +169,9 @@ def test_host_side_error_raises_before_any_write(plan, device, case):
 
 @pytest.mark.parametrize("impostor", [None, object(), "buffers", {"write_offsets": 1}])
 def test_buffers_that_are_not_plan_buffers_raise_type_error(plan, device, impostor):
-    with pytest.raises(TypeError, match="kv-canary: buffers must be a kv_canary_buffers.PlanBuffers"):
+    with pytest.raises(
+        TypeError, match=r"kv-canary: buffers must be a kv_canary_buffers\.PlanBuffers"
+    ):
         plan(impostor, **good_kwargs(device))
 
 
@@ -162,9 +187,9 @@ def test_a_lookalike_buffers_class_is_rejected(plan, device):
 
 
 def test_launch_plan_on_cpu_without_the_interpreter_names_plan_reference():
+    import os
     import subprocess
     import sys
-    import os
 
     code = (
         "import torch\n"
@@ -179,8 +204,9 @@ def test_launch_plan_on_cpu_without_the_interpreter_names_plan_reference():
         "    print(e)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
     assert "kv-canary: launch_plan needs a CUDA device for buffers.device, got cpu" in out.stdout
     assert "kv_canary_buffers.plan_reference" in out.stdout
 
@@ -207,8 +233,9 @@ def test_write_and_verify_on_cpu_without_the_interpreter_name_the_references():
         "print(int(s.kernel_runs), int(s.violation_count))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
     lines = out.stdout.splitlines()
     assert len(lines) == 3, out.stdout + out.stderr
     for line in lines[:2]:

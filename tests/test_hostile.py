@@ -12,13 +12,14 @@ import attrs
 import pytest
 import torch
 
-from kv_canary_buffers import GraphInputs, PlanBuffers, plan_reference
-from kv_canary_kernels import launch_plan
-
 from conftest import DEVICE
 from helpers import (
-    arena_bytes, arena_snapshot, assert_arena_unchanged, poison_arena,
+    arena_bytes,
+    arena_snapshot,
+    assert_arena_unchanged,
+    poison_arena,
 )
+from kv_canary_buffers import GraphInputs, PlanBuffers
 
 I64, I32 = torch.int64, torch.int32
 OFFSETS_MSG = "kv-canary: write_offsets_len must equal write_req_capacity + 1, got {} and {}"
@@ -125,37 +126,77 @@ TAMPER_KEEPALIVE: list = []
 TAMPERING = {
     # name: (tamper, exception, message)
     "two fields share memory (object.__setattr__)": (
-        share_field, ValueError, "PlanBuffers.verify_offsets is not the memory it was built with"),
+        share_field,
+        ValueError,
+        "PlanBuffers.verify_offsets is not the memory it was built with",
+    ),
     "set_ to another field": (
-        set_to_other_field, ValueError, "PlanBuffers.verify_offsets is not the memory"),
+        set_to_other_field,
+        ValueError,
+        "PlanBuffers.verify_offsets is not the memory",
+    ),
     ".data = another field": (
-        data_swap, ValueError, "PlanBuffers.verify_offsets is not the memory"),
+        data_swap,
+        ValueError,
+        "PlanBuffers.verify_offsets is not the memory",
+    ),
     ".data = a view of another dtype": (
-        data_swap_dtype, ValueError, "PlanBuffers.verify_num_valid must have dtype torch.int32"),
+        data_swap_dtype,
+        ValueError,
+        "PlanBuffers.verify_num_valid must have dtype torch.int32",
+    ),
     "a fresh tensor of the right shape": (
-        fresh_tensor, ValueError, "PlanBuffers.verify_slot_indices is not the memory"),
+        fresh_tensor,
+        ValueError,
+        "PlanBuffers.verify_slot_indices is not the memory",
+    ),
     "as_strided_ in place": (
-        strided_in_place, ValueError, "PlanBuffers.verify_slot_indices must have shape"),
+        strided_in_place,
+        ValueError,
+        "PlanBuffers.verify_slot_indices must have shape",
+    ),
     "as_strided_ to the same shape with stride 2": (
-        restrided_same_shape, ValueError, "PlanBuffers.verify_slot_indices must be contiguous"),
-    "t_ in place": (
-        transposed_in_place, ValueError, "PlanBuffers.scan_block_sums must have shape"),
+        restrided_same_shape,
+        ValueError,
+        "PlanBuffers.verify_slot_indices must be contiguous",
+    ),
+    "t_ in place": (transposed_in_place, ValueError, "PlanBuffers.scan_block_sums must have shape"),
     "resize_ smaller in place": (
-        shrunk_in_place, ValueError, OFFSETS_MSG.format(4, 4).replace("+", r"\+")),
+        shrunk_in_place,
+        ValueError,
+        OFFSETS_MSG.format(4, 4).replace("+", r"\+"),
+    ),
     "resize_ larger in place (moves the storage)": (
-        grown_in_place, ValueError, "arena's storage was resized or replaced"),
+        grown_in_place,
+        ValueError,
+        "arena's storage was resized or replaced",
+    ),
     "storage resized to 0 bytes": (
-        storage_freed, ValueError, "arena's storage was resized or replaced"),
-    "field deleted": (
-        deleted_field, AttributeError, "PlanBuffers is missing a field"),
+        storage_freed,
+        ValueError,
+        "arena's storage was resized or replaced",
+    ),
+    "field deleted": (deleted_field, AttributeError, "PlanBuffers is missing a field"),
     "arena rebound to junk": (
-        arena_rebound_to_junk, TypeError, "PlanBuffers.arena must be a kv_canary_buffers.arena.Arena"),
+        arena_rebound_to_junk,
+        TypeError,
+        "PlanBuffers.arena must be a kv_canary_buffers.arena.Arena",
+    ),
     "arena rebound to another buffers' arena": (
-        arena_rebound_to_another, ValueError, "PlanBuffers.write_offsets is not the memory"),
+        arena_rebound_to_another,
+        ValueError,
+        "PlanBuffers.write_offsets is not the memory",
+    ),
     "every field rebound to another buffers": (
-        everything_rebound_to_another, ValueError, "does not own its arena"),
+        everything_rebound_to_another,
+        ValueError,
+        "does not own its arena",
+    ),
     "a field that is not a tensor": (
-        field_not_a_tensor, TypeError, "PlanBuffers.verify_enable must be a torch.Tensor, got list"),
+        field_not_a_tensor,
+        TypeError,
+        "PlanBuffers.verify_enable must be a torch.Tensor, got list",
+    ),
 }
 
 
@@ -170,9 +211,13 @@ def test_tampered_buffers_raise_a_kv_canary_error_and_stay_unwritten(plan, case)
     kept = None if moved else arena.byte_view().clone()
     refused(b.check, exc, match)
     refused(lambda: plan(b, **kwargs()), exc, match)
-    for method in (b.take_status, lambda: b.resize(write_req_capacity=8),
-                   lambda: copy.deepcopy(b), lambda: pickle.dumps(b),
-                   lambda: GraphInputs.for_buffers(b)):
+    for method in (
+        b.take_status,
+        lambda: b.resize(write_req_capacity=8),
+        lambda: copy.deepcopy(b),
+        lambda: pickle.dumps(b),
+        lambda: GraphInputs.for_buffers(b),
+    ):
         refused(method, exc, match)
     if not moved:  # (a freed or moved storage has no old bytes left to compare)
         assert torch.equal(kept, before)
@@ -186,7 +231,9 @@ def test_capacities_device_and_generation_cannot_be_rebound_to_break_a_launch(pl
         with pytest.raises(AttributeError):  # read from the arena: no slot to rebind
             object.__setattr__(b, name, "junk")
     object.__setattr__(b, "generation", "junk")
-    refused(lambda: b.resize(verify_capacity=32), TypeError, "PlanBuffers.generation must be an int")
+    refused(
+        lambda: b.resize(verify_capacity=32), TypeError, "PlanBuffers.generation must be an int"
+    )
     plan(b, **kwargs())  # the plan does not read the generation
     assert int(b.verify_num_valid) == 9
 
@@ -203,18 +250,29 @@ class ClaimsToBe:
         return PlanBuffers
 
 
-@pytest.mark.parametrize("impostor", [
-    lambda: SubBuffers.allocate(write_req_capacity=4, verify_capacity=16, device=DEVICE),
-    lambda: unittest.mock.Mock(spec=PlanBuffers),
-    lambda: unittest.mock.NonCallableMagicMock(spec_set=make()),
-    ClaimsToBe,
-], ids=["subclass", "Mock(spec=PlanBuffers)", "NonCallableMagicMock(spec_set=buffers)",
-        "__class__ property"])
+@pytest.mark.parametrize(
+    "impostor",
+    [
+        lambda: SubBuffers.allocate(write_req_capacity=4, verify_capacity=16, device=DEVICE),
+        lambda: unittest.mock.Mock(spec=PlanBuffers),
+        lambda: unittest.mock.NonCallableMagicMock(spec_set=make()),
+        ClaimsToBe,
+    ],
+    ids=[
+        "subclass",
+        "Mock(spec=PlanBuffers)",
+        "NonCallableMagicMock(spec_set=buffers)",
+        "__class__ property",
+    ],
+)
 def test_only_the_exact_type_is_accepted(plan, impostor):
     obj = impostor()
     assert isinstance(obj, PlanBuffers)  # isinstance is fooled; the plan is not
-    refused(lambda: plan(obj, **kwargs()), TypeError,
-            "buffers must be a kv_canary_buffers.PlanBuffers .*got " + type(obj).__name__)
+    refused(
+        lambda: plan(obj, **kwargs()),
+        TypeError,
+        "buffers must be a kv_canary_buffers.PlanBuffers .*got " + type(obj).__name__,
+    )
     refused(lambda: GraphInputs.for_buffers(obj), TypeError, "got " + type(obj).__name__)
 
 
@@ -225,7 +283,9 @@ ALIASES = {
     "extend_seq_lens": lambda b: b.write_offsets[1:4],
     "req_to_token": lambda b: b.verify_expected_tokens.view(I32)[:32].view(4, 8),
     "full_to_swa_index_mapping": lambda b: b.verify_prev_slot_indices[:40],
-    "req_to_verify_expected_tokens": lambda b: b.verify_expected_positions.view(I32)[:32].view(4, 8),
+    "req_to_verify_expected_tokens": lambda b: b.verify_expected_positions.view(I32)[:32].view(
+        4, 8
+    ),
     "req_to_verify_expected_tokens_valid_lens": lambda b: b.verify_offsets[:3],
 }
 
@@ -240,8 +300,11 @@ def test_an_input_inside_the_arena_is_refused_before_writing(plan, name):
     alias.copy_(args[name].view(alias.shape))  # the same values: only the memory differs
     args[name] = alias
     before = arena_snapshot(b)
-    refused(lambda: plan(b, **args), ValueError,
-            f"{name} must not share memory with the PlanBuffers it plans into")
+    refused(
+        lambda: plan(b, **args),
+        ValueError,
+        f"{name} must not share memory with the PlanBuffers it plans into",
+    )
     assert_arena_unchanged(b, before)
     # the same values from another buffers' arena are fine
     other = make(v=48)
@@ -254,8 +317,13 @@ def test_an_input_inside_the_arena_is_refused_before_writing(plan, name):
 def test_an_empty_view_of_the_arena_holds_no_memory_and_is_accepted(plan):
     b = make()
     z = b.write_seed_slot_indices[2:2]
-    plan(b, req_pool_indices=z, prefix_lens=z, extend_seq_lens=z,
-         req_to_token=torch.zeros(1, 1, dtype=I32, device=DEVICE))
+    plan(
+        b,
+        req_pool_indices=z,
+        prefix_lens=z,
+        extend_seq_lens=z,
+        req_to_token=torch.zeros(1, 1, dtype=I32, device=DEVICE),
+    )
     assert int(b.write_num_valid_reqs) == 0 and b.write_offsets.tolist() == [0] * 5
 
 
@@ -264,9 +332,14 @@ def test_shallow_copy_and_evolve_are_refused_as_second_owners():
     b = make()
     refused(lambda: copy.copy(b), TypeError, "cannot be shallow-copied")
     refused(lambda: attrs.evolve(b), ValueError, "this arena already belongs to a live PlanBuffers")
-    refused(lambda: PlanBuffers(arena=b.arena, **{
-        f.name: getattr(b, f.name) for f in attrs.fields(PlanBuffers) if f.name != "arena"
-    }), ValueError, "already belongs")
+    refused(
+        lambda: PlanBuffers(
+            arena=b.arena,
+            **{f.name: getattr(b, f.name) for f in attrs.fields(PlanBuffers) if f.name != "arena"},
+        ),
+        ValueError,
+        "already belongs",
+    )
     b.check()  # the refusals left the owner intact
 
 
@@ -278,8 +351,7 @@ def test_deep_copy_and_pickle_make_a_new_arena_with_every_byte(plan, how):
     b.status.fill_(4)
     c = copy.deepcopy(b) if how == "deepcopy" else pickle.loads(pickle.dumps(b))
     assert type(c) is PlanBuffers and c is not b
-    assert (c.write_req_capacity, c.verify_capacity, c.generation, c.device) == (
-        5, 37, 1, b.device)
+    assert (c.write_req_capacity, c.verify_capacity, c.generation, c.device) == (5, 37, 1, b.device)
     assert c.arena is not b.arena and c.arena.base != b.arena.base
     assert torch.equal(arena_bytes(c), arena_bytes(b))
     c.check()
@@ -300,27 +372,51 @@ def rows(n, device=DEVICE):
 
 def test_staging_is_validated_at_construction():
     s = GraphInputs.allocate(capacity=4, device=DEVICE)
-    refused(lambda: attrs.evolve(s, extend_seq_lens=torch.zeros(2, dtype=I64, device=DEVICE)),
-            ValueError, "GraphInputs.extend_seq_lens must be its own int64 \\[4\\] view")
+    refused(
+        lambda: attrs.evolve(s, extend_seq_lens=torch.zeros(2, dtype=I64, device=DEVICE)),
+        ValueError,
+        "GraphInputs.extend_seq_lens must be its own int64 \\[4\\] view",
+    )
     refused(lambda: attrs.evolve(s), ValueError, "already belongs to a live GraphInputs")
-    refused(lambda: attrs.evolve(s, link=5), TypeError, "GraphInputs.link must be None or a StagingLink")
-    refused(lambda: GraphInputs.allocate(capacity=0, device=DEVICE), ValueError,
-            r"capacity must be in \[1, 2147483647\]")
+    refused(
+        lambda: attrs.evolve(s, link=5), TypeError, "GraphInputs.link must be None or a StagingLink"
+    )
+    refused(
+        lambda: GraphInputs.allocate(capacity=0, device=DEVICE),
+        ValueError,
+        r"capacity must be in \[1, 2147483647\]",
+    )
     refused(lambda: copy.copy(s), TypeError, "cannot be shallow-copied")
 
 
 STAGING_TAMPERING = {
     "a 2-element field": (
-        lambda s: object.__setattr__(s, "extend_seq_lens", torch.zeros(2, dtype=I64, device=DEVICE)),
-        ValueError, "GraphInputs.extend_seq_lens must be its own"),
+        lambda s: object.__setattr__(
+            s, "extend_seq_lens", torch.zeros(2, dtype=I64, device=DEVICE)
+        ),
+        ValueError,
+        "GraphInputs.extend_seq_lens must be its own",
+    ),
     "two fields share memory": (
-        lambda s: s.prefix_lens.set_(s.req_pool_indices), ValueError, "GraphInputs.prefix_lens"),
+        lambda s: s.prefix_lens.set_(s.req_pool_indices),
+        ValueError,
+        "GraphInputs.prefix_lens",
+    ),
     "storage freed": (
-        lambda s: s.valid_lens.untyped_storage().resize_(0), ValueError, "storage was resized"),
+        lambda s: s.valid_lens.untyped_storage().resize_(0),
+        ValueError,
+        "storage was resized",
+    ),
     "field deleted": (
-        lambda s: object.__delattr__(s, "valid_lens"), AttributeError, "GraphInputs is missing"),
+        lambda s: object.__delattr__(s, "valid_lens"),
+        AttributeError,
+        "GraphInputs is missing",
+    ),
     "link rebound to junk": (
-        lambda s: object.__setattr__(s, "link", 3), TypeError, "GraphInputs.link must be None"),
+        lambda s: object.__setattr__(s, "link", 3),
+        TypeError,
+        "GraphInputs.link must be None",
+    ),
 }
 
 
@@ -339,11 +435,18 @@ def test_fill_checks_everything_before_writing_a_byte(case):
         assert_arena_unchanged(s, before)
 
 
-@pytest.mark.parametrize("bad, exc, match", [
-    (dict(valid_lens=torch.zeros(2, dtype=I64)), ValueError, r"valid_lens must have length"),
-    (dict(extend_seq_lens=[1, 2, 3]), TypeError, "extend_seq_lens must be a torch.Tensor"),
-    (dict(prefix_lens="staging-alias"), ValueError, "prefix_lens must not share memory with the GraphInputs"),
-])
+@pytest.mark.parametrize(
+    "bad, exc, match",
+    [
+        (dict(valid_lens=torch.zeros(2, dtype=I64)), ValueError, r"valid_lens must have length"),
+        (dict(extend_seq_lens=[1, 2, 3]), TypeError, "extend_seq_lens must be a torch.Tensor"),
+        (
+            dict(prefix_lens="staging-alias"),
+            ValueError,
+            "prefix_lens must not share memory with the GraphInputs",
+        ),
+    ],
+)
 def test_fill_refuses_bad_arguments_before_writing(bad, exc, match):
     s = GraphInputs.allocate(capacity=4, device=DEVICE)
     arena_bytes(s).fill_(7)
@@ -372,9 +475,12 @@ def test_staging_built_for_other_buffers_is_refused(plan):
     bigger = b.resize(verify_capacity=64)  # same row capacity, new buffers
     poison_arena(bigger)
     before = arena_snapshot(bigger)
-    refused(lambda: plan(bigger, **tables, **staging.plan_kwargs()), ValueError,
-            r"req_pool_indices is staging built for other PlanBuffers \(generation 0\), passed "
-            r"with PlanBuffers of generation 1; after a resize build new staging")
+    refused(
+        lambda: plan(bigger, **tables, **staging.plan_kwargs()),
+        ValueError,
+        r"req_pool_indices is staging built for other PlanBuffers \(generation 0\), passed "
+        r"with PlanBuffers of generation 1; after a resize build new staging",
+    )
     assert_arena_unchanged(bigger, before)
     mixed = dict(staging.plan_kwargs(), req_pool_indices=staging.req_pool_indices.clone())
     refused(lambda: plan(bigger, **tables, **mixed), ValueError, "prefix_lens is staging built")
@@ -386,18 +492,25 @@ def test_staging_built_for_other_buffers_is_refused(plan):
     assert shared.built_for is None and shared.generation is None
     del b
     import gc
+
     gc.collect()
-    refused(lambda: plan(bigger, **tables, **staging.plan_kwargs()), ValueError,
-            "staging built for PlanBuffers that no longer exist")
+    refused(
+        lambda: plan(bigger, **tables, **staging.plan_kwargs()),
+        ValueError,
+        "staging built for PlanBuffers that no longer exist",
+    )
 
 
 def test_a_tampered_staging_link_on_a_tensor_is_a_kv_canary_error(plan):
     b = make()
     staging = GraphInputs.for_buffers(b)
-    setattr(staging.prefix_lens, "_kv_canary_staging_link", "junk")
+    staging.prefix_lens._kv_canary_staging_link = "junk"
     tables = dict(req_to_token=torch.zeros(4, 8, dtype=I32, device=DEVICE))
-    refused(lambda: plan(b, **tables, **staging.plan_kwargs()), TypeError,
-            "prefix_lens carries a staging link of type str")
+    refused(
+        lambda: plan(b, **tables, **staging.plan_kwargs()),
+        TypeError,
+        "prefix_lens carries a staging link of type str",
+    )
 
 
 def test_staging_copies_keep_or_follow_their_link(plan):
@@ -421,5 +534,5 @@ def test_staging_copies_keep_or_follow_their_link(plan):
     plan(b3, **tables, **s3.plan_kwargs())
     # a pickled or copied *tensor* is an ordinary tensor
     t = pickle.loads(pickle.dumps(staging.req_pool_indices))
-    assert getattr(t, "_kv_canary_staging_link") is None
+    assert t._kv_canary_staging_link is None
     plan(b3, **tables, req_pool_indices=t, prefix_lens=t.clone(), extend_seq_lens=t.clone())

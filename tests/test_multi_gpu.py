@@ -8,6 +8,7 @@ import tempfile
 import pytest
 import torch
 
+from helpers import assert_buffers_equal, poison
 from kv_canary_buffers import (
     CanaryStore,
     PlanBuffers,
@@ -16,8 +17,6 @@ from kv_canary_buffers import (
     write_reference,
 )
 from kv_canary_kernels import launch_plan, launch_verify, launch_write
-
-from helpers import assert_buffers_equal, poison
 
 pytestmark = [
     pytest.mark.gpu,
@@ -32,7 +31,8 @@ def batch(device, seed, bs=3, cols=64):
     table = slots.reshape(rows, cols).to(torch.int32).to(device)
     prefix = torch.randint(1, cols - 4, (bs,), generator=g).to(device)
     return dict(
-        req_pool_indices=torch.arange(1, bs + 1, device=device), prefix_lens=prefix,
+        req_pool_indices=torch.arange(1, bs + 1, device=device),
+        prefix_lens=prefix,
         extend_seq_lens=torch.full((bs,), 2, dtype=torch.int64, device=device),
         req_to_token=table,
     ), 2 * rows * cols + 1  # slots: the table's, and as many fresh ones for the writes
@@ -46,8 +46,9 @@ def step_inputs(plan, table, device, seed):
     return dict(
         input_ids=torch.randint(0, 1000, (n,), generator=g).to(device),
         positions=torch.arange(n, device=device),
-        out_cache_loc=(table.numel() + 1 + torch.randperm(table.numel(), generator=g)[:n])
-        .to(device),
+        out_cache_loc=(table.numel() + 1 + torch.randperm(table.numel(), generator=g)[:n]).to(
+            device
+        ),
     )
 
 
@@ -138,8 +139,14 @@ def _nccl_worker(rank, init_file, results):
             launch_verify(store, plan, launch_tag=11)  # records never written: violations
         report = store.take_violations()
         out = gather_violation_reports(report, dst=0)
-        results[rank] = None if out is None else (
-            out.appended, sorted({v.rank for v in out.violations}), report.appended,
+        results[rank] = (
+            None
+            if out is None
+            else (
+                out.appended,
+                sorted({v.rank for v in out.violations}),
+                report.appended,
+            )
         )
     finally:
         dist.destroy_process_group()

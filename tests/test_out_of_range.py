@@ -5,11 +5,10 @@ raise the status bit of that kind, which take_status() reports and clears."""
 import pytest
 import torch
 
+from helpers import assert_matches_oracle, assert_untouched, poison, snapshot
 from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference
 from kv_canary_buffers.layout import SCAN_BLOCK
 from kv_canary_kernels import launch_plan
-
-from helpers import assert_matches_oracle, assert_untouched, poison, snapshot
 from oracle import loop_plan
 
 I64, I32 = torch.int64, torch.int32
@@ -56,7 +55,9 @@ CASES = {
         r"slot 11 read by row 0 at position 2 must be < len\(full_to_swa_index_mapping\) = 9",
     ),
     "pool row missing": (
-        lambda k: k.update(req_to_verify_expected_tokens=k["req_to_verify_expected_tokens"][:2].clone()),
+        lambda k: k.update(
+            req_to_verify_expected_tokens=k["req_to_verify_expected_tokens"][:2].clone()
+        ),
         PlanStatus.POOL_ROW_OUT_OF_RANGE,
         r"req_pool_indices\[2\] = 2 must be in \[0, 2\) = \[0, req_to_verify_expected_tokens",
     ),
@@ -90,16 +91,18 @@ def test_kernels_raise_the_status_bit_and_write_padding_values(device, case, pad
     kwargs = base(device)
     mutate(kwargs)
     pad = torch.zeros(padding_rows, dtype=I64, device=device)
-    for name in ("req_pool_indices", "prefix_lens", "extend_seq_lens",
-                 "req_to_verify_expected_tokens_valid_lens"):
+    for name in (
+        "req_pool_indices",
+        "prefix_lens",
+        "extend_seq_lens",
+        "req_to_verify_expected_tokens_valid_lens",
+    ):
         kwargs[name] = torch.cat([pad, kwargs[name]])
     bs = padding_rows + 3
     buffers = PlanBuffers.allocate(write_req_capacity=max(bs, 4), verify_capacity=32, device=device)
     poison(buffers)
     launch_plan(buffers, **kwargs)
-    expected = loop_plan(
-        write_req_capacity=max(bs, 4), verify_capacity=32, pad_bad=True, **kwargs
-    )
+    expected = loop_plan(write_req_capacity=max(bs, 4), verify_capacity=32, pad_bad=True, **kwargs)
     assert expected["flags"] == bit
     assert_matches_oracle(buffers, bs, expected)
     assert buffers.take_status() == bit
@@ -135,4 +138,3 @@ def test_lut_is_not_checked_for_entries_skipped_by_overflow(plan, device):
     plan(buffers, **kwargs)  # 5 entries > 4: overflow, so slot 99 is never looked up
     assert int(buffers.verify_enable) == 0
     assert buffers.take_status() == PlanStatus.OK
-

@@ -2,27 +2,33 @@
 reference (valid data) and against the oracle's padding semantics (data outside the
 tables), on Hypothesis-generated batches."""
 
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import DEVICE
+from helpers import (
+    assert_buffers_equal,
+    assert_matches_oracle,
+    assert_untouched,
+    observed,
+    poison,
+    snapshot,
+)
 from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference
 from kv_canary_buffers.layout import OFFSETS_BLOCK, ROW_HINT_STRIDE, SCAN_BLOCK
 from kv_canary_kernels import launch_plan
 from kv_canary_kernels.plan import SMALL_ROW_TILES
-
-from conftest import DEVICE
-from helpers import assert_buffers_equal, assert_matches_oracle, assert_untouched, observed, poison, snapshot
 from oracle import loop_plan
 
 I64, I32 = torch.int64, torch.int32
 
 
 @st.composite
-def batches(draw, *, bad: bool = False, max_bs: int = 24) -> Dict[str, Any]:
+def batches(draw, *, bad: bool = False, max_bs: int = 24) -> dict[str, Any]:
     """A batch and its capacities. With ``bad``, the data may leave the tables."""
     seed = draw(st.integers(0, 2**31 - 1))
     g = torch.Generator().manual_seed(seed)
@@ -42,7 +48,7 @@ def batches(draw, *, bad: bool = False, max_bs: int = 24) -> Dict[str, Any]:
     extend = torch.randint(-2, 6, (bs,), generator=g)
     pad = rp == 0
     prefix[pad] = torch.randint(-(10**6), 10**6, (int(pad.sum()),), generator=g)
-    kwargs: Dict[str, Any] = dict(
+    kwargs: dict[str, Any] = dict(
         req_pool_indices=rp,
         prefix_lens=prefix,
         extend_seq_lens=extend,
@@ -52,7 +58,9 @@ def batches(draw, *, bad: bool = False, max_bs: int = 24) -> Dict[str, Any]:
     )
     if use_lut:
         lut_len = n_slots - (draw(st.integers(0, 3)) if bad else 0)
-        kwargs["full_to_swa_index_mapping"] = torch.randint(-1, 1000, (max(lut_len, 0),), generator=g)
+        kwargs["full_to_swa_index_mapping"] = torch.randint(
+            -1, 1000, (max(lut_len, 0),), generator=g
+        )
     if use_pool:
         pool_rows = rows - (draw(st.integers(0, 1)) if bad else 0)
         kwargs["req_to_verify_expected_tokens"] = torch.randint(
@@ -69,7 +77,7 @@ def batches(draw, *, bad: bool = False, max_bs: int = 24) -> Dict[str, Any]:
     return {"kwargs": kwargs, "caps": caps, "bs": bs}
 
 
-def on_device(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+def on_device(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
 
@@ -96,7 +104,7 @@ def test_reference_raises_exactly_when_data_leaves_the_tables(case):
         assert_matches_oracle(buffers, case["bs"], expected)
     else:
         before = snapshot(buffers)
-        with pytest.raises(ValueError, match="kv-canary: .*data outside the tables"):
+        with pytest.raises(ValueError, match=r"kv-canary: .*data outside the tables"):
             plan_reference(buffers, **case["kwargs"])
         assert_untouched(buffers, before)
 
@@ -174,6 +182,7 @@ def test_large_path_finds_rows_in_registers_and_in_memory(window):
 
     block = LUT_ENTRY_BLOCK if window else ENTRY_BLOCK
     g = torch.Generator().manual_seed(window)
+
     # SCAN_BLOCK + 1 rows of 1 or 2 entries (many rows a block; the blocks begin and end
     # inside a row, until the last row aligns the next group), then groups of rows
     # that fill one block each: ROW_WINDOW rows (searched in memory) and ROW_WINDOW - 1
@@ -185,7 +194,9 @@ def test_large_path_finds_rows_in_registers_and_in_memory(window):
         return [short] * (n_rows - 1) + [block - (n_rows - 1) * short]
 
     prefix = (
-        [1] + [2] * (SCAN_BLOCK - 1) + [1]
+        [1]
+        + [2] * (SCAN_BLOCK - 1)
+        + [1]
         + one_block_of(ROW_WINDOW) * 2
         + one_block_of(ROW_WINDOW - 1) * 2
         + [100] * 300
@@ -194,15 +205,17 @@ def test_large_path_finds_rows_in_registers_and_in_memory(window):
     )
     counts = [min(p, window) if window else p for p in prefix]
     bs, rows, cols = len(prefix), 8, max(prefix) + 2
-    kwargs = on_device(dict(
-        req_pool_indices=torch.randint(1, rows, (bs,), generator=g),
-        prefix_lens=torch.tensor(prefix),
-        extend_seq_lens=torch.randint(0, 3, (bs,), generator=g),
-        req_to_token=torch.randint(0, 5000, (rows, cols), generator=g).to(I32),
-        swa_window_size=window,
-        req_to_verify_expected_tokens=torch.randint(0, 1000, (rows, cols), generator=g).to(I32),
-        req_to_verify_expected_tokens_valid_lens=torch.randint(0, cols, (bs,), generator=g),
-    ))
+    kwargs = on_device(
+        dict(
+            req_pool_indices=torch.randint(1, rows, (bs,), generator=g),
+            prefix_lens=torch.tensor(prefix),
+            extend_seq_lens=torch.randint(0, 3, (bs,), generator=g),
+            req_to_token=torch.randint(0, 5000, (rows, cols), generator=g).to(I32),
+            swa_window_size=window,
+            req_to_verify_expected_tokens=torch.randint(0, 1000, (rows, cols), generator=g).to(I32),
+            req_to_verify_expected_tokens_valid_lens=torch.randint(0, cols, (bs,), generator=g),
+        )
+    )
     if window:
         kwargs["full_to_swa_index_mapping"] = torch.randint(0, 10**6, (5000,), device=DEVICE)
     total = sum(counts)

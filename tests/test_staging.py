@@ -4,17 +4,20 @@ one (captured) plan of bs = capacity serves any smaller batch."""
 import pytest
 import torch
 
-from kv_canary_buffers import GraphInputs, PlanBuffers
-
 from helpers import ENTRY_FIELDS, make_rows, make_tables, poison
+from kv_canary_buffers import GraphInputs, PlanBuffers
 
 I64 = torch.int64
 
 
 def test_fill_copies_rows_and_pads_the_rest(device):
     staging = GraphInputs.allocate(capacity=6, device=device)
-    for t in (staging.req_pool_indices, staging.prefix_lens, staging.extend_seq_lens,
-              staging.valid_lens):
+    for t in (
+        staging.req_pool_indices,
+        staging.prefix_lens,
+        staging.extend_seq_lens,
+        staging.valid_lens,
+    ):
         t.fill_(99)  # an earlier, larger step
     staging.fill(
         req_pool_indices=torch.tensor([3, 1], dtype=I64, device=device),
@@ -40,12 +43,18 @@ def test_fill_keeps_addresses(device):
 @pytest.mark.parametrize(
     "bad, match",
     [
-        (dict(req_pool_indices=torch.zeros(5, dtype=I64)),
-         r"len\(req_pool_indices\) must be <= GraphInputs.capacity, got 5 > 4"),
-        (dict(prefix_lens=torch.zeros(3, dtype=torch.int32)),
-         "prefix_lens must have dtype torch.int64, got torch.int32"),
-        (dict(extend_seq_lens=torch.zeros(2, dtype=I64)),
-         r"extend_seq_lens must have length bs = len\(req_pool_indices\) = 3, got 2"),
+        (
+            dict(req_pool_indices=torch.zeros(5, dtype=I64)),
+            r"len\(req_pool_indices\) must be <= GraphInputs.capacity, got 5 > 4",
+        ),
+        (
+            dict(prefix_lens=torch.zeros(3, dtype=torch.int32)),
+            "prefix_lens must have dtype torch.int64, got torch.int32",
+        ),
+        (
+            dict(extend_seq_lens=torch.zeros(2, dtype=I64)),
+            r"extend_seq_lens must have length bs = len\(req_pool_indices\) = 3, got 2",
+        ),
         (dict(valid_lens=torch.zeros(3, 1, dtype=I64)), "valid_lens must be 1-D"),
     ],
 )
@@ -53,7 +62,8 @@ def test_fill_rejects_bad_rows_before_writing(bad, match):
     staging = GraphInputs.allocate(capacity=4, device="cpu")
     staging.req_pool_indices.fill_(7)
     rows = dict(
-        req_pool_indices=torch.ones(3, dtype=I64), prefix_lens=torch.ones(3, dtype=I64),
+        req_pool_indices=torch.ones(3, dtype=I64),
+        prefix_lens=torch.ones(3, dtype=I64),
         extend_seq_lens=torch.ones(3, dtype=I64),
     )
     rows.update(bad)
@@ -68,13 +78,16 @@ def test_padded_plan_equals_the_plan_of_the_batch(plan, device, n):
     and offsets that stay at the batch's total past its rows."""
     g = torch.Generator().manual_seed(n)
     capacity = 8
-    tables = make_tables(g, rows=9, max_seq_len=12, n_slots=200, lut=True, pool_cols=12,
-                         device=device)
-    rows = make_rows(g, bs=n, rows=9, max_prefix=11, pool_cols=12, pad_fraction=0.0,
-                     device=device)
-    common = dict(req_to_token=tables["req_to_token"], swa_window_size=4,
-                  full_to_swa_index_mapping=tables["full_to_swa_index_mapping"],
-                  req_to_verify_expected_tokens=tables["req_to_verify_expected_tokens"])
+    tables = make_tables(
+        g, rows=9, max_seq_len=12, n_slots=200, lut=True, pool_cols=12, device=device
+    )
+    rows = make_rows(g, bs=n, rows=9, max_prefix=11, pool_cols=12, pad_fraction=0.0, device=device)
+    common = dict(
+        req_to_token=tables["req_to_token"],
+        swa_window_size=4,
+        full_to_swa_index_mapping=tables["full_to_swa_index_mapping"],
+        req_to_verify_expected_tokens=tables["req_to_verify_expected_tokens"],
+    )
     direct = PlanBuffers.allocate(write_req_capacity=capacity, verify_capacity=200, device=device)
     staged = PlanBuffers.allocate(write_req_capacity=capacity, verify_capacity=200, device=device)
     poison(direct)
@@ -82,7 +95,8 @@ def test_padded_plan_equals_the_plan_of_the_batch(plan, device, n):
     plan(direct, **common, **rows)
     staging = GraphInputs.for_buffers(staged)
     staging.fill(
-        req_pool_indices=rows["req_pool_indices"], prefix_lens=rows["prefix_lens"],
+        req_pool_indices=rows["req_pool_indices"],
+        prefix_lens=rows["prefix_lens"],
         extend_seq_lens=rows["extend_seq_lens"],
         valid_lens=rows["req_to_verify_expected_tokens_valid_lens"],
     )
@@ -90,7 +104,9 @@ def test_padded_plan_equals_the_plan_of_the_batch(plan, device, n):
     total = int(direct.write_offsets[n])
     assert staged.write_offsets[: n + 1].tolist() == direct.write_offsets[: n + 1].tolist()
     assert staged.write_offsets[n:].tolist() == [total] * (capacity + 1 - n)
-    assert staged.write_seed_slot_indices[:n].tolist() == direct.write_seed_slot_indices[:n].tolist()
+    assert (
+        staged.write_seed_slot_indices[:n].tolist() == direct.write_seed_slot_indices[:n].tolist()
+    )
     assert (staged.write_seed_slot_indices[n:] == -1).all()  # padding rows: no seed
     assert int(staged.write_num_valid_reqs) == capacity
     nv = int(direct.verify_num_valid)

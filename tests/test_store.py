@@ -2,26 +2,13 @@
 arena (tampering, copies, pickling), and the violation reports it returns."""
 
 import copy
+import itertools
 import pickle
 
 import attrs
 import numpy as np
 import pytest
 import torch
-
-from kv_canary_buffers import (
-    CanaryStatus,
-    CanaryStore,
-    FailBits,
-    Violation,
-    ViolationReport,
-    verify_reference,
-    write_reference,
-)
-from kv_canary_buffers.arena import ALIGN
-from kv_canary_buffers.devices import normalize_device
-from kv_canary_buffers.layout import store_specs
-from kv_canary_kernels import launch_verify, launch_write
 
 from canary_helpers import (
     DEVICE,
@@ -35,6 +22,19 @@ from canary_helpers import (
     snapshot_plan,
     snapshot_store,
 )
+from kv_canary_buffers import (
+    CanaryStatus,
+    CanaryStore,
+    FailBits,
+    Violation,
+    ViolationReport,
+    verify_reference,
+    write_reference,
+)
+from kv_canary_buffers.arena import ALIGN
+from kv_canary_buffers.devices import normalize_device
+from kv_canary_buffers.layout import store_specs
+from kv_canary_kernels import launch_verify, launch_write
 
 I64, I32 = torch.int64, torch.int32
 
@@ -64,8 +64,13 @@ def test_allocate_shapes_dtypes_zeroed_and_bytes(num_slots, capacity):
     assert store.generation == 0
     assert store.device == normalize_device(DEVICE)
     assert STORE_FIELDS == (
-        "records", "violations", "violation_count", "kernel_runs", "slots_processed",
-        "chain_position_check", "status",
+        "records",
+        "violations",
+        "violation_count",
+        "kernel_runs",
+        "slots_processed",
+        "chain_position_check",
+        "status",
     )
     want = {
         "records": (I64, (num_slots, 4)),
@@ -85,7 +90,7 @@ def test_allocate_shapes_dtypes_zeroed_and_bytes(num_slots, capacity):
         assert (t.data_ptr() - store.arena.base) % ALIGN == 0
         ptrs.append((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()))
     # one arena, fields in layout order, no overlap, every byte inside it
-    assert all(a[1] <= b[0] for a, b in zip(ptrs, ptrs[1:]))
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(ptrs))
     base = store.arena.base
     assert ptrs[0][0] == base and ptrs[-1][1] <= base + store.nbytes
     assert CanaryStore.allocation_bytes(num_slots, capacity) == store.nbytes
@@ -162,9 +167,9 @@ def test_ensure_capacity():
     assert grown is not store
     assert (grown.num_slots, grown.violation_capacity, grown.generation) == (13, 4, 1)
     assert torch.equal(grown.records[:8], store.records)
-    with pytest.raises(ValueError, match="^kv-canary: num_slots must be >= 0"):
+    with pytest.raises(ValueError, match=r"^kv-canary: num_slots must be >= 0"):
         store.ensure_capacity(num_slots=-1)
-    with pytest.raises(TypeError, match="^kv-canary: num_slots must be an int"):
+    with pytest.raises(TypeError, match=r"^kv-canary: num_slots must be an int"):
         store.ensure_capacity(num_slots=9.0)
     with pytest.raises(ValueError, match=r"^kv-canary: num_slots must be in \[1, 2147483647\]"):
         store.ensure_capacity(num_slots=2**31)
@@ -206,7 +211,10 @@ def test_take_violations_decodes_and_clears_only_the_ring():
     store.slots_processed.fill_(6)
     report = store.take_violations()
     assert (report.appended, report.dropped, report.kernel_runs, report.slots_processed) == (
-        2, 0, 5, 6,
+        2,
+        0,
+        5,
+        6,
     )
     assert report.violations == tuple(Violation.from_row(r) for r in rows)
     assert report.violations[1].fail_bits == FailBits(63)
@@ -270,8 +278,13 @@ def _delete(store):
 
 
 TAMPERS = {
-    "setattr": _swap_attr, "data": _swap_data, "set_": _swap_set, "dtype": _swap_dtype,
-    "shape": _swap_shape, "not a tensor": _swap_not_tensor, "storage resized": _resize_storage,
+    "setattr": _swap_attr,
+    "data": _swap_data,
+    "set_": _swap_set,
+    "dtype": _swap_dtype,
+    "shape": _swap_shape,
+    "not a tensor": _swap_not_tensor,
+    "storage resized": _resize_storage,
     "deleted": _delete,
 }
 
@@ -314,12 +327,18 @@ def test_tampered_store_is_refused_and_nothing_is_written(tamper, call):
     plan_before = snapshot_plan(plan)
     resized = tamper == "storage resized"
     what = TAMPERS[tamper](store)
-    swapped = {} if resized else {  # after a resize the views point at freed memory
-        name: (t, t.clone()) for name in STORE_FIELDS
-        for t in (getattr(store, name, None),) if isinstance(t, torch.Tensor)
-    }
+    swapped = (
+        {}
+        if resized
+        else {  # after a resize the views point at freed memory
+            name: (t, t.clone())
+            for name in STORE_FIELDS
+            for t in (getattr(store, name, None),)
+            if isinstance(t, torch.Tensor)
+        }
+    )
     error = AttributeError if tamper == "deleted" else ValueError
-    with pytest.raises(error, match="^kv-canary: ") as info:
+    with pytest.raises(error, match=r"^kv-canary: ") as info:
         CALLS[call](store, plan)
     assert what in str(info.value)
     assert_plan_equal(plan, plan_before)
@@ -333,18 +352,18 @@ def test_tampered_store_is_refused_and_nothing_is_written(tamper, call):
 # --- copies and pickling ------------------------------------------------------------------
 def test_shallow_copy_and_evolve_are_refused():
     store = filled_store()
-    with pytest.raises(TypeError, match="^kv-canary: a CanaryStore cannot be shallow-copied"):
+    with pytest.raises(TypeError, match=r"^kv-canary: a CanaryStore cannot be shallow-copied"):
         copy.copy(store)
-    with pytest.raises(ValueError, match="^kv-canary: this arena already belongs to a live"):
+    with pytest.raises(ValueError, match=r"^kv-canary: this arena already belongs to a live"):
         attrs.evolve(store)
-    with pytest.raises(ValueError, match="^kv-canary: this arena already belongs to a live"):
+    with pytest.raises(ValueError, match=r"^kv-canary: this arena already belongs to a live"):
         attrs.evolve(store, generation=5)
     fields = {name: getattr(store, name) for name in STORE_FIELDS}
-    with pytest.raises(ValueError, match="^kv-canary: this arena already belongs to a live"):
+    with pytest.raises(ValueError, match=r"^kv-canary: this arena already belongs to a live"):
         CanaryStore(arena=store.arena, **fields)
-    with pytest.raises(TypeError, match="^kv-canary: CanaryStore.arena must be an Arena"):
+    with pytest.raises(TypeError, match=r"^kv-canary: CanaryStore\.arena must be an Arena"):
         CanaryStore(arena=object(), **fields)
-    with pytest.raises(ValueError, match="^kv-canary: generation must be >= 0"):
+    with pytest.raises(ValueError, match=r"^kv-canary: generation must be >= 0"):
         CanaryStore(arena=store.arena, generation=-1, **fields)
     store.check()
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
@@ -384,7 +403,11 @@ def test_deepcopy_and_pickle_give_an_independent_equal_store(how):
 def test_violation_from_row_decodes():
     v = Violation.from_row([7, 12, 3, 40, 41, -2, 2**63 - 1, (1 << 40) | 0b100011])
     assert (v.launch_tag, v.slot, v.position, v.stored_token, v.expected_token) == (
-        7, 12, 3, 40, 41,
+        7,
+        12,
+        3,
+        40,
+        41,
     )
     assert (v.stored_chain_hash, v.expected_aux) == (-2, 2**63 - 1)
     assert v.fail_bits == FailBits.CHAIN | FailBits.POSITION | FailBits.VERIFY_TOKEN
@@ -407,8 +430,11 @@ def test_report_str_lists_rows_with_slots_and_bit_names():
         [5, 18, 9, 7, 8, 3, 10, int(FailBits.WRITE_TOKEN | FailBits.WRITE_POSITION)],
     ]
     report = ViolationReport(
-        violations=tuple(Violation.from_row(r) for r in rows), appended=2, dropped=0,
-        kernel_runs=4, slots_processed=12,
+        violations=tuple(Violation.from_row(r) for r in rows),
+        appended=2,
+        dropped=0,
+        kernel_runs=4,
+        slots_processed=12,
     )
     text = str(report)
     lines = text.splitlines()
@@ -420,7 +446,9 @@ def test_report_str_lists_rows_with_slots_and_bit_names():
     assert "[WRITE_TOKEN|WRITE_POSITION]" in lines[2] and "slot 18" in lines[2]
     assert "expected position 10" in lines[2]
     assert report.count_by_bits() == {
-        FailBits.CHAIN: 1, FailBits.VERIFY_TOKEN: 1, FailBits.WRITE_TOKEN: 1,
+        FailBits.CHAIN: 1,
+        FailBits.VERIFY_TOKEN: 1,
+        FailBits.WRITE_TOKEN: 1,
         FailBits.WRITE_POSITION: 1,
     }
 
@@ -428,8 +456,11 @@ def test_report_str_lists_rows_with_slots_and_bit_names():
 def test_report_str_with_dropped_rows_and_many_rows():
     rows = [[0, s, 0, 0, 0, 0, 0, int(FailBits.REAL_KV)] for s in range(25)]
     report = ViolationReport(
-        violations=tuple(Violation.from_row(r) for r in rows), appended=30, dropped=5,
-        kernel_runs=1, slots_processed=30,
+        violations=tuple(Violation.from_row(r) for r in rows),
+        appended=30,
+        dropped=5,
+        kernel_runs=1,
+        slots_processed=30,
     )
     lines = str(report).splitlines()
     assert lines[0] == (
@@ -457,7 +488,7 @@ def test_sizes_given_as_tensors_are_refused_with_the_reason():
 
     from kv_canary_buffers import CanaryStore
 
-    with pytest.raises(TypeError, match="kv-canary: num_slots must be an int, got Tensor.*sync"):
+    with pytest.raises(TypeError, match=r"kv-canary: num_slots must be an int, got Tensor.*sync"):
         CanaryStore.allocate(num_slots=torch.tensor(8), violation_capacity=4, device="cpu")
 
 
@@ -466,7 +497,9 @@ def test_repr_names_sizes_device_and_generation():
 
     store = CanaryStore.allocate(num_slots=10, violation_capacity=4, device="cpu")
     text = repr(store.resize(num_slots=12))
-    assert text == "CanaryStore(num_slots=12, violation_capacity=4, device=device(type='cpu'), generation=1)"
+    assert text == (
+        "CanaryStore(num_slots=12, violation_capacity=4, device=device(type='cpu'), generation=1)"
+    )
 
 
 def test_a_store_rebound_onto_another_stores_arena_is_refused():
@@ -474,8 +507,16 @@ def test_a_store_rebound_onto_another_stores_arena_is_refused():
 
     a = CanaryStore.allocate(num_slots=8, violation_capacity=2, device="cpu")
     b = CanaryStore.allocate(num_slots=8, violation_capacity=2, device="cpu")
-    for name in ("arena", "records", "violations", "violation_count", "kernel_runs",
-                 "slots_processed", "chain_position_check", "status"):
+    for name in (
+        "arena",
+        "records",
+        "violations",
+        "violation_count",
+        "kernel_runs",
+        "slots_processed",
+        "chain_position_check",
+        "status",
+    ):
         object.__setattr__(b, name, getattr(a, name))
     with pytest.raises(ValueError, match="kv-canary: this CanaryStore does not own its arena"):
         b.check()
