@@ -165,7 +165,9 @@ def canary_write_kernel(
         mix3(seed_prev.to(tl.uint64, bitcast=True), seed_token, seed_position),
         tl.full([ROWS], ANCHOR, tl.uint64),
     )
-    check_pos = has_seed & (tl.load(check_ptr) != 0)
+    # The flag loaded per lane (one word, broadcast): a scalar bool combined with a lane
+    # vector comes out as int32 in Triton 3.9's interpreter, and a mask must be bool.
+    check_pos = has_seed & (tl.load(check_ptr + tl.zeros_like(rows)) != 0)
     prev_pos = tl.where(check_pos, seed_position, 0)
     written = tl.zeros([ROWS], tl.int64)
 
