@@ -69,6 +69,7 @@ class Arena:
     more than one element), computed once (one tuple a field unpacks faster in the hot
     loop than five transposed ones)."""
     _names: tuple[str, ...] = attrs.field(init=False, repr=False)
+    _subsets: dict[tuple[str, ...], Any] = attrs.field(init=False, repr=False, factory=dict)
 
     def __attrs_post_init__(self) -> None:
         index = self.device.index if self.device.type == "cuda" else -1
@@ -117,7 +118,9 @@ class Arena:
         raw = torch.empty(0, dtype=torch.uint8, device=self.device)
         return raw.set_(self.storage, 0, (self.nbytes,), (1,))
 
-    def first_bad_field(self, tensors: Sequence[object]) -> str | None:
+    def first_bad_field(
+        self, tensors: Sequence[object], names: tuple[str, ...] | None = None
+    ) -> str | None:
         """The name of the first field in ``tensors`` (in layout order) that is no longer
         its view of this arena, ``"<arena>"`` if the storage itself moved or shrank, or
         None when all are intact. Reads no data; never syncs.
@@ -128,12 +131,18 @@ class Arena:
         swapped with ``.data =`` or ``set_()``, or a storage resized. Fields of more than
         one element are also tested for contiguity: the torch references write through
         each tensor's own strides, so a same-shaped view whose strides were rewritten in
-        place (``as_strided_``) would scatter their writes over other fields."""
+        place (``as_strided_``) would scatter their writes over other fields.
+
+        With ``names``, ``tensors`` are those fields only, in that order (a stage that
+        reads a few fields re-checks just them)."""
+        expected, field_names = (
+            (self._expected, self._names) if names is None else self._subset(names)
+        )
         storage = self.storage
         if storage.data_ptr() != self.base or storage.nbytes() != self.nbytes:
             return "<arena>"
         try:
-            for t, (ptr, dtype, shape, multi) in zip(tensors, self._expected):
+            for t, (ptr, dtype, shape, multi) in zip(tensors, expected):
                 if (
                     t.data_ptr() != ptr  # type: ignore[attr-defined]
                     or t.dtype is not dtype  # type: ignore[attr-defined]
@@ -146,10 +155,20 @@ class Arena:
         except (AttributeError, TypeError, RuntimeError):
             pass
         # Name the first field that is not its view, testing each without raising.
-        for t, (ptr, dtype, shape, _multi), name in zip(tensors, self._expected, self._names):
+        for t, (ptr, dtype, shape, _multi), name in zip(tensors, expected, field_names):
             if not _is_view(t, ptr, dtype, shape):
                 return name
         return None
+
+    def _subset(
+        self, names: tuple[str, ...]
+    ) -> tuple[tuple[tuple[Any, ...], ...], tuple[str, ...]]:
+        cached = self._subsets.get(names)
+        if cached is None:
+            index = {name: i for i, name in enumerate(self._names)}
+            cached = (tuple(self._expected[index[n]] for n in names), names)
+            self._subsets[names] = cached
+        return cached
 
     def overlaps(self, t: torch.Tensor) -> bool:
         """Whether any byte ``t`` can address lies inside the arena (one range test)."""

@@ -14,7 +14,7 @@ import functools
 import operator
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import torch
@@ -27,6 +27,7 @@ from .status import PlanStatus
 
 _FIELD_NAMES = tuple(BUFFER_SPECS)
 _get_fields = operator.attrgetter(*_FIELD_NAMES)  # one C call for all tensors
+_GETTERS: dict[tuple[str, ...], Any] = {}
 _SEEDS = _FIELD_NAMES.index("write_seed_slot_indices")  # [write_req_capacity]
 _SLOTS = _FIELD_NAMES.index("verify_slot_indices")  # [verify_capacity]
 _ALL_STATUS = int(sum(PlanStatus))
@@ -296,9 +297,23 @@ class PlanBuffers:
         ``object.__setattr__``, swapped with ``.data =`` or ``set_()``, resized in place,
         deleted, or a storage resized under it, raises a ``kv-canary:`` error instead of
         being written."""
+        self._check(_FIELD_NAMES, _get_fields)
+
+    def check_fields(self, names: tuple[str, ...]) -> None:
+        """:meth:`check` of the fields ``names`` only (with the storage and the owner):
+        the write and verify stages read a few of the plan's fields and re-check those
+        at every launch. ``names`` must be a tuple of field names, in any order."""
+        getter = _GETTERS.get(names)
+        if getter is None:
+            getter = _GETTERS[names] = operator.attrgetter(*names)
+        self._check(names, getter)
+
+    def _check(self, names: tuple[str, ...], getter: Any) -> None:
         try:
             arena = self.arena
-            fields = _get_fields(self)
+            fields = getter(self)
+            if len(names) == 1:
+                fields = (fields,)
         except AttributeError as err:
             raise AttributeError(
                 f"kv-canary: PlanBuffers is missing a field ({err}); build buffers with "
@@ -309,9 +324,9 @@ class PlanBuffers:
                 "kv-canary: PlanBuffers.arena must be a kv_canary_buffers.arena.Arena, got "
                 f"{type(arena).__name__} (the object was tampered with)"
             )
-        bad = arena.first_bad_field(fields)
+        bad = arena.first_bad_field(fields, None if names is _FIELD_NAMES else names)
         if bad is not None:
-            self._raise_bad_field(bad, fields)
+            self._raise_bad_field(bad)
         if arena.owner() is not self:
             raise ValueError(
                 "kv-canary: this PlanBuffers does not own its arena (its fields were rebound "
@@ -323,9 +338,9 @@ class PlanBuffers:
         fields = _get_fields(self)
         bad = self.arena.first_bad_field(fields)
         if bad is not None:
-            self._raise_bad_field(bad, fields)
+            self._raise_bad_field(bad)
 
-    def _raise_bad_field(self, name: str, fields: tuple[object, ...]) -> None:
+    def _raise_bad_field(self, name: str) -> NoReturn:
         arena = self.arena
         if name == "<arena>":
             raise ValueError(
@@ -334,7 +349,7 @@ class PlanBuffers:
                 f"{arena.storage.nbytes()} bytes); never resize a field's storage"
             )
         index = _FIELD_NAMES.index(name)
-        t = fields[index]
+        t = getattr(self, name, None)
         spec = arena.fields[index]
         if not isinstance(t, torch.Tensor):
             raise TypeError(

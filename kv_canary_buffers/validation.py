@@ -433,14 +433,24 @@ def check_store(store: object) -> CanaryStore:
     return store
 
 
-def check_plan_buffers(buffers: object) -> PlanBuffers:
-    """Accept only the library's own :class:`PlanBuffers` (exact type), re-checked."""
+WRITE_PLAN_FIELDS = ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs")
+"""The plan's fields the write stage reads (and re-checks at every launch)."""
+VERIFY_PLAN_FIELDS = (
+    "verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
+    "verify_prev_slot_indices", "verify_num_valid", "verify_enable",
+)  # fmt: skip
+"""The plan's fields the verify stage reads (and re-checks at every launch)."""
+
+
+def check_plan_buffers(buffers: object, fields: tuple[str, ...]) -> PlanBuffers:
+    """Accept only the library's own :class:`PlanBuffers` (exact type), with the
+    ``fields`` a stage reads re-checked (plus the arena's storage and owner)."""
     if type(buffers) is not PlanBuffers:
         raise TypeError(
             "kv-canary: plan_buffers must be a kv_canary_buffers.PlanBuffers (build one with "
             f"PlanBuffers.allocate), got {type(buffers).__name__}"
         )
-    buffers.check()
+    buffers.check_fields(fields)
     return buffers
 
 
@@ -498,7 +508,7 @@ def validate_write_args(
     ``TypeError`` for an object of the wrong type, ``ValueError`` for everything else;
     reads no tensor data and never syncs."""
     st = check_store(store)
-    bufs = check_plan_buffers(plan_buffers)
+    bufs = check_plan_buffers(plan_buffers, WRITE_PLAN_FIELDS)
     _check_same_device(st, bufs)
     has_expected = expected_input_ids is not None
     if has_expected != (expected_positions is not None):
@@ -585,7 +595,7 @@ def validate_verify_args(
 ) -> VerifyArgs:
     """Every host-side check of one verify call (both verify paths run it first)."""
     st = check_store(store)
-    bufs = check_plan_buffers(plan_buffers)
+    bufs = check_plan_buffers(plan_buffers, VERIFY_PLAN_FIELDS)
     _check_same_device(st, bufs)
     tag = check_int64("launch_tag", launch_tag)
     check = check_bool("check_expected_tokens", check_expected_tokens)

@@ -343,15 +343,30 @@ def test_plan_buffers_on_another_device(canary, setup, stage):
 
 @pytest.mark.parametrize("stage", ["write", "verify"])
 def test_tampered_plan_buffers_are_refused(canary, setup, stage):
+    # Each stage re-checks the plan fields it reads (and the arena and its owner).
     store, plan, kv = setup
-    object.__setattr__(plan, "write_offsets", plan.write_offsets[:-1].clone())
+    if stage == "write":
+        object.__setattr__(plan, "write_offsets", plan.write_offsets[:-1].clone())
+        call = lambda: canary.write(store, plan, **write_kwargs(kv))  # noqa: E731
+        match = "write_offsets_len must equal write_req_capacity \\+ 1"
+    else:
+        object.__setattr__(plan, "verify_slot_indices", plan.verify_slot_indices.clone())
+        call = lambda: canary.verify(store, plan)  # noqa: E731
+        match = "PlanBuffers.verify_slot_indices is not the memory it was built with"
+    run_refused(call, store, plan, ValueError, match)
+
+
+@pytest.mark.parametrize("stage", ["write", "verify"])
+def test_a_plan_arena_resized_under_the_buffers_is_refused_by_every_stage(canary, setup, stage):
+    store, plan, kv = setup
+    plan.verify_enable.untyped_storage().resize_(0)
     if stage == "write":
         call = lambda: canary.write(store, plan, **write_kwargs(kv))  # noqa: E731
     else:
         call = lambda: canary.verify(store, plan)  # noqa: E731
-    run_refused(
-        call, store, plan, ValueError, "write_offsets_len must equal write_req_capacity \\+ 1"
-    )
+    with pytest.raises(ValueError, match="kv-canary: the PlanBuffers arena's storage"):
+        call()
+    assert int(store.kernel_runs) == 0
 
 
 # --- real-KV at the launch ---------------------------------------------------------------------
