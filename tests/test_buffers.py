@@ -252,3 +252,13 @@ def test_the_buffers_package_never_imports_triton():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+def test_check_fields_checks_just_those_fields_and_the_arena():
+    b = PlanBuffers.allocate(write_req_capacity=4, verify_capacity=8, device="cpu")
+    object.__setattr__(b, "verify_slot_indices", b.verify_slot_indices.clone())
+    b.check_fields(("write_offsets", "write_seed_slot_indices"))  # untouched fields: fine
+    with pytest.raises(ValueError, match=r"PlanBuffers\.verify_slot_indices is not the memory"):
+        b.check_fields(("verify_slot_indices",))
+    with pytest.raises(ValueError, match=r"PlanBuffers\.verify_slot_indices is not the memory"):
+        b.check()
