@@ -262,6 +262,28 @@ def real_kv_hash(
 
 
 @triton.jit
+def real_kv_or_zero(
+    slot, ok, flags, page_size, bpt_words, kv_words,
+    src0, src1, src2, src3, stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
+    NUM_SOURCES: tl.constexpr, MODE: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """``real_kv(s)`` (int64) of the lanes in ``ok``, zeros without sources; ``ok`` less
+    the lanes whose page row lies past a source, whose bit goes into ``flags``."""
+    if NUM_SOURCES > 0:
+        kv, row_bad = real_kv_hash(
+            slot, ok, page_size, bpt_words, kv_words,
+            src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+            rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
+        )  # fmt: skip
+        flags |= tl.where(row_bad, REAL_KV_ROW_BAD, 0)
+        ok &= ~row_bad
+        kv = i64(kv)
+    else:
+        kv = tl.zeros(slot.shape, tl.int64)
+    return kv, ok, flags
+
+
+@triton.jit
 def store_rows(
     keep, index, tag, slot, position, stored_token, expected_token, chain, aux, bits, violations_ptr
 ):

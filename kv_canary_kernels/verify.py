@@ -25,7 +25,6 @@ from .canary_common import (
     POSITION_BIT,
     PREV_SLOT_BAD,
     REAL_KV_BIT,
-    REAL_KV_ROW_BAD,
     REC_W,
     VERIFY_SLOT_BAD,
     VERIFY_TOKEN_BIT,
@@ -33,7 +32,7 @@ from .canary_common import (
     i64,
     mix3,
     raise_status,
-    real_kv_hash,
+    real_kv_or_zero,
 )
 from .config import REAL_KV_CHUNK, device_config
 from .launcher import Launcher
@@ -149,34 +148,29 @@ def canary_verify_kernel(
         prev_bad = looked & ~slot_bad & (prev >= num_slots)
         ok = looked & ~slot_bad & ~prev_bad
         flags |= tl.where(slot_bad, VERIFY_SLOT_BAD, 0) | tl.where(prev_bad, PREV_SLOT_BAD, 0)
-        if NUM_SOURCES > 0:
-            kv, row_bad = real_kv_hash(
-                slot,
-                ok,
-                page_size,
-                bpt_words,
-                kv_words,
-                src0,
-                src1,
-                src2,
-                src3,
-                stride0,
-                stride1,
-                stride2,
-                stride3,
-                rows0,
-                rows1,
-                rows2,
-                rows3,
-                NUM_SOURCES,
-                MODE,
-                CHUNK,
-            )
-            flags |= tl.where(row_bad, REAL_KV_ROW_BAD, 0)
-            ok &= ~row_bad
-            kv = i64(kv)
-        else:
-            kv = tl.zeros([BLOCK], tl.int64)
+        kv, ok, flags = real_kv_or_zero(
+            slot,
+            ok,
+            flags,
+            page_size,
+            bpt_words,
+            kv_words,
+            src0,
+            src1,
+            src2,
+            src3,
+            stride0,
+            stride1,
+            stride2,
+            stride3,
+            rows0,
+            rows1,
+            rows2,
+            rows3,
+            NUM_SOURCES,
+            MODE,
+            CHUNK,
+        )
         # The record in one 32-byte read (two 16-byte loads), split into its columns.
         r_token, r_position, r_prev, r_kv = load_records(records_ptr, slot, ok, BLOCK)
         want_position = tl.load(position_ptr + entry, mask=ok, other=0)

@@ -20,7 +20,6 @@ from kv_canary_buffers.validation import WriteArgs, validate_write_args
 from .canary_common import (
     ANCHOR,
     PLAN_COUNT_BAD,
-    REAL_KV_ROW_BAD,
     REC_POSITION,
     REC_PREV_HASH,
     REC_REAL_KV,
@@ -35,7 +34,7 @@ from .canary_common import (
     i64,
     mix3,
     raise_status,
-    real_kv_hash,
+    real_kv_or_zero,
 )
 from .config import REAL_KV_CHUNK
 from .launcher import Launcher, alignment_key
@@ -194,34 +193,29 @@ def canary_write_kernel(
         slot_bad = live & (s0 >= num_slots)
         flags |= tl.where(slot_bad, WRITE_SLOT_BAD, 0)
         ok = live & ~slot_bad
-        if NUM_SOURCES > 0:
-            kv, row_bad = real_kv_hash(
-                s0,
-                ok,
-                page_size,
-                bpt_words,
-                kv_words,
-                src0,
-                src1,
-                src2,
-                src3,
-                stride0,
-                stride1,
-                stride2,
-                stride3,
-                rows0,
-                rows1,
-                rows2,
-                rows3,
-                NUM_SOURCES,
-                MODE,
-                CHUNK,
-            )
-            flags |= tl.where(row_bad, REAL_KV_ROW_BAD, 0)
-            ok &= ~row_bad
-            kv = i64(kv)
-        else:
-            kv = tl.zeros([ROWS], tl.int64)
+        kv, ok, flags = real_kv_or_zero(
+            s0,
+            ok,
+            flags,
+            page_size,
+            bpt_words,
+            kv_words,
+            src0,
+            src1,
+            src2,
+            src3,
+            stride0,
+            stride1,
+            stride2,
+            stride3,
+            rows0,
+            rows1,
+            rows2,
+            rows3,
+            NUM_SOURCES,
+            MODE,
+            CHUNK,
+        )
         # The chain first: everything below is off its critical path.
         chain = i64(running)
         running = tl.where(ok, mix3(running, t0, p0), running)
