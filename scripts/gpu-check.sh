@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Every GPU check of the project in one run (use a 2-GPU machine for tests/test_multi_gpu.py):
+# GPU tests, compute-sanitizer memcheck of the plan and of write/verify, the demo on CUDA with
+# corruption injected, and the benchmark of every stage. Writes run.log, memcheck-h200.log
+# and the benchmark CSV and plots under $OUT (default: ./gpu-check-out).
+# Usage: PYTHONPATH=. OUT=dir bash scripts/gpu-check.sh
+set -o pipefail
+OUT="${OUT:-gpu-check-out}"
+mkdir -p "$OUT"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+L=$OUT/run.log
+{ date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
+echo "== GPU tests" >> $L
+timeout 240 python -m pytest -q tests/test_gpu.py tests/test_gpu_canary.py tests/test_multi_gpu.py tests/test_end_to_end.py tests/test_demo.py -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
+echo "== memcheck" >> $L
+M=$OUT/memcheck-h200.log
+timeout 100 compute-sanitizer --tool memcheck python tests/gpu_memcheck_canary.py > $M 2>&1; echo "memcheck canary rc=$?" >> $L
+timeout 100 compute-sanitizer --tool memcheck python tests/gpu_memcheck.py >> $M 2>&1; echo "memcheck plan rc=$?" >> $L
+grep -E "ERROR SUMMARY|gpu_memcheck" $M >> $L
+echo "== demo" >> $L
+timeout 60 python -m kv_canary_buffers --device cuda --inject-corruption --steps 120 >> $L 2>&1; echo "demo rc=$?" >> $L
+echo "== bench" >> $L
+timeout 240 python benchmarks/bench.py --quick --out $OUT >> $L 2>&1; echo "bench rc=$?" >> $L
