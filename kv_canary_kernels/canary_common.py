@@ -151,24 +151,10 @@ def _words16(t):
     even, odd = tl.split(t)
     e = _words8(even)
     o = _words8(odd)
-    return (
-        e[0],
-        o[0],
-        e[1],
-        o[1],
-        e[2],
-        o[2],
-        e[3],
-        o[3],
-        e[4],
-        o[4],
-        e[5],
-        o[5],
-        e[6],
-        o[6],
-        e[7],
-        o[7],
-    )
+    return (  # word 2k is e[k], word 2k + 1 is o[k]
+        e[0], o[0], e[1], o[1], e[2], o[2], e[3], o[3], e[4], o[4], e[5], o[5], e[6], o[6],
+        e[7], o[7],
+    )  # fmt: skip
 
 
 @triton.jit
@@ -177,40 +163,11 @@ def _words32(t):
     even, odd = tl.split(t)
     e = _words16(even)
     o = _words16(odd)
-    return (
-        e[0],
-        o[0],
-        e[1],
-        o[1],
-        e[2],
-        o[2],
-        e[3],
-        o[3],
-        e[4],
-        o[4],
-        e[5],
-        o[5],
-        e[6],
-        o[6],
-        e[7],
-        o[7],
-        e[8],
-        o[8],
-        e[9],
-        o[9],
-        e[10],
-        o[10],
-        e[11],
-        o[11],
-        e[12],
-        o[12],
-        e[13],
-        o[13],
-        e[14],
-        o[14],
-        e[15],
-        o[15],
-    )
+    return (  # word 2k is e[k], word 2k + 1 is o[k]
+        e[0], o[0], e[1], o[1], e[2], o[2], e[3], o[3], e[4], o[4], e[5], o[5], e[6], o[6],
+        e[7], o[7], e[8], o[8], e[9], o[9], e[10], o[10], e[11], o[11], e[12], o[12],
+        e[13], o[13], e[14], o[14], e[15], o[15],
+    )  # fmt: skip
 
 
 @triton.jit

@@ -149,28 +149,10 @@ def canary_verify_kernel(
         ok = looked & ~slot_bad & ~prev_bad
         flags |= tl.where(slot_bad, VERIFY_SLOT_BAD, 0) | tl.where(prev_bad, PREV_SLOT_BAD, 0)
         kv, ok, flags = real_kv_or_zero(
-            slot,
-            ok,
-            flags,
-            page_size,
-            bpt_words,
-            kv_words,
-            src0,
-            src1,
-            src2,
-            src3,
-            stride0,
-            stride1,
-            stride2,
-            stride3,
-            rows0,
-            rows1,
-            rows2,
-            rows3,
-            NUM_SOURCES,
-            MODE,
-            CHUNK,
-        )
+            slot, ok, flags, page_size, bpt_words, kv_words,
+            src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+            rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
+        )  # fmt: skip
         # The record in one 32-byte read (two 16-byte loads), split into its columns.
         r_token, r_position, r_prev, r_kv = load_records(records_ptr, slot, ok, BLOCK)
         want_position = tl.load(position_ptr + entry, mask=ok, other=0)

@@ -194,28 +194,10 @@ def canary_write_kernel(
         flags |= tl.where(slot_bad, WRITE_SLOT_BAD, 0)
         ok = live & ~slot_bad
         kv, ok, flags = real_kv_or_zero(
-            s0,
-            ok,
-            flags,
-            page_size,
-            bpt_words,
-            kv_words,
-            src0,
-            src1,
-            src2,
-            src3,
-            stride0,
-            stride1,
-            stride2,
-            stride3,
-            rows0,
-            rows1,
-            rows2,
-            rows3,
-            NUM_SOURCES,
-            MODE,
-            CHUNK,
-        )
+            s0, ok, flags, page_size, bpt_words, kv_words,
+            src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+            rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
+        )  # fmt: skip
         # The chain first: everything below is off its critical path.
         chain = i64(running)
         running = tl.where(ok, mix3(running, t0, p0), running)
