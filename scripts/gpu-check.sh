@@ -3,21 +3,29 @@
 # GPU tests, compute-sanitizer memcheck of the plan and of write/verify, the demo on CUDA with
 # corruption injected, and the benchmark of every stage. Writes run.log, memcheck-h200.log
 # and the benchmark CSV and plots under $OUT (default: ./gpu-check-out).
-# Usage: PYTHONPATH=. OUT=dir bash scripts/gpu-check.sh
+# On two GPUs also benchmarks/bench_multi_gpu.py. BENCH=0 skips benchmarks/bench.py.
+# Usage: PYTHONPATH=. OUT=dir [BENCH=0] bash scripts/gpu-check.sh
 set -o pipefail
 OUT="${OUT:-gpu-check-out}"
 mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 L=$OUT/run.log
 { date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
-echo "== GPU tests" >> $L
+echo "== GPU tests $(date -u +%T)" >> $L
 timeout 240 python -m pytest -q tests/test_gpu.py tests/test_gpu_canary.py tests/test_multi_gpu.py tests/test_end_to_end.py tests/test_demo.py -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
-echo "== memcheck" >> $L
+echo "== memcheck $(date -u +%T)" >> $L
 M=$OUT/memcheck-h200.log
 timeout 100 compute-sanitizer --tool memcheck python tests/gpu_memcheck_canary.py > $M 2>&1; echo "memcheck canary rc=$?" >> $L
 timeout 100 compute-sanitizer --tool memcheck python tests/gpu_memcheck.py >> $M 2>&1; echo "memcheck plan rc=$?" >> $L
 grep -E "ERROR SUMMARY|gpu_memcheck" $M >> $L
-echo "== demo" >> $L
+echo "== demo $(date -u +%T)" >> $L
 timeout 60 python -m kv_canary_buffers --device cuda --inject-corruption --steps 120 >> $L 2>&1; echo "demo rc=$?" >> $L
-echo "== bench" >> $L
-timeout 240 python benchmarks/bench.py --quick --out $OUT >> $L 2>&1; echo "bench rc=$?" >> $L
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  echo "== two GPUs: launch host cost, NCCL gather $(date -u +%T)" >> $L
+  timeout 120 python benchmarks/bench_multi_gpu.py >> $L 2>&1; echo "bench_multi_gpu rc=$?" >> $L
+fi
+if [ "${BENCH:-1}" = 1 ]; then
+  echo "== bench $(date -u +%T)" >> $L
+  timeout 240 python benchmarks/bench.py --quick --out $OUT >> $L 2>&1; echo "bench rc=$?" >> $L
+fi
+echo "== done $(date -u +%T)" >> $L
