@@ -225,44 +225,40 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
 
 
 TUNE_CONFIGS = [
-    {},  # the defaults of kv_canary_kernels/plan.py
-    {"SMALL_ENTRY_BLOCK": 128},
-    {"SMALL_ENTRY_BLOCK": 512},
-    {"SMALL_ENTRY_WARPS": 4},
-    {"SMALL_PROGRAMS_PER_SM": 4},
-    {"ENTRY_BLOCK": 512},
-    {"ENTRY_WARPS": 4},
-    {"LUT_ENTRY_BLOCK": 512},
-    {"LUT_ENTRY_WARPS": 4},
-    {"ENTRY_PROGRAMS_PER_SM": 8},
-    {"ROW_WINDOW": 16},
-    {"ROW_WINDOW": 64},
-    {"_ENTRIES_OPTIONS": {"maxnreg": 40}},
-    {"_ENTRIES_OPTIONS": {"num_stages": 1}},
+    {},  # the defaults: kv_canary_kernels.config.DEFAULT_LAUNCH_CONFIG
+    {"small_entry_block": 128},
+    {"small_entry_block": 512},
+    {"small_entry_warps": 4},
+    {"small_programs_per_sm": 4},
+    {"entry_block": 512},
+    {"entry_warps": 4},
+    {"lut_entry_block": 512},
+    {"lut_entry_warps": 4},
+    {"entry_programs_per_sm": 8},
+    {"row_window": 16},
+    {"row_window": 64},
+    {"entries_options": (("maxnreg", 40),)},
+    {"entries_options": (("num_stages", 1),)},
 ]
-"""One launch constant changed at a time from the defaults (a register cap and the
-software-pipelining depth included)."""
+"""One field of the plan's ``LaunchConfig`` changed at a time from the defaults (a register
+cap and the software-pipelining depth included)."""
 
 TRAFFIC_CONFIGS = [(128, 4), (256, 4), (512, 4), (1024, 4), (1024, 8)]
 """(entries, warps) per program of the traffic-only reference kernel."""
 
 
 def tune_gpu(rec: Recorder, replays: int) -> None:
-    """Sweep the launch constants of ``kv_canary_kernels.plan``, one at a time from the
-    defaults (:data:`TUNE_CONFIGS`), over batches of both paths, SWA off and on."""
+    """Sweep the plan's launch constants, one at a time from the defaults
+    (:data:`TUNE_CONFIGS`, each launched under ``launch_config(**changes)``), over batches
+    of both paths, SWA off and on."""
     from kv_canary_kernels import launch_plan
-    from kv_canary_kernels import plan as launch
+    from kv_canary_kernels.config import DEFAULT_LAUNCH_CONFIG, launch_config
 
-    names = sorted({name for config in TUNE_CONFIGS for name in config})
-    saved = {n: getattr(launch, n) for n in names}
     cases = [(bs, w) for bs in (64, 256, 1000, 4096, 65536) for w in (0, WINDOW)]
     inputs = {c: make_batch(c[0], window=c[1], pool=True, device="cuda", seed=c[0]) for c in cases}
-    try:
-        for config in TUNE_CONFIGS:
-            for name, value in saved.items():
-                setattr(launch, name, config.get(name, value))
-            launch._device_config.cache_clear()
-            impl = " ".join(f"{k}={v}" for k, v in config.items()) or "defaults"
+    for changes in TUNE_CONFIGS:
+        impl = " ".join(f"{k}={v}" for k, v in changes.items()) or "defaults"
+        with launch_config(DEFAULT_LAUNCH_CONFIG, **changes):
             for (bs, w), kwargs in inputs.items():
                 entries = verify_entries(kwargs)
                 bufs = PlanBuffers.allocate(
@@ -270,10 +266,6 @@ def tune_gpu(rec: Recorder, replays: int) -> None:
                 )
                 us = graph_time_us(functools.partial(launch_plan, bufs, **kwargs), replays)
                 rec.add("tune", impl, "us_per_plan", us, bs=bs, swa=w, pool=1, entries=entries)
-    finally:
-        for name, value in saved.items():
-            setattr(launch, name, value)
-        launch._device_config.cache_clear()
 
     # The shape of the stores decides the write rate: the traffic-only reference over
     # (block, warps), next to a memset of the same bytes.

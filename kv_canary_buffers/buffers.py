@@ -4,7 +4,7 @@ An engine builds one per KV pool (buffer group), keeps it alive from the plan to
 kernel that reads the plan, and passes it to :func:`kv_canary_buffers.plan_reference` or
 :func:`kv_canary_kernels.launch_plan`. Every tensor is a fixed view into one zeroed device
 allocation (the arena, :mod:`kv_canary_buffers.arena`) laid out from the two capacities by
-:data:`kv_canary_buffers.layout.BUFFER_SPECS`, so an offsets buffer of
+:data:`kv_canary_buffers.layout.PLAN_FIELDS`, so an offsets buffer of
 ``write_req_capacity`` elements cannot exist and two fields cannot share memory.
 """
 
@@ -22,10 +22,11 @@ import torch
 from .arena import Arena, ArenaField, layout
 from .checks import check_capacity, check_index
 from .devices import DeviceLike, normalize_device
-from .layout import BUFFER_SPECS, MAX_CAPACITY, plan_specs
+from .layout import MAX_CAPACITY, PLAN_FIELDS, plan_specs
+from .layout_docs import docstring_with_fields
 from .status import PlanStatus
 
-_FIELD_NAMES = tuple(BUFFER_SPECS)
+_FIELD_NAMES = tuple(f.name for f in PLAN_FIELDS)
 _get_fields = operator.attrgetter(*_FIELD_NAMES)  # one C call for all tensors
 _GETTERS: dict[tuple[str, ...], Any] = {}
 _SEEDS = _FIELD_NAMES.index("write_seed_slot_indices")  # [write_req_capacity]
@@ -57,31 +58,10 @@ class PlanBuffers:
     Fields cannot be rebound, the capacities and the device are read from the arena (so
     they cannot be rebound either), and :meth:`check` (run by both plan paths at every
     launch) proves that every field is still the view it was built as. With
-    ``Cw = write_req_capacity`` and ``Cv = verify_capacity``:
+    ``Cw = write_req_capacity`` and ``Cv = verify_capacity`` (the table is
+    :data:`~kv_canary_buffers.layout.PLAN_FIELDS`, rendered at import):
 
-    ==========================  =======  ============  ==========================================
-    field                       dtype    shape         contents after a plan of ``bs`` rows
-    ==========================  =======  ============  ==========================================
-    write_offsets               int64    ``[Cw + 1]``  exclusive prefix sum of write counts;
-                                                       ``[bs]`` = total, ``[bs+1:]`` = 0
-    write_seed_slot_indices     int64    ``[Cw]``      chain seed slot per row (``-1``: none);
-                                                       rows ``>= bs`` unspecified
-    write_num_valid_reqs        int32    ``[1]``       ``bs`` (padding rows included)
-    verify_slot_indices         int64    ``[Cv]``      slot of each verify entry
-    verify_expected_tokens      int64    ``[Cv]``      expected token id (``-1``: unchecked)
-    verify_expected_positions   int64    ``[Cv]``      position of each entry
-    verify_prev_slot_indices    int64    ``[Cv]``      predecessor slot (``-1``: chain head)
-    verify_num_valid            int32    ``[1]``       entries written, or ``Cv`` on overflow
-    verify_enable               int32    ``[1]``       1, or 0 when the entries overflowed
-    verify_offsets              int64    ``[Cw + 1]``  scratch: prefix sum of verify counts
-    scan_block_sums             int64    ``[2, nb]``   scratch: per-block sums of the scan,
-                                                       ``nb = ceil(Cw / OFFSETS_BLOCK)``
-    verify_row_hints            int32    ``[nh]``      scratch: row of every 256th entry,
-                                                       ``nh = ceil(Cv / ROW_HINT_STRIDE)``
-    status                      int32    ``[1]``       sticky :class:`PlanStatus` bits
-    dummy_int64, dummy_int32    int64,   ``[1]``       stand-in kernel pointers for an absent
-                                int32                  LUT or token pool
-    ==========================  =======  ============  ==========================================
+    {fields}
 
     Verify entries at and after ``verify_num_valid`` are unspecified.
 
@@ -393,6 +373,11 @@ class PlanBuffers:
         flags = PlanStatus(int(self.status.item()) & _ALL_STATUS)
         self.status.zero_()
         return flags
+
+
+PlanBuffers.__doc__ = docstring_with_fields(
+    PlanBuffers.__doc__, PLAN_FIELDS, "after a plan of `bs` rows"
+)
 
 
 def _plan_layout_of(arena: Arena) -> tuple[tuple[ArenaField, ...], int]:

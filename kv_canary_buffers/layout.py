@@ -1,12 +1,14 @@
 """Dtypes, sentinels and the buffer layout: the one place that defines them.
 
-Everything that sizes, allocates or checks a plan buffer reads :data:`BUFFER_SPECS`;
-everything that validates an input reads the ``*_DTYPE`` constants below.
+Everything that sizes, allocates, checks or documents a buffer reads the layout tables
+(:data:`PLAN_FIELDS`, :data:`STORE_FIELDS`); everything that validates an input reads the
+``*_DTYPE`` constants below; the kernels take their sentinels from here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
+from typing import NamedTuple
 
 import torch
 
@@ -54,43 +56,88 @@ ROW_HINT_STRIDE = 256
 ``ROW_HINT_STRIDE``-th entry, so that a block of entries finds its first row in one load."""
 
 
-def scan_blocks(write_req_capacity: int) -> int:
-    """Number of scan blocks a batch of ``write_req_capacity`` rows can span."""
-    return max(1, -(-write_req_capacity // OFFSETS_BLOCK))
+# --- the layout tables ----------------------------------------------------------------
+# Each field's name, dtype, shape and meaning, once: the arenas are allocated from these
+# rows, the classes' docstrings and docs/api.md's tables are rendered from them
+# (kv_canary_buffers/layout_docs.py, scripts/api_tables.py).
+class Extent(NamedTuple):
+    """One dimension of a field: ``ceil(size / per) + add``, where ``size`` names a
+    capacity (``Cw``, ``Cv``, ``N``, ``V``), or the constant ``add`` when it is None. The
+    same object sizes the allocation and writes the shape in the docs."""
+
+    size: str | None
+    add: int = 0
+    per: int = 1
+
+    def of(self, sizes: Mapping[str, int]) -> int:
+        if self.size is None:
+            return self.add
+        return -(-sizes[self.size] // self.per) + self.add
+
+    def __str__(self) -> str:
+        if self.size is None:
+            return str(self.add)
+        text = self.size if self.per == 1 else f"ceil({self.size} / {self.per})"
+        return f"{text} + {self.add}" if self.add else text
 
 
-def row_hints(verify_capacity: int) -> int:
-    """Number of row hints: one per ``ROW_HINT_STRIDE`` verify entries."""
-    return max(1, -(-verify_capacity // ROW_HINT_STRIDE))
+class Field(NamedTuple):
+    """One row of a layout table."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[Extent, ...]
+    role: str
+    """``output`` (what a plan writes), ``scratch``, ``status`` or ``store``."""
+    meaning: str
+    """Markdown (inline code in single backticks)."""
 
 
-# name -> (dtype, shape as a function of (write_req_capacity, verify_capacity), role)
-ShapeFn = Callable[[int, int], tuple[int, ...]]
-BUFFER_SPECS: dict[str, tuple[torch.dtype, ShapeFn, str]] = {
-    # write plan (outputs)
-    "write_offsets": (ENTRY_DTYPE, lambda w, v: (w + 1,), "output"),
-    "write_seed_slot_indices": (ENTRY_DTYPE, lambda w, v: (w,), "output"),
-    "write_num_valid_reqs": (COUNTER_DTYPE, lambda w, v: (1,), "output"),
-    # verify plan (outputs)
-    "verify_slot_indices": (ENTRY_DTYPE, lambda w, v: (v,), "output"),
-    "verify_expected_tokens": (ENTRY_DTYPE, lambda w, v: (v,), "output"),
-    "verify_expected_positions": (ENTRY_DTYPE, lambda w, v: (v,), "output"),
-    "verify_prev_slot_indices": (ENTRY_DTYPE, lambda w, v: (v,), "output"),
-    "verify_num_valid": (COUNTER_DTYPE, lambda w, v: (1,), "output"),
-    "verify_enable": (COUNTER_DTYPE, lambda w, v: (1,), "output"),
-    # scratch: exclusive prefix sum of per-row verify counts, read by the entries stage
-    "verify_offsets": (ENTRY_DTYPE, lambda w, v: (w + 1,), "scratch"),
-    # scratch: per-block (write, verify) sums of the two-level scan
-    "scan_block_sums": (ENTRY_DTYPE, lambda w, v: (2, scan_blocks(w)), "scratch"),
-    # scratch: [h] = the row of verify entry h * ROW_HINT_STRIDE, read by the entries stage
-    "verify_row_hints": (ROW_INDEX_DTYPE, lambda w, v: (row_hints(v),), "scratch"),
-    # sticky out-of-range flags (PlanStatus), read and cleared by take_status()
-    "status": (COUNTER_DTYPE, lambda w, v: (1,), "status"),
-    # stand-in pointers passed to a kernel when the LUT or the token pool is absent
-    "dummy_int64": (ENTRY_DTYPE, lambda w, v: (1,), "scratch"),
-    "dummy_int32": (COUNTER_DTYPE, lambda w, v: (1,), "scratch"),
-}
-"""Every tensor a :class:`~kv_canary_buffers.PlanBuffers` owns, in field (and arena) order."""
+_ONE = (Extent(None, 1),)
+_CW, _CW1, _CV = Extent("Cw"), Extent("Cw", 1), Extent("Cv")
+
+PLAN_FIELDS: tuple[Field, ...] = (
+    Field("write_offsets", ENTRY_DTYPE, (_CW1,), "output",
+          "exclusive prefix sum of write counts; `[bs]` = total; `[bs+1:]` = 0"),
+    Field("write_seed_slot_indices", ENTRY_DTYPE, (_CW,), "output",
+          f"seed slot per row, `{NO_SLOT}` = none; rows `>= bs` unspecified"),
+    Field("write_num_valid_reqs", COUNTER_DTYPE, _ONE, "output",
+          "`bs` (padding rows included)"),
+    Field("verify_slot_indices", ENTRY_DTYPE, (_CV,), "output", "slot of each entry"),
+    Field("verify_expected_tokens", ENTRY_DTYPE, (_CV,), "output",
+          f"expected token id, `{UNCHECKED_TOKEN}` = do not check"),
+    Field("verify_expected_positions", ENTRY_DTYPE, (_CV,), "output",
+          "position of each entry"),
+    Field("verify_prev_slot_indices", ENTRY_DTYPE, (_CV,), "output",
+          f"predecessor slot, `{NO_SLOT}` = chain head"),
+    Field("verify_num_valid", COUNTER_DTYPE, _ONE, "output",
+          "entries written, or `Cv` on overflow"),
+    Field("verify_enable", COUNTER_DTYPE, _ONE, "output",
+          "`1`, or `0` on overflow (no entry written)"),
+    Field("verify_offsets", ENTRY_DTYPE, (_CW1,), "scratch",
+          "scratch: prefix sum of verify counts, read by the entries stage (large-batch path)"),
+    Field("scan_block_sums", ENTRY_DTYPE, (Extent(None, 2), Extent("Cw", per=OFFSETS_BLOCK)),
+          "scratch",
+          f"scratch: per-block (write, verify) sums of the two-level scan, {OFFSETS_BLOCK} "
+          "rows a block"),
+    Field("verify_row_hints", ROW_INDEX_DTYPE, (Extent("Cv", per=ROW_HINT_STRIDE),), "scratch",
+          f"scratch: the row of every {ROW_HINT_STRIDE}th verify entry (large-batch path)"),
+    Field("status", COUNTER_DTYPE, _ONE, "status",
+          "sticky `PlanStatus` bits, read and cleared by `take_status()`"),
+    Field("dummy_int64", ENTRY_DTYPE, _ONE, "scratch",
+          "stand-in kernel pointer for an absent LUT or valid lengths"),
+    Field("dummy_int32", COUNTER_DTYPE, _ONE, "scratch",
+          "stand-in kernel pointer for an absent token pool"),
+)  # fmt: skip
+"""Every tensor a :class:`~kv_canary_buffers.PlanBuffers` owns, in field (and arena)
+order; ``Cw`` = ``write_req_capacity``, ``Cv`` = ``verify_capacity``."""
+
+
+def specs_of(
+    fields: tuple[Field, ...], sizes: Mapping[str, int]
+) -> tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]:
+    """``(name, dtype, shape)`` of every field of a table for these capacities."""
+    return tuple((f.name, f.dtype, tuple(e.of(sizes) for e in f.shape)) for f in fields)
 
 
 def plan_specs(
@@ -98,10 +145,7 @@ def plan_specs(
 ) -> tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]:
     """``(name, dtype, shape)`` of every field of a :class:`~kv_canary_buffers.PlanBuffers`,
     in field (and arena) order."""
-    return tuple(
-        (name, dtype, shape_fn(write_req_capacity, verify_capacity))
-        for name, (dtype, shape_fn, _role) in BUFFER_SPECS.items()
-    )
+    return specs_of(PLAN_FIELDS, {"Cw": write_req_capacity, "Cv": verify_capacity})
 
 
 STAGING_FIELDS = ("req_pool_indices", "prefix_lens", "extend_seq_lens", "valid_lens")
@@ -147,6 +191,7 @@ REAL_KV_ALIGN = 16
 """Byte alignment of a real-KV source's start, row stride, ``bytes_per_token`` and
 ``read_bytes``; ``PARTIAL`` mode reads this many bytes a slot."""
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 # --- the hashes (docs/contract.md, "Hashes"): constants as unsigned 64-bit values -------
 SM_MUL1 = 0xBF58476D1CE4E5B9
@@ -157,17 +202,35 @@ ANCHOR_SEED = 0xC0FFEE1234567890
 H0 = 0xDE7FAE23A9A1B716
 
 
+STORE_FIELDS: tuple[Field, ...] = (
+    Field("records", RECORD_DTYPE, (Extent("N"), Extent(None, RECORD_WIDTH)), "store",
+          f"per slot: `TOKEN`, `POSITION`, `PREV_HASH`, `REAL_KV_HASH` (columns {TOKEN}.."
+          f"{REAL_KV_HASH}); {RECORD_WIDTH * 8} bytes a slot, so `records.view(torch.uint8)` "
+          "is SGLang's `canary_buf`; zero = never written"),
+    Field("violations", RECORD_DTYPE, (Extent("V"), Extent(None, VIOLATION_WIDTH)), "store",
+          f"the ring: `{', '.join(VIOLATION_COLUMNS)}`"),
+    Field("violation_count", RECORD_DTYPE, _ONE, "store",
+          "rows appended since the last `take_violations`, dropped ones included (`count - V` "
+          "were dropped when it exceeds `V`)"),
+    Field("kernel_runs", RECORD_DTYPE, _ONE, "store",
+          "+1 per write or verify call, always (an overflowed plan included); never cleared "
+          "by the library"),
+    Field("slots_processed", RECORD_DTYPE, _ONE, "store",
+          "write: records stored; verify: entries looked at (`min(verify_num_valid, "
+          "verify_capacity)` per enabled call, skipped ones included); never cleared"),
+    Field("chain_position_check", FLAG_DTYPE, _ONE, "store",
+          "0 at allocation; not 0: the write checks that each written position is the "
+          "previous one of its row + 1"),
+    Field("status", FLAG_DTYPE, _ONE, "status",
+          "sticky `CanaryStatus` bits, read and cleared by `take_status()`"),
+)  # fmt: skip
+"""Every tensor a :class:`~kv_canary_buffers.CanaryStore` owns, in field (and arena)
+order; ``N`` = ``num_slots``, ``V`` = ``violation_capacity``."""
+
+
 def store_specs(
     num_slots: int, violation_capacity: int
 ) -> tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]:
     """``(name, dtype, shape)`` of every field of a :class:`~kv_canary_buffers.CanaryStore`,
     in field (and arena) order."""
-    return (
-        ("records", RECORD_DTYPE, (num_slots, RECORD_WIDTH)),
-        ("violations", RECORD_DTYPE, (violation_capacity, VIOLATION_WIDTH)),
-        ("violation_count", RECORD_DTYPE, (1,)),
-        ("kernel_runs", RECORD_DTYPE, (1,)),
-        ("slots_processed", RECORD_DTYPE, (1,)),
-        ("chain_position_check", FLAG_DTYPE, (1,)),
-        ("status", FLAG_DTYPE, (1,)),
-    )
+    return specs_of(STORE_FIELDS, {"N": num_slots, "V": violation_capacity})

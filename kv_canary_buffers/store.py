@@ -20,11 +20,12 @@ import torch
 from .arena import Arena, ArenaField, layout
 from .checks import check_capacity, check_index
 from .devices import DeviceLike, normalize_device
-from .layout import store_specs
+from .layout import STORE_FIELDS, store_specs
+from .layout_docs import docstring_with_fields
 from .report import Violation, ViolationReport
 from .status import CanaryStatus
 
-_FIELD_NAMES = tuple(name for name, _dtype, _shape in store_specs(1, 1))
+_FIELD_NAMES = tuple(f.name for f in STORE_FIELDS)
 _get_fields = operator.attrgetter(*_FIELD_NAMES)
 
 
@@ -42,25 +43,10 @@ class CanaryStore:
     """Every tensor of one record store, views into one arena, zeroed at allocation.
 
     Build it with :meth:`allocate`; grow it with :meth:`resize` / :meth:`ensure_capacity`.
-    With ``N = num_slots`` and ``V = violation_capacity``:
+    With ``N = num_slots`` and ``V = violation_capacity`` (the table is
+    :data:`~kv_canary_buffers.layout.STORE_FIELDS`, rendered at import):
 
-    ======================  =====  ========  ===========================================
-    field                   dtype  shape     contents
-    ======================  =====  ========  ===========================================
-    records                 int64  ``[N, 4]``  per slot: token, position, prev chain hash,
-                                               real-KV hash (32 bytes a slot, SGLang's
-                                               ``canary_buf`` layout)
-    violations              int64  ``[V, 8]``  the violation ring: launch_tag, slot,
-                                               position, stored_token, expected_token,
-                                               stored_chain_hash, expected_aux, fail_bits
-    violation_count         int64  ``[1]``     rows appended (kept + dropped) since the
-                                               last :meth:`take_violations`
-    kernel_runs             int64  ``[1]``     +1 per write or verify call
-    slots_processed         int64  ``[1]``     records written + verify entries looked at
-    chain_position_check    int32  ``[1]``     1: the write checks that positions follow
-                                               the seed's (see :meth:`enable_chain_position_check`)
-    status                  int32  ``[1]``     sticky :class:`CanaryStatus` bits
-    ======================  =====  ========  ===========================================
+    {fields}
 
     A store has exactly one owner of its arena: ``copy.copy`` and ``attrs.evolve`` that
     would make a second one are refused; ``copy.deepcopy`` and pickling make a new arena.
@@ -290,6 +276,7 @@ class CanaryStore:
         return flags
 
 
+CanaryStore.__doc__ = docstring_with_fields(CanaryStore.__doc__, STORE_FIELDS, "contents")
 _ALL_STATUS = CanaryStatus(sum(CanaryStatus))
 
 

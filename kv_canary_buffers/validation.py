@@ -20,10 +20,10 @@ from .buffers import STAGING_LINK_ATTR, PlanBuffers, StagingLink
 from .checks import check_bool, check_int64
 from .devices import device_predicate
 from .layout import (
-    BUFFER_SPECS,
     INT64_MAX,
     INT64_MIN,
     LUT_DTYPE,
+    PLAN_FIELDS,
     REQ_TO_TOKEN_DTYPE,
     ROW_DTYPE,
     TOKEN_POOL_DTYPE,
@@ -383,7 +383,7 @@ def _named_inputs(*tensors: object) -> tuple[tuple[str, object], ...]:
     return tuple(zip(_INPUT_NAMES, tensors))
 
 
-_WRITE_ROWS = tuple(BUFFER_SPECS).index("write_seed_slot_indices")
+_WRITE_ROWS = [f.name for f in PLAN_FIELDS].index("write_seed_slot_indices")
 """The arena field whose length is ``write_req_capacity``."""
 
 _INPUT_NAMES = (

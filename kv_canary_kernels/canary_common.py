@@ -1,56 +1,30 @@
 """Triton helpers shared by the write and verify kernels: the contract's hashes in
 unsigned 64-bit arithmetic, the real-KV hash, and the violation-ring append. Constants
-come from ``kv_canary_buffers.layout`` and ``kv_canary_buffers.status``."""
+come from :mod:`kv_canary_kernels.constants`."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from kv_canary_buffers.layout import (
-    H0,
-    POSITION,
-    PREV_HASH,
-    REAL_KV_HASH,
-    RECORD_WIDTH,
-    SM_MUL1,
-    SM_MUL2,
-    SM_SHIFTS,
-    TOKEN,
-    VIOLATION_WIDTH,
+from .constants import (
+    MODE_PARTIAL,
+    MUL1,
+    MUL2,
+    REAL_KV_ROW_BAD,
+    SHIFT1,
+    SHIFT2,
+    SHIFT3,
+    VIOL_AUX,
+    VIOL_BITS,
+    VIOL_CHAIN,
+    VIOL_EXPECTED_TOKEN,
+    VIOL_POSITION,
+    VIOL_SLOT,
+    VIOL_STORED_TOKEN,
+    VIOL_TAG,
+    VIOL_W,
 )
-from kv_canary_buffers.status import CanaryStatus, FailBits
-
-ANCHOR: tl.constexpr = tl.constexpr(H0)
-MUL1: tl.constexpr = tl.constexpr(SM_MUL1)
-MUL2: tl.constexpr = tl.constexpr(SM_MUL2)
-SHIFT1: tl.constexpr = tl.constexpr(SM_SHIFTS[0])
-SHIFT2: tl.constexpr = tl.constexpr(SM_SHIFTS[1])
-SHIFT3: tl.constexpr = tl.constexpr(SM_SHIFTS[2])
-REC_W: tl.constexpr = tl.constexpr(RECORD_WIDTH)
-REC_TOKEN: tl.constexpr = tl.constexpr(TOKEN)
-REC_POSITION: tl.constexpr = tl.constexpr(POSITION)
-REC_PREV_HASH: tl.constexpr = tl.constexpr(PREV_HASH)
-REC_REAL_KV: tl.constexpr = tl.constexpr(REAL_KV_HASH)
-VIOL_W: tl.constexpr = tl.constexpr(VIOLATION_WIDTH)
-
-CHAIN_BIT: tl.constexpr = tl.constexpr(int(FailBits.CHAIN))
-POSITION_BIT: tl.constexpr = tl.constexpr(int(FailBits.POSITION))
-REAL_KV_BIT: tl.constexpr = tl.constexpr(int(FailBits.REAL_KV))
-WRITE_TOKEN_BIT: tl.constexpr = tl.constexpr(int(FailBits.WRITE_TOKEN))
-WRITE_POSITION_BIT: tl.constexpr = tl.constexpr(int(FailBits.WRITE_POSITION))
-VERIFY_TOKEN_BIT: tl.constexpr = tl.constexpr(int(FailBits.VERIFY_TOKEN))
-
-SEED_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.SEED_OUT_OF_RANGE))
-WRITE_SLOT_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.WRITE_SLOT_OUT_OF_RANGE))
-WRITE_INDEX_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.WRITE_INDEX_OUT_OF_RANGE))
-VERIFY_SLOT_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.VERIFY_SLOT_OUT_OF_RANGE))
-PREV_SLOT_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.PREV_SLOT_OUT_OF_RANGE))
-REAL_KV_ROW_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.REAL_KV_ROW_OUT_OF_RANGE))
-PLAN_COUNT_BAD: tl.constexpr = tl.constexpr(int(CanaryStatus.PLAN_COUNT_OUT_OF_RANGE))
-
-MODE_PARTIAL: tl.constexpr = tl.constexpr(1)
-"""``RealKVMode.PARTIAL``: two words a slot and source, loaded without a loop."""
 
 
 @triton.jit
@@ -246,14 +220,14 @@ def store_rows(
 ):
     """Store one violation row per lane in ``keep`` at ring row ``index``."""
     row = violations_ptr + index * VIOL_W
-    tl.store(row + 0, tl.zeros_like(slot) + tag, mask=keep)
-    tl.store(row + 1, slot, mask=keep)
-    tl.store(row + 2, position, mask=keep)
-    tl.store(row + 3, stored_token, mask=keep)
-    tl.store(row + 4, expected_token, mask=keep)
-    tl.store(row + 5, chain, mask=keep)
-    tl.store(row + 6, aux, mask=keep)
-    tl.store(row + 7, bits.to(tl.int64), mask=keep)
+    tl.store(row + VIOL_TAG, tl.zeros_like(slot) + tag, mask=keep)
+    tl.store(row + VIOL_SLOT, slot, mask=keep)
+    tl.store(row + VIOL_POSITION, position, mask=keep)
+    tl.store(row + VIOL_STORED_TOKEN, stored_token, mask=keep)
+    tl.store(row + VIOL_EXPECTED_TOKEN, expected_token, mask=keep)
+    tl.store(row + VIOL_CHAIN, chain, mask=keep)
+    tl.store(row + VIOL_AUX, aux, mask=keep)
+    tl.store(row + VIOL_BITS, bits.to(tl.int64), mask=keep)
 
 
 @triton.jit

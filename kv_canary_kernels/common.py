@@ -1,24 +1,23 @@
-"""Triton helpers shared by the plan kernels, and the status bits as compile-time
-constants (their values come from ``kv_canary_buffers.PlanStatus``)."""
+"""Triton helpers shared by the plan kernels (constants: :mod:`kv_canary_kernels.constants`)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from kv_canary_buffers.layout import INT64_MAX as _INT64_MAX
-from kv_canary_buffers.layout import MAX_ROW_WRITES as _MAX_ROW_WRITES
-from kv_canary_buffers.status import PlanStatus
-
-REQ_POOL_INDEX_BIT: tl.constexpr = tl.constexpr(int(PlanStatus.REQ_POOL_INDEX_OUT_OF_RANGE))
-PREFIX_LEN_BIT: tl.constexpr = tl.constexpr(int(PlanStatus.PREFIX_LEN_OUT_OF_RANGE))
-LUT_SLOT_BIT: tl.constexpr = tl.constexpr(int(PlanStatus.LUT_SLOT_OUT_OF_RANGE))
-POOL_ROW_BIT: tl.constexpr = tl.constexpr(int(PlanStatus.POOL_ROW_OUT_OF_RANGE))
-VALID_LEN_BIT: tl.constexpr = tl.constexpr(int(PlanStatus.VALID_LEN_OUT_OF_RANGE))
-
-
-MAX_ROW_WRITES: tl.constexpr = tl.constexpr(_MAX_ROW_WRITES)
-INT64_MAX: tl.constexpr = tl.constexpr(_INT64_MAX)
+from .constants import (
+    DUMMY_SLOT,
+    INT64_MAX,
+    LUT_SLOT_BIT,
+    MAX_ROW_WRITES,
+    NO_SLOT,
+    PADDING_ROW,
+    POOL_ROW_BIT,
+    PREFIX_LEN_BIT,
+    REQ_POOL_INDEX_BIT,
+    UNCHECKED_TOKEN,
+    VALID_LEN_BIT,
+)
 
 
 # Wrap-free arithmetic (docs/contract.md, "Extreme values"): every per-row input may hold
@@ -55,9 +54,9 @@ def load_verify_rows(req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window, ve
     clamped to ``verify_capacity + 1``: exact when the plan does not overflow, and sums
     of at most ``2**31`` rows of at most ``2**31`` cannot wrap."""
     in_batch = rows < bs
-    rp = tl.load(req_pool_indices_ptr + rows, mask=in_batch, other=0)
+    rp = tl.load(req_pool_indices_ptr + rows, mask=in_batch, other=PADDING_ROW)
     prefix = tl.load(prefix_lens_ptr + rows, mask=in_batch, other=0)
-    active = in_batch & (rp != 0)
+    active = in_batch & (rp != PADDING_ROW)
     count_cap = verify_capacity.to(tl.int64) + 1  # 2**31 at most: int64
     vcount = tl.where(active, tl.minimum(verify_count(prefix, window), count_cap), 0)
     return in_batch, rp, prefix, active, vcount
@@ -121,7 +120,7 @@ def translate(slot, lut_ptr, lut_len, mask):
     # written once per step: ask L2 to keep the tables (evict_last) and to let the
     # streamed outputs go first (the .cs stores in write_entries).
     value = tl.load(
-        lut_ptr + slot, mask=looked_up & in_range, other=0, eviction_policy="evict_last"
+        lut_ptr + slot, mask=looked_up & in_range, other=DUMMY_SLOT, eviction_policy="evict_last"
     )
     return tl.where(looked_up, value, slot), looked_up & (slot >= lut_len)
 
@@ -198,7 +197,7 @@ def write_seeds(
     seed_pos = tl.maximum(prefix, 1) - 1  # P - 1 where a seed is read; no wrap at -2**63
     # A read that would leave the table is not made: the seed becomes slot 0, untranslated.
     seed_read = wants_seed & rp_ok & (seed_pos < table_cols)
-    seed = tl.load(req_to_token_ptr + rp * table_cols + seed_pos, mask=seed_read, other=0)
+    seed = tl.load(req_to_token_ptr + rp * table_cols + seed_pos, mask=seed_read, other=DUMMY_SLOT)
     seed = seed.to(tl.int64)
     # Per-lane flags, OR-reduced once at the end (one reduction, not one per kind).
     flags = tl.where(active & ~rp_ok, REQ_POOL_INDEX_BIT, 0)
@@ -206,7 +205,7 @@ def write_seeds(
     if HAS_LUT:
         seed, bad_slot = translate(seed, lut_ptr, lut_len, seed_read)
         flags |= tl.where(bad_slot, LUT_SLOT_BIT, 0)
-    tl.store(write_seed_ptr + rows, tl.where(wants_seed, seed, -1), mask=in_batch)
+    tl.store(write_seed_ptr + rows, tl.where(wants_seed, seed, NO_SLOT), mask=in_batch)
     if HAS_POOL:
         flags |= tl.where(active & ((rp < 0) | (rp >= pool_rows)), POOL_ROW_BIT, 0)
         flags |= tl.where(active & (valid_len > pool_cols), VALID_LEN_BIT, 0)
@@ -261,7 +260,7 @@ def write_entries(
     table_row = req_to_token_ptr + rp * table_cols
     # Reads that would leave the table are not made: those slots become 0, untranslated.
     slot_read = in_range & rp_ok & (pos < table_cols)
-    slot = tl.load(table_row + pos, mask=slot_read, other=0, eviction_policy="evict_last")
+    slot = tl.load(table_row + pos, mask=slot_read, other=DUMMY_SLOT, eviction_policy="evict_last")
     slot = slot.to(tl.int64)
     has_prev = pos > 0
     prev_read = in_range & rp_ok & has_prev & (pos <= table_cols)
@@ -273,23 +272,23 @@ def write_entries(
         left = tl.maximum(tl.arange(0, BLOCK) - 1, 0)
         from_left = (tl.arange(0, BLOCK) > 0) & (tl.gather(row, left, 0) == row)
         prev_read &= ~from_left
-        prev = tl.load(table_row + pos - 1, mask=prev_read, other=0).to(tl.int64)
+        prev = tl.load(table_row + pos - 1, mask=prev_read, other=DUMMY_SLOT).to(tl.int64)
         prev, bad_prev = translate(prev, lut_ptr, lut_len, prev_read)
         prev = tl.where(from_left, tl.gather(slot, left, 0), prev)
         bits = any_bit(bad_slot | bad_prev, LUT_SLOT_BIT)
     else:
-        prev = tl.load(table_row + pos - 1, mask=prev_read, other=0).to(tl.int64)
-    prev = tl.where(has_prev, prev, -1)
+        prev = tl.load(table_row + pos - 1, mask=prev_read, other=DUMMY_SLOT).to(tl.int64)
+    prev = tl.where(has_prev, prev, NO_SLOT)
     if HAS_POOL:
         # q = pos + offset saturated at INT64_MAX (pos >= 0): no wrap, and a saturated q
         # fails q < valid_len exactly when the true sum would.
         q = tl.minimum(pos, INT64_MAX - tl.maximum(token_offset.to(tl.int64), 0)) + token_offset
         checked = in_range & (q >= 0) & (q < valid_len)
         checked &= (q < pool_cols) & (rp >= 0) & (rp < pool_rows)
-        token = tl.load(token_pool_ptr + rp * pool_cols + q, mask=checked, other=-1)
+        token = tl.load(token_pool_ptr + rp * pool_cols + q, mask=checked, other=UNCHECKED_TOKEN)
         token = token.to(tl.int64)
     else:
-        token = tl.full([BLOCK], -1, tl.int64)
+        token = tl.full([BLOCK], UNCHECKED_TOKEN, tl.int64)
     # Streaming stores: see translate().
     tl.store(slot_ptr + entry, slot, mask=in_range, cache_modifier=".cs")
     tl.store(token_ptr + entry, token, mask=in_range, cache_modifier=".cs")

@@ -1,42 +1,193 @@
-"""Per-device launch settings of the write and verify kernels, read once per device."""
+"""The kernels' launch constants, one frozen :class:`LaunchConfig` replaced as a whole,
+and the per-device settings derived from it (read once per device and config)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import NamedTuple
+from collections.abc import Iterator
+from typing import Any, NamedTuple, TypeVar
 
+import attrs
 import torch
+
+from kv_canary_buffers.layout import ROW_HINT_STRIDE, SCAN_BLOCK
+from kv_canary_buffers.layout_docs import markdown_table
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 """Read once at import, as Triton does: the interpreter can't be switched on later."""
 
-REAL_KV_CHUNK = 16
-"""Words (8 bytes) of a slot that the real-KV hash of mode ALL reads at once, per source:
-8, 16 or 32 (a tile of [slots, REAL_KV_CHUNK] words, coalesced across the warp)."""
+_T = TypeVar("_T")
 
-INTERPRETER_PROGRAMS = 2
-"""Programs of a persistent grid under the interpreter, where each costs host time."""
+
+def _constant(default: _T, doc: str) -> _T:
+    return attrs.field(default=default, metadata={"doc": doc})
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@attrs.frozen(kw_only=True)
+class LaunchConfig:
+    """Block sizes, warps and grid caps of every kernel: the defaults were chosen by the
+    launch-constant sweeps on an H200 (``docs/performance.md``). Launchers read the active
+    one (:func:`launch_config` swaps it); the fields are documented in ``docs/api.md``'s
+    generated table."""
+
+    small_row_tiles: tuple[int, ...] = _constant(
+        (256, 512),
+        "row tiles of the one-launch plan kernel below `SCAN_BLOCK`: a batch takes the "
+        "smallest that holds it (`SCAN_BLOCK` past them), since each program scans its whole "
+        "tile; one compiled variant each",
+    )
+    small_entry_block: int = _constant(256, "verify entries per block of the one-launch plan")
+    small_entry_warps: int = _constant(8, "warps per program of the one-launch plan")
+    small_programs_per_sm: int = _constant(
+        2,
+        "one-launch plan: at most this many entry programs per multiprocessor (one wave: "
+        "each program first scans all the rows, so few that loop beat many that repeat it)",
+    )
+    entry_block: int = _constant(
+        1024,
+        "verify entries per block of the large path's entries kernel without a LUT (a "
+        "multiple of `ROW_HINT_STRIDE`)",
+    )
+    entry_warps: int = _constant(8, "warps per program of that kernel")
+    lut_entry_block: int = _constant(
+        256, "the same with a LUT, where the random LUT reads favour smaller blocks"
+    )
+    lut_entry_warps: int = _constant(8, "warps per program of that kernel")
+    entry_programs_per_sm: int = _constant(
+        32, "large path: at most this many entry programs per multiprocessor, each looping"
+    )
+    row_window: int = _constant(
+        32,
+        "rows the large path loads at once from a block's first row; a block spanning more "
+        "rows binary-searches memory",
+    )
+    entries_options: tuple[tuple[str, int], ...] = _constant(
+        (), "extra Triton options of the plan's entry kernels (the sweep's `maxnreg`, `num_stages`)"
+    )
+    scan_warps: int = _constant(8, "warps per program of the large path's two scan kernels")
+    sum_chunk: int = _constant(1024, "block sums the offsets kernel reads at once")
+    write_rows: int = _constant(32, "plan rows per write program, one per lane")
+    write_warps: int = _constant(1, "warps per write program (`write_rows / 32`)")
+    verify_block: int = _constant(128, "verify entries per block, one per lane (a multiple of 32)")
+    verify_warps: int = _constant(4, "warps per verify program")
+    verify_programs_per_sm: int = _constant(
+        16, "persistent verify grid: at most this many programs per multiprocessor, each looping"
+    )
+    real_kv_chunk: int = _constant(
+        16,
+        "words (8 bytes) of a slot that real-KV mode `ALL` reads at once per source: 8, 16 or 32",
+    )
+    interpreter_programs: int = _constant(
+        2,
+        "under the Triton interpreter (where each program costs host time): the stand-in "
+        "multiprocessor count, and the plan's entry programs",
+    )
+
+    def __attrs_post_init__(self) -> None:
+        # tl.arange takes powers of two; the entries kernels start a block at a row hint;
+        # the verify kernel trades values within 32-lane groups.
+        arange = (*self.small_row_tiles, self.small_entry_block, self.entry_block)
+        arange += (self.lut_entry_block, self.row_window, self.sum_chunk, self.write_rows)
+        rules = {
+            "a block or tile is not a power of two": not all(map(_power_of_two, arange)),
+            "small_row_tiles must ascend below SCAN_BLOCK": list(self.small_row_tiles)
+            != sorted(t for t in set(self.small_row_tiles) if t < SCAN_BLOCK),
+            "entry blocks must be multiples of ROW_HINT_STRIDE": self.entry_block % ROW_HINT_STRIDE
+            or self.lut_entry_block % ROW_HINT_STRIDE,
+            "verify_block must be a multiple of 32": self.verify_block % 32,
+            "real_kv_chunk must be 8, 16 or 32": self.real_kv_chunk not in (8, 16, 32),
+        }
+        broken = [rule for rule, bad in rules.items() if bad]
+        if broken:
+            raise ValueError(f"kv-canary: invalid LaunchConfig: {'; '.join(broken)}")
+
+
+DEFAULT_LAUNCH_CONFIG = LaunchConfig()
+_active = DEFAULT_LAUNCH_CONFIG
+_variants: dict[LaunchConfig, int] = {DEFAULT_LAUNCH_CONFIG: 0}
+"""A number per distinct config, part of every compiled variant's key: a variant compiled
+under one config is never launched under another."""
+
+
+def active_launch_config() -> LaunchConfig:
+    """The config the launchers use now."""
+    return _active
+
+
+@contextlib.contextmanager
+def launch_config(config: LaunchConfig | None = None, **changes: Any) -> Iterator[LaunchConfig]:
+    """Launch with ``config`` (default: the active one) with ``changes`` inside the
+    ``with`` block, then with the previous one again. Process-wide, for sweeps and tests:
+    a launch reads the config once (no per-call cost), so it is not per thread.
+
+        with launch_config(entry_block=512): ...
+    """
+    new = attrs.evolve(_active if config is None else config, **changes)
+    previous = _active
+    _activate(new)
+    try:
+        yield new
+    finally:
+        _activate(previous)
+
+
+def _activate(config: LaunchConfig) -> None:
+    global _active
+    _variants.setdefault(config, len(_variants))
+    _active = config
+    _devices.clear()
 
 
 class DeviceConfig(NamedTuple):
+    """What a launch on one device needs from the active :class:`LaunchConfig`."""
+
+    launch: LaunchConfig
+    variant: int
+    """The config's number in compiled-variant keys."""
     multiprocessors: int
     """Streaming multiprocessors (a stand-in under the interpreter)."""
+    plan_programs: int
+    """Most entry programs of the plan's large path."""
+    small_plan_programs: int
+    """Most entry programs of the plan's one-launch path."""
+    verify_programs: int
+    """Most programs of the persistent verify grid."""
+    use_pdl: bool
+    """Programmatic dependent launch (sm_90+): the plan's offsets and entries kernels
+    start while their predecessor finishes and wait for it on the device."""
+    pdl_options: dict[str, bool]
+    entries_options: dict[str, int]
 
 
-def device_config(device: torch.device) -> DeviceConfig:
-    """The device's settings; a ``kv-canary:`` error where Triton cannot run."""
-    config = _CONFIGS.get(device)
-    if config is None:
-        config = _CONFIGS[device] = _read_config(device)
-    return config
+class _DeviceConfigs(dict[torch.device, DeviceConfig]):
+    """Each device's settings under the active config, derived at the first launch there
+    (``_activate`` empties it)."""
+
+    def __missing__(self, device: torch.device) -> DeviceConfig:
+        config = self[device] = _derive(device, _active)
+        return config
 
 
-_CONFIGS: dict[torch.device, DeviceConfig] = {}
+_devices = _DeviceConfigs()
+device_config = _devices.__getitem__
+"""``device_config(device)``: the device's :class:`DeviceConfig` under the active config,
+or the ``kv-canary:`` ``RuntimeError`` where Triton cannot run. A dict lookup in C at every
+launch (a miss derives the entry): the launchers' only per-call cost of the config."""
 
 
-def _read_config(device: torch.device) -> DeviceConfig:
+def _derive(device: torch.device, launch: LaunchConfig) -> DeviceConfig:
+    variant = _variants[launch]
+    options = dict(launch.entries_options)
     if INTERPRETING:
-        return DeviceConfig(INTERPRETER_PROGRAMS)
+        n = launch.interpreter_programs
+        return DeviceConfig(
+            launch, variant, n, n, n, n * launch.verify_programs_per_sm, False, {}, options
+        )
     if device.type != "cuda":
         raise RuntimeError(
             f"kv-canary: the Triton kernels need a CUDA device, got {device}; on the CPU use "
@@ -44,4 +195,25 @@ def _read_config(device: torch.device) -> DeviceConfig:
             "set TRITON_INTERPRET=1 before importing kv_canary_kernels to run the kernels "
             "in Triton's interpreter"
         )
-    return DeviceConfig(torch.cuda.get_device_properties(device).multi_processor_count)
+    props = torch.cuda.get_device_properties(device)
+    sms = props.multi_processor_count
+    use_pdl = props.major >= 9
+    return DeviceConfig(
+        launch,
+        variant,
+        sms,
+        sms * launch.entry_programs_per_sm,
+        sms * launch.small_programs_per_sm,
+        sms * launch.verify_programs_per_sm,
+        use_pdl,
+        {"launch_pdl": True} if use_pdl else {},
+        options,
+    )
+
+
+def launch_config_table() -> str:
+    """The Markdown table of docs/api.md: every field, its default and its meaning."""
+    rows = [
+        (f"`{f.name}`", f"`{f.default!r}`", f.metadata["doc"]) for f in attrs.fields(LaunchConfig)
+    ]
+    return markdown_table(("field", "default", "meaning"), rows)

@@ -26,6 +26,7 @@ from .common import (
     write_entries,
     write_seeds,
 )
+from .constants import PADDING_ROW
 
 _RUNTIME_INTS = [
     "bs",
@@ -129,7 +130,7 @@ def plan_entries_kernel(
             n_rows = tl.sum((w_offsets <= last).to(tl.int32), 0)
             if (n_rows < ROW_WINDOW) | (first_row + ROW_WINDOW >= bs):
                 # The window holds every row of the block: search it in registers.
-                w_rp = tl.load(req_pool_indices_ptr + w_rows, mask=w_valid, other=0)
+                w_rp = tl.load(req_pool_indices_ptr + w_rows, mask=w_valid, other=PADDING_ROW)
                 w_prefix = tl.load(prefix_lens_ptr + w_rows, mask=w_valid, other=0)
                 w_base = window_start(w_prefix, window) - w_offsets  # pos = base + entry
                 w_valid_lens = load_valid_lens(valid_lens_ptr, w_rows, w_valid, HAS_POOL)

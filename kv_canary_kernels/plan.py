@@ -2,106 +2,49 @@
 
 from __future__ import annotations
 
-import functools
-import os
-from typing import Any, NamedTuple
-
 import torch
 import triton
 
 from kv_canary_buffers.buffers import PlanBuffers
-from kv_canary_buffers.layout import OFFSETS_BLOCK, ROW_HINT_STRIDE, SCAN_BLOCK
+from kv_canary_buffers.layout import (
+    INT32_MAX,
+    INT32_MIN,
+    OFFSETS_BLOCK,
+    ROW_HINT_STRIDE,
+    SCAN_BLOCK,
+)
 from kv_canary_buffers.validation import PlanArgs, validate_plan_args
 
+from .config import device_config
 from .entries import plan_entries_kernel
 from .launcher import Launcher, alignment_key
 from .offsets import plan_offsets_kernel, scan_block_sums_kernel
 from .small_batch import plan_small_batch_kernel
-
-# Launch constants, chosen by `python benchmarks/bench_plan.py --tune` on an H200
-# (docs/performance.md): smaller blocks win where latency or random LUT reads dominate.
-ENTRY_BLOCK = 1024
-"""Verify entries per block in the large path without a LUT (a multiple of ROW_HINT_STRIDE)."""
-LUT_ENTRY_BLOCK = 256
-"""Verify entries per block in the large path with a LUT (a multiple of ROW_HINT_STRIDE)."""
-SMALL_ENTRY_BLOCK = 256
-"""Verify entries per block in the small-batch path."""
-SMALL_ROW_TILES = (256, 512)
-"""Row tiles of the small-batch kernel below ``SCAN_BLOCK``: a batch takes the smallest
-tile of at least ``bs`` rows (``SCAN_BLOCK`` past them). Every program scans a whole tile,
-so a tile much larger than the batch costs time in each program. One compiled variant
-per tile, never one per batch size."""
-ENTRY_PROGRAMS_PER_SM = 32
-"""Entries grid: up to this many programs per multiprocessor, each looping over blocks."""
-SMALL_PROGRAMS_PER_SM = 2
-"""The same for the small-batch path, where each program first scans all the rows: few
-programs (one wave) that loop over blocks beat many that each repeat the scan."""
-INTERPRETER_ENTRY_PROGRAMS = 2
-"""Entries programs under the Triton interpreter, where each program costs host time."""
-ROW_WINDOW = 32
-"""Rows loaded at once from a block's first row in the large path: a block whose entries
-span more rows searches memory instead of registers."""
-_ENTRIES_OPTIONS: dict[str, Any] = {}
-"""Extra Triton launch options of the entries kernels (the tuning sweep sets ``maxnreg``
-and ``num_stages``)."""
-ENTRY_WARPS = 8
-"""Warps per program of the large path's entries kernel without a LUT."""
-LUT_ENTRY_WARPS = 8
-"""The same with a LUT."""
-SMALL_ENTRY_WARPS = 8
-"""Warps per program of the small-batch kernel."""
-_SUM_CHUNK = 1024
-_SCAN_WARPS = 8
-
-# Read once at import, as Triton does: the interpreter can't be switched on later.
-INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-class _DeviceConfig(NamedTuple):
-    program_cap: int
-    """Most entries programs: multiprocessors x ENTRY_PROGRAMS_PER_SM."""
-    small_program_cap: int
-    """Most entries programs of the small-batch path: multiprocessors x SMALL_PROGRAMS_PER_SM."""
-    use_pdl: bool
-    """Programmatic dependent launch (sm_90+): the offsets and entries kernels of the
-    large-batch path start while their predecessor finishes and wait for it on the
-    device."""
-    pdl_options: dict[str, bool]
-
-
-@functools.cache
-def _device_config(device: torch.device) -> _DeviceConfig:
-    """Per-device launch settings, read once (the first launch on a device)."""
-    if INTERPRETING:
-        return _DeviceConfig(INTERPRETER_ENTRY_PROGRAMS, INTERPRETER_ENTRY_PROGRAMS, False, {})
-    if device.type != "cuda":
-        raise RuntimeError(
-            f"kv-canary: launch_plan needs a CUDA device for buffers.device, got {device}; "
-            "on the CPU use kv_canary_buffers.plan_reference (the same plan in torch), or "
-            "set TRITON_INTERPRET=1 before importing kv_canary_kernels to run the kernels "
-            "in Triton's interpreter"
-        )
-    props = torch.cuda.get_device_properties(device)
-    use_pdl = props.major >= 9
-    return _DeviceConfig(
-        props.multi_processor_count * ENTRY_PROGRAMS_PER_SM,
-        props.multi_processor_count * SMALL_PROGRAMS_PER_SM,
-        use_pdl,
-        {"launch_pdl": True} if use_pdl else {},
-    )
 
 
 def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     """Launch the plan's kernels on validated arguments, with no check at all.
 
     ``bs < SCAN_BLOCK``: one launch (:func:`plan_small_batch_kernel`, with the smallest
-    row tile of ``SMALL_ROW_TILES`` that holds the batch, else ``SCAN_BLOCK``). Otherwise
-    three:
-    block sums, offsets, entries. This is the bare dispatch that :func:`launch_plan`
-    wraps; benchmarks use it to measure the cost of validation. Call :func:`launch_plan`.
+    row tile of ``LaunchConfig.small_row_tiles`` that holds the batch, else
+    ``SCAN_BLOCK``). Otherwise three: block sums, offsets, entries. The launch constants
+    are the active :class:`~kv_canary_kernels.config.LaunchConfig`'s. This is the bare
+    dispatch that :func:`launch_plan` wraps; benchmarks use it to measure the cost of
+    validation. Call :func:`launch_plan`.
     """
-    config = _device_config(buffers.device)
-    program_cap = config.program_cap
+    device = buffers.device
+    try:
+        dev = device_config(device)
+    except RuntimeError:
+        if device.type == "cuda":
+            raise
+        raise RuntimeError(
+            f"kv-canary: launch_plan needs a CUDA device for buffers.device, got "
+            f"{device}; on the CPU use kv_canary_buffers.plan_reference (the same plan "
+            "in torch), or set TRITON_INTERPRET=1 before importing kv_canary_kernels to run "
+            "the kernels in Triton's interpreter"
+        ) from None
+    cfg = dev.launch
     write_capacity, verify_capacity = buffers.write_req_capacity, buffers.verify_capacity
     bs = args.bs
     table = args.req_to_token
@@ -143,28 +86,21 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         pool_rows,
         pool_cols,
     )
-    common_key = (
-        has_lut,
-        has_pool,
-        alignment_key(inputs),
-        int_classes(ints),
-        tuple(_ENTRIES_OPTIONS.items()),
-    )
-    device = buffers.device
+    common_key = (dev.variant, has_lut, has_pool, alignment_key(inputs), int_classes(ints))
 
     if bs < SCAN_BLOCK:
         # program 0 writes the write plan, programs 1.. the verify entries
         rows = SCAN_BLOCK
-        for tile in SMALL_ROW_TILES:
+        for tile in cfg.small_row_tiles:
             if bs <= tile:
                 rows = tile
                 break
-        block = SMALL_ENTRY_BLOCK
-        entry_grid = min(triton.cdiv(verify_capacity, block), config.small_program_cap)
+        block = cfg.small_entry_block
+        entry_grid = min(triton.cdiv(verify_capacity, block), dev.small_plan_programs)
         _SMALL.launch(
             device,
             (1 + entry_grid, 1, 1),
-            (common_key, rows, block, SMALL_ENTRY_WARPS),
+            (common_key, rows),
             (
                 *inputs,
                 buffers.write_offsets,
@@ -180,7 +116,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
                 *ints,
             ),
             {"HAS_LUT": has_lut, "HAS_POOL": has_pool, "ROWS": rows, "BLOCK": block},
-            {"num_warps": SMALL_ENTRY_WARPS, **_ENTRIES_OPTIONS},
+            {"num_warps": cfg.small_entry_warps, **dev.entries_options},
         )
         return
 
@@ -190,23 +126,16 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     _SUMS.launch(
         device,
         (n_sum_blocks, 1, 1),
-        (common_key[2], int_classes(sums_ints), OFFSETS_BLOCK, config.use_pdl, _SCAN_WARPS),
+        (dev.variant, common_key[3], int_classes(sums_ints)),
         (args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums, *sums_ints),
-        {"BLOCK": OFFSETS_BLOCK, "USE_PDL": config.use_pdl},
-        {"num_warps": _SCAN_WARPS},
+        {"BLOCK": OFFSETS_BLOCK, "USE_PDL": dev.use_pdl},
+        {"num_warps": cfg.scan_warps},
     )
     offsets_ints = (bs, n_sum_blocks, sums.shape[1], write_capacity, verify_capacity, window)
     _OFFSETS.launch(
         device,
         (triton.cdiv(bs + 1, OFFSETS_BLOCK), 1, 1),
-        (
-            common_key[2],
-            int_classes(offsets_ints),
-            OFFSETS_BLOCK,
-            _SUM_CHUNK,
-            config.use_pdl,
-            _SCAN_WARPS,
-        ),
+        (dev.variant, common_key[3], int_classes(offsets_ints)),
         (
             args.req_pool_indices,
             args.prefix_lens,
@@ -222,15 +151,18 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         ),
         {
             "BLOCK": OFFSETS_BLOCK,
-            "SUM_CHUNK": _SUM_CHUNK,
+            "SUM_CHUNK": cfg.sum_chunk,
             "HINT_STRIDE": ROW_HINT_STRIDE,
-            "USE_PDL": config.use_pdl,
+            "USE_PDL": dev.use_pdl,
         },
-        {"num_warps": _SCAN_WARPS, **config.pdl_options},
+        {"num_warps": cfg.scan_warps, **dev.pdl_options},
     )
-    block, warps = (LUT_ENTRY_BLOCK, LUT_ENTRY_WARPS) if has_lut else (ENTRY_BLOCK, ENTRY_WARPS)
+    if has_lut:
+        block, warps = cfg.lut_entry_block, cfg.lut_entry_warps
+    else:
+        block, warps = cfg.entry_block, cfg.entry_warps
     seed_programs = triton.cdiv(bs, block)
-    entry_grid = min(triton.cdiv(verify_capacity, block), program_cap)
+    entry_grid = min(triton.cdiv(verify_capacity, block), dev.plan_programs)
     entries_ints = (
         bs,
         seed_programs,
@@ -245,7 +177,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     _ENTRIES.launch(
         device,
         (seed_programs + entry_grid, 1, 1),
-        (common_key, int_classes(entries_ints), block, ROW_WINDOW, config.use_pdl, warps),
+        (common_key, int_classes(entries_ints)),
         (
             *inputs[:4],
             lut_t,
@@ -267,11 +199,11 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             "HAS_LUT": has_lut,
             "HAS_POOL": has_pool,
             "BLOCK": block,
-            "ROW_WINDOW": ROW_WINDOW,
+            "ROW_WINDOW": cfg.row_window,
             "HINT_STRIDE": ROW_HINT_STRIDE,
-            "USE_PDL": config.use_pdl,
+            "USE_PDL": dev.use_pdl,
         },
-        {"num_warps": warps, **config.pdl_options, **_ENTRIES_OPTIONS},
+        {"num_warps": warps, **dev.pdl_options, **dev.entries_options},
     )
 
 
@@ -286,7 +218,7 @@ def int_classes(values: tuple[int, ...]) -> int:
     int64, a different compiled variant)."""
     bits = 0
     for i, v in enumerate(values):
-        if not -2147483648 <= v <= 2147483647:
+        if not INT32_MIN <= v <= INT32_MAX:
             bits |= 1 << i
     return bits
 

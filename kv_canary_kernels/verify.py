@@ -18,31 +18,27 @@ from kv_canary_buffers.real_kv import RealKV
 from kv_canary_buffers.store import CanaryStore
 from kv_canary_buffers.validation import VerifyArgs, validate_verify_args
 
-from .canary_common import (
+from .canary_common import append_violations, i64, mix3, raise_status, real_kv_or_zero
+from .config import device_config
+from .constants import (
     ANCHOR,
     CHAIN_BIT,
+    DUMMY_SLOT,
     PLAN_COUNT_BAD,
     POSITION_BIT,
     PREV_SLOT_BAD,
     REAL_KV_BIT,
+    REC_POSITION,
+    REC_PREV_HASH,
+    REC_REAL_KV,
+    REC_TOKEN,
     REC_W,
+    UNCHECKED_TOKEN,
     VERIFY_SLOT_BAD,
     VERIFY_TOKEN_BIT,
-    append_violations,
-    i64,
-    mix3,
-    raise_status,
-    real_kv_or_zero,
 )
-from .config import REAL_KV_CHUNK, device_config
 from .launcher import Launcher
 from .sources import source_args
-
-VERIFY_BLOCK = 128
-"""Entries per block (one per lane; a multiple of 32)."""
-VERIFY_WARPS = 4
-VERIFY_PROGRAMS_PER_SM = 16
-"""Persistent grid: up to this many programs per multiprocessor, looping over blocks."""
 
 _RUNTIME_INTS = [
     "num_slots",
@@ -76,10 +72,11 @@ def from_left_lane(x, BLOCK: tl.constexpr):
 def load_records(records_ptr, slot, mask, BLOCK: tl.constexpr):
     """Token, position, prev hash and real-KV hash of each lane's record (zeros where not
     ``mask``): two 16-byte loads a lane, each split into its two columns in registers."""
+    tl.static_assert((REC_POSITION == REC_TOKEN + 1) & (REC_REAL_KV == REC_PREV_HASH + 1))
     pair = tl.arange(0, 2)[None, :]
     base = records_ptr + slot[:, None] * REC_W + pair
-    token, position = tl.split(tl.load(base, mask=mask[:, None], other=0))
-    prev_hash, real_kv = tl.split(tl.load(base + 2, mask=mask[:, None], other=0))
+    token, position = tl.split(tl.load(base + REC_TOKEN, mask=mask[:, None], other=0))
+    prev_hash, real_kv = tl.split(tl.load(base + REC_PREV_HASH, mask=mask[:, None], other=0))
     return token, position, prev_hash, real_kv
 
 
@@ -141,8 +138,8 @@ def canary_verify_kernel(
     for start in range(pid * BLOCK, n, nprog * BLOCK):
         entry = start + lanes
         in_range = entry < n
-        slot = tl.load(slot_ptr + entry, mask=in_range, other=0)
-        looked = in_range & (slot != 0)  # slot 0: the padding slot
+        slot = tl.load(slot_ptr + entry, mask=in_range, other=DUMMY_SLOT)
+        looked = in_range & (slot != DUMMY_SLOT)
         slot_bad = looked & ((slot < 0) | (slot >= num_slots))
         prev = tl.load(prev_ptr + entry, mask=looked, other=0)
         prev_bad = looked & ~slot_bad & (prev >= num_slots)
@@ -157,9 +154,9 @@ def canary_verify_kernel(
         r_token, r_position, r_prev, r_kv = load_records(records_ptr, slot, ok, BLOCK)
         want_position = tl.load(position_ptr + entry, mask=ok, other=0)
         if CHECK_TOKENS:
-            want_token = tl.load(token_ptr + entry, mask=ok, other=-1)
+            want_token = tl.load(token_ptr + entry, mask=ok, other=UNCHECKED_TOKEN)
         else:
-            want_token = tl.full([BLOCK], -1, tl.int64)
+            want_token = tl.full([BLOCK], UNCHECKED_TOKEN, tl.int64)
         # hash_of(slot) of every lane; the lane to the right may need it as its prev's.
         own = i64(mix3(r_prev.to(tl.uint64, bitcast=True), r_token, r_position))
         from_left = (
@@ -167,7 +164,7 @@ def canary_verify_kernel(
             & (from_left_lane(ok.to(tl.int32), BLOCK) != 0)
             & (from_left_lane(slot, BLOCK) == prev)
         )
-        reachable = prev != 0
+        reachable = prev != DUMMY_SLOT
         load_prev = ok & (prev > 0) & ~from_left
         p_token, p_position, p_prev, _p_kv = load_records(records_ptr, prev, load_prev, BLOCK)
         loaded = i64(mix3(p_prev.to(tl.uint64, bitcast=True), p_token, p_position))
@@ -178,7 +175,9 @@ def canary_verify_kernel(
             tl.where(reachable & (r_prev != expected_chain), CHAIN_BIT, 0)
             | tl.where(r_position != want_position, POSITION_BIT, 0)
             | tl.where(r_kv != kv, REAL_KV_BIT, 0)
-            | tl.where((want_token != -1) & (r_token != want_token), VERIFY_TOKEN_BIT, 0)
+            | tl.where(
+                (want_token != UNCHECKED_TOKEN) & (r_token != want_token), VERIFY_TOKEN_BIT, 0
+            )
         )
         append_violations(
             ok & (bits != 0),
@@ -199,15 +198,15 @@ def canary_verify_kernel(
 
 def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) -> None:
     """Launch the verify kernel on validated arguments (no check at all)."""
+    device = store.device
+    dev = device_config(device)
+    block = dev.launch.verify_block
     src = source_args(args.real_kv, store.records)
-    grid = min(
-        triton.cdiv(buffers.verify_capacity, VERIFY_BLOCK),
-        device_config(store.device).multiprocessors * VERIFY_PROGRAMS_PER_SM,
-    )
+    grid = min(triton.cdiv(buffers.verify_capacity, block), dev.verify_programs)
     # Every tensor is 16-byte aligned by construction: the key needs no alignment part.
-    key = (args.check_expected_tokens, src.num_sources, src.mode, src.dtypes)
+    key = (dev.variant, args.check_expected_tokens, src.num_sources, src.mode, src.dtypes)
     _VERIFY.launch(
-        store.device,
+        device,
         (grid, 1, 1),
         key,
         (
@@ -237,10 +236,10 @@ def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) 
             "CHECK_TOKENS": args.check_expected_tokens,
             "NUM_SOURCES": src.num_sources,
             "MODE": src.mode,
-            "BLOCK": VERIFY_BLOCK,
-            "CHUNK": REAL_KV_CHUNK,
+            "BLOCK": block,
+            "CHUNK": dev.launch.real_kv_chunk,
         },
-        {"num_warps": VERIFY_WARPS},
+        {"num_warps": dev.launch.verify_warps},
     )
 
 

@@ -1,9 +1,9 @@
 """The write stage: ``canary_write_kernel`` and ``launch_write``, the only door to it.
 
-Rows run in parallel, one lane each (``WRITE_ROWS`` rows a program); within a row the chain
-is serial by definition, so each lane walks its row's tokens in order. The loads of a
-token do not depend on the chain, so they are issued two tokens ahead (carried in
-registers): a token's critical path is the hash itself, not a memory round trip.
+Rows run in parallel, one lane each (``LaunchConfig.write_rows`` rows a program); within a
+row the chain is serial by definition, so each lane walks its row's tokens in order. The
+loads of a token do not depend on the chain, so they are issued two tokens ahead (carried
+in registers): a token's critical path is the hash itself, not a memory round trip.
 """
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ from kv_canary_buffers.real_kv import RealKV
 from kv_canary_buffers.store import CanaryStore
 from kv_canary_buffers.validation import WriteArgs, validate_write_args
 
-from .canary_common import (
+from .canary_common import append_violations, i64, mix3, raise_status, real_kv_or_zero
+from .config import device_config
+from .constants import (
     ANCHOR,
+    NO_SLOT,
     PLAN_COUNT_BAD,
     REC_POSITION,
     REC_PREV_HASH,
@@ -30,18 +33,9 @@ from .canary_common import (
     WRITE_POSITION_BIT,
     WRITE_SLOT_BAD,
     WRITE_TOKEN_BIT,
-    append_violations,
-    i64,
-    mix3,
-    raise_status,
-    real_kv_or_zero,
 )
-from .config import REAL_KV_CHUNK
 from .launcher import Launcher, alignment_key
 from .sources import source_args
-
-WRITE_ROWS = 32
-"""Rows (lanes) per program: one warp, whose lanes each walk one row's chain."""
 
 _RUNTIME_INTS = [
     "n",
@@ -67,7 +61,7 @@ _RUNTIME_INTS = [
 def _load_token(
     ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, index, mask, HAS_EXPECTED: tl.constexpr
 ):
-    slot = tl.load(ocl_ptr + index, mask=mask, other=-1)
+    slot = tl.load(ocl_ptr + index, mask=mask, other=NO_SLOT)
     token = tl.load(ids_ptr + index, mask=mask, other=0)
     position = tl.load(pos_ptr + index, mask=mask, other=0)
     if HAS_EXPECTED:
@@ -149,7 +143,7 @@ def canary_write_kernel(
     length = tl.maximum(tl.minimum(tl.maximum(hi, 0), n) - first, 0)
     # The seed and its record are loaded without waiting for the offsets (a row that
     # turns out idle ignores them): two round trips side by side instead of in a row.
-    seed = tl.load(seeds_ptr + rows, mask=in_rows, other=-1)
+    seed = tl.load(seeds_ptr + rows, mask=in_rows, other=NO_SLOT)
     seed_in_range = in_rows & (seed >= 0) & (seed < num_slots)
     seed_rec = records_ptr + seed * REC_W
     seed_token = tl.load(seed_rec + REC_TOKEN, mask=seed_in_range, other=0)
@@ -254,6 +248,9 @@ def canary_write_kernel(
 
 def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
     """Launch the write kernel on validated arguments (no check at all)."""
+    device = store.device
+    dev = device_config(device)
+    cfg = dev.launch
     src = source_args(args.real_kv, store.records)
     has_expected = args.expected_input_ids is not None
     # (validation: both expected tensors are given, or neither)
@@ -263,6 +260,7 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
     # The plan's, the store's and the sources' tensors are 16-byte aligned by
     # construction; only the caller's inputs may not be.
     key = (
+        dev.variant,
         has_expected,
         src.num_sources,
         src.mode,
@@ -270,8 +268,8 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
         True if args.aligned else alignment_key(inputs),
     )
     _WRITE.launch(
-        store.device,
-        (triton.cdiv(buffers.write_req_capacity, WRITE_ROWS), 1, 1),
+        device,
+        (triton.cdiv(buffers.write_req_capacity, cfg.write_rows), 1, 1),
         key,
         (
             *inputs,
@@ -300,10 +298,10 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
             "HAS_EXPECTED": has_expected,
             "NUM_SOURCES": src.num_sources,
             "MODE": src.mode,
-            "ROWS": WRITE_ROWS,
-            "CHUNK": REAL_KV_CHUNK,
+            "ROWS": cfg.write_rows,
+            "CHUNK": cfg.real_kv_chunk,
         },
-        {"num_warps": 1},
+        {"num_warps": cfg.write_warps},
     )
 
 

@@ -27,7 +27,7 @@ from kv_canary_buffers import (
     write_reference,
 )
 from kv_canary_buffers.hashing import H0_SIGNED, mix3_int, sm_int, to_signed
-from kv_canary_buffers.layout import BUFFER_SPECS, store_specs
+from kv_canary_buffers.layout import PLAN_FIELDS, store_specs
 from kv_canary_kernels import launch_verify, launch_write
 
 I64 = torch.int64
@@ -80,7 +80,7 @@ def assert_store_equal(store: CanaryStore, before: dict[str, torch.Tensor]) -> N
 
 
 def snapshot_plan(buffers: PlanBuffers) -> dict[str, torch.Tensor]:
-    return {name: getattr(buffers, name).clone() for name in BUFFER_SPECS}
+    return {name: getattr(buffers, name).clone() for name, *_ in PLAN_FIELDS}
 
 
 def assert_plan_equal(buffers: PlanBuffers, before: dict[str, torch.Tensor]) -> None:
@@ -128,9 +128,9 @@ def new_plan(write_req_capacity=4, verify_capacity=16, device=DEVICE) -> PlanBuf
     buffers = PlanBuffers.allocate(
         write_req_capacity=write_req_capacity, verify_capacity=verify_capacity, device=device
     )
-    for name, (_dtype, _shape, role) in BUFFER_SPECS.items():
-        if role == "output":
-            getattr(buffers, name).fill_(JUNK)
+    for field in PLAN_FIELDS:
+        if field.role == "output":
+            getattr(buffers, field.name).fill_(JUNK)
     return buffers
 
 

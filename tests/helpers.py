@@ -8,7 +8,7 @@ import torch
 
 from kv_canary_buffers import PlanBuffers
 from kv_canary_buffers.compare import VERIFY_ENTRY_FIELDS
-from kv_canary_buffers.layout import BUFFER_SPECS
+from kv_canary_buffers.layout import PLAN_FIELDS
 
 POISON = -7777
 ENTRY_FIELDS = VERIFY_ENTRY_FIELDS
@@ -16,13 +16,13 @@ ENTRY_FIELDS = VERIFY_ENTRY_FIELDS
 
 def poison(buffers: PlanBuffers) -> None:
     """Fill every output with junk so an element the plan forgot to write shows."""
-    for name, (_dtype, _shape, role) in BUFFER_SPECS.items():
-        if role == "output":
-            getattr(buffers, name).fill_(POISON)
+    for field in PLAN_FIELDS:
+        if field.role == "output":
+            getattr(buffers, field.name).fill_(POISON)
 
 
 def snapshot(buffers: PlanBuffers) -> dict[str, torch.Tensor]:
-    return {name: getattr(buffers, name).clone() for name in BUFFER_SPECS}
+    return {name: getattr(buffers, name).clone() for name, *_ in PLAN_FIELDS}
 
 
 def assert_untouched(buffers: PlanBuffers, before: dict[str, torch.Tensor]) -> None:

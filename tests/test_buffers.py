@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference
-from kv_canary_buffers.layout import BUFFER_SPECS, OFFSETS_BLOCK, ROW_HINT_STRIDE
+from kv_canary_buffers.layout import OFFSETS_BLOCK, PLAN_FIELDS, ROW_HINT_STRIDE
 
 OFFSETS_MSG = "kv-canary: write_offsets_len must equal write_req_capacity + 1, got {} and {}"
 
@@ -35,7 +35,7 @@ def test_allocate_sizes_every_tensor_by_construction():
         "dummy_int64": (i64, (1,)),
         "dummy_int32": (i32, (1,)),
     }
-    assert set(expected) == set(BUFFER_SPECS)
+    assert set(expected) == {f.name for f in PLAN_FIELDS}
     for name, (dtype, shape) in expected.items():
         t = getattr(b, name)
         assert t.dtype == dtype and tuple(t.shape) == shape and t.is_contiguous(), name

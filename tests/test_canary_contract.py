@@ -375,12 +375,12 @@ def test_persistent_verify_loop_reaches_every_block(canary):
     second turn. The entry at the start of that turn takes its predecessor's hash from
     the entry just before it (the last of the first turn); the last block is checked."""
     from kv_canary_kernels.config import device_config
-    from kv_canary_kernels.verify import VERIFY_BLOCK, VERIFY_PROGRAMS_PER_SM
 
     store = new_store()
-    programs = device_config(store.device).multiprocessors * VERIFY_PROGRAMS_PER_SM
-    k = programs * VERIFY_BLOCK  # the first entry of program 0's second turn
-    n = k + VERIFY_BLOCK + 7
+    config = device_config(store.device)
+    block = config.launch.verify_block
+    k = config.verify_programs * block  # the first entry of program 0's second turn
+    n = k + block + 7
     plan = new_plan(verify_capacity=n)
     plan.verify_slot_indices.fill_(0)  # padding entries, looked past
     plan.verify_prev_slot_indices.fill_(-1)

@@ -21,7 +21,7 @@ from helpers import (
 from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference
 from kv_canary_buffers.layout import OFFSETS_BLOCK, ROW_HINT_STRIDE, SCAN_BLOCK
 from kv_canary_kernels import launch_plan
-from kv_canary_kernels.plan import SMALL_ROW_TILES
+from kv_canary_kernels.config import DEFAULT_LAUNCH_CONFIG
 from oracle import loop_plan
 
 I64, I32 = torch.int64, torch.int32
@@ -139,8 +139,8 @@ def test_kernels_pad_and_flag_data_outside_the_tables(case):
     [
         # a full row tile of the one-launch path (the total at index bs lies past it,
         # the zeroed tail after it), and the first batch of the next tile
-        *((tile, 2 * tile + 3) for tile in SMALL_ROW_TILES),
-        *((tile + 1, tile + 1) for tile in SMALL_ROW_TILES),
+        *((tile, 2 * tile + 3) for tile in DEFAULT_LAUNCH_CONFIG.small_row_tiles),
+        *((tile + 1, tile + 1) for tile in DEFAULT_LAUNCH_CONFIG.small_row_tiles),
         (SCAN_BLOCK - 1, SCAN_BLOCK),  # largest one-launch batch
         (SCAN_BLOCK, SCAN_BLOCK),  # smallest two-level one; index bs opens a scan block
         (SCAN_BLOCK + 1, 3 * SCAN_BLOCK),  # capacity tail spans scan blocks
@@ -178,9 +178,9 @@ def test_kernels_equal_reference_on_multi_block_batches(bs, capacity):
 def test_large_path_finds_rows_in_registers_and_in_memory(window):
     """Entry blocks whose rows fit the row window (searched in registers) and blocks of
     many short rows (searched in memory), on both sides of an exactly full window."""
-    from kv_canary_kernels.plan import ENTRY_BLOCK, LUT_ENTRY_BLOCK, ROW_WINDOW
-
-    block = LUT_ENTRY_BLOCK if window else ENTRY_BLOCK
+    config = DEFAULT_LAUNCH_CONFIG
+    block = config.lut_entry_block if window else config.entry_block
+    ROW_WINDOW = config.row_window
     g = torch.Generator().manual_seed(window)
 
     # SCAN_BLOCK + 1 rows of 1 or 2 entries (many rows a block; the blocks begin and end

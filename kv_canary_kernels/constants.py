@@ -1,0 +1,78 @@
+"""The library's constants as the kernels see them: ``tl.constexpr`` globals (the only
+globals a ``@triton.jit`` function may read), each taken from
+``kv_canary_buffers.layout``, ``status`` or ``real_kv``, so that the kernels and the torch
+references cannot disagree on a sentinel, a bit or a column."""
+
+from __future__ import annotations
+
+import triton.language as tl
+
+from kv_canary_buffers import layout
+from kv_canary_buffers.real_kv import RealKVMode
+from kv_canary_buffers.status import CanaryStatus, FailBits, PlanStatus
+
+_C = tl.constexpr
+
+# --- sentinels --------------------------------------------------------------------------
+PADDING_ROW: tl.constexpr = _C(layout.PADDING_REQ_POOL_INDEX)
+"""A ``req_pool_indices`` value marking a padding row (also what a masked read gives)."""
+DUMMY_SLOT: tl.constexpr = _C(layout.DUMMY_SLOT)
+"""The padding slot: the value of a slot not read, skipped by the verify."""
+NO_SLOT: tl.constexpr = _C(layout.NO_SLOT)
+"""No seed, no predecessor (chain head), or a slot to skip."""
+UNCHECKED_TOKEN: tl.constexpr = _C(layout.UNCHECKED_TOKEN)
+
+# --- extreme values ---------------------------------------------------------------------
+MAX_ROW_WRITES: tl.constexpr = _C(layout.MAX_ROW_WRITES)
+INT64_MAX: tl.constexpr = _C(layout.INT64_MAX)
+
+# --- records and violation rows ---------------------------------------------------------
+REC_W: tl.constexpr = _C(layout.RECORD_WIDTH)
+REC_TOKEN: tl.constexpr = _C(layout.TOKEN)
+REC_POSITION: tl.constexpr = _C(layout.POSITION)
+REC_PREV_HASH: tl.constexpr = _C(layout.PREV_HASH)
+REC_REAL_KV: tl.constexpr = _C(layout.REAL_KV_HASH)
+VIOL_W: tl.constexpr = _C(layout.VIOLATION_WIDTH)
+_COLUMN = layout.VIOLATION_COLUMNS.index
+VIOL_TAG: tl.constexpr = _C(_COLUMN("launch_tag"))
+VIOL_SLOT: tl.constexpr = _C(_COLUMN("slot"))
+VIOL_POSITION: tl.constexpr = _C(_COLUMN("position"))
+VIOL_STORED_TOKEN: tl.constexpr = _C(_COLUMN("stored_token"))
+VIOL_EXPECTED_TOKEN: tl.constexpr = _C(_COLUMN("expected_token"))
+VIOL_CHAIN: tl.constexpr = _C(_COLUMN("stored_chain_hash"))
+VIOL_AUX: tl.constexpr = _C(_COLUMN("expected_aux"))
+VIOL_BITS: tl.constexpr = _C(_COLUMN("fail_bits"))
+
+# --- the hashes (unsigned 64-bit values) ------------------------------------------------
+ANCHOR: tl.constexpr = _C(layout.H0)
+MUL1: tl.constexpr = _C(layout.SM_MUL1)
+MUL2: tl.constexpr = _C(layout.SM_MUL2)
+SHIFT1: tl.constexpr = _C(layout.SM_SHIFTS[0])
+SHIFT2: tl.constexpr = _C(layout.SM_SHIFTS[1])
+SHIFT3: tl.constexpr = _C(layout.SM_SHIFTS[2])
+MODE_PARTIAL: tl.constexpr = _C(int(RealKVMode.PARTIAL))
+"""Two words a slot and source, loaded without a loop."""
+
+# --- the plan's status bits (PlanStatus) ------------------------------------------------
+REQ_POOL_INDEX_BIT: tl.constexpr = _C(int(PlanStatus.REQ_POOL_INDEX_OUT_OF_RANGE))
+PREFIX_LEN_BIT: tl.constexpr = _C(int(PlanStatus.PREFIX_LEN_OUT_OF_RANGE))
+LUT_SLOT_BIT: tl.constexpr = _C(int(PlanStatus.LUT_SLOT_OUT_OF_RANGE))
+POOL_ROW_BIT: tl.constexpr = _C(int(PlanStatus.POOL_ROW_OUT_OF_RANGE))
+VALID_LEN_BIT: tl.constexpr = _C(int(PlanStatus.VALID_LEN_OUT_OF_RANGE))
+
+# --- a violation row's fail bits (FailBits) ---------------------------------------------
+CHAIN_BIT: tl.constexpr = _C(int(FailBits.CHAIN))
+POSITION_BIT: tl.constexpr = _C(int(FailBits.POSITION))
+REAL_KV_BIT: tl.constexpr = _C(int(FailBits.REAL_KV))
+WRITE_TOKEN_BIT: tl.constexpr = _C(int(FailBits.WRITE_TOKEN))
+WRITE_POSITION_BIT: tl.constexpr = _C(int(FailBits.WRITE_POSITION))
+VERIFY_TOKEN_BIT: tl.constexpr = _C(int(FailBits.VERIFY_TOKEN))
+
+# --- the store's status bits (CanaryStatus) ---------------------------------------------
+SEED_BAD: tl.constexpr = _C(int(CanaryStatus.SEED_OUT_OF_RANGE))
+WRITE_SLOT_BAD: tl.constexpr = _C(int(CanaryStatus.WRITE_SLOT_OUT_OF_RANGE))
+WRITE_INDEX_BAD: tl.constexpr = _C(int(CanaryStatus.WRITE_INDEX_OUT_OF_RANGE))
+VERIFY_SLOT_BAD: tl.constexpr = _C(int(CanaryStatus.VERIFY_SLOT_OUT_OF_RANGE))
+PREV_SLOT_BAD: tl.constexpr = _C(int(CanaryStatus.PREV_SLOT_OUT_OF_RANGE))
+REAL_KV_ROW_BAD: tl.constexpr = _C(int(CanaryStatus.REAL_KV_ROW_OUT_OF_RANGE))
+PLAN_COUNT_BAD: tl.constexpr = _C(int(CanaryStatus.PLAN_COUNT_OUT_OF_RANGE))
