@@ -20,7 +20,7 @@ import attrs
 import torch
 
 from .arena import Arena, ArenaField, layout
-from .checks import check_capacity, check_index
+from .checks import check_capacity, check_need, nonnegative_field
 from .devices import DeviceLike, normalize_device
 from .layout import MAX_CAPACITY, PLAN_FIELDS, plan_specs
 from .layout_docs import docstring_with_fields
@@ -42,11 +42,6 @@ that was replaced or resized behind the buffers' back."""
 def _layout(write_req_capacity: int, verify_capacity: int) -> tuple[tuple[ArenaField, ...], int]:
     """The arena's fields and total bytes for these capacities."""
     return layout(plan_specs(write_req_capacity, verify_capacity))
-
-
-def _check_generation(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
-    if check_index("generation", value) < 0:
-        raise ValueError(f"kv-canary: generation must be >= 0, got {value!r}")
 
 
 @attrs.frozen(kw_only=True, eq=False, repr=False)
@@ -71,7 +66,7 @@ class PlanBuffers:
     """
 
     arena: Arena = attrs.field(repr=False)
-    generation: int = attrs.field(default=0, validator=_check_generation)
+    generation: int = attrs.field(default=0, validator=nonnegative_field)
 
     write_offsets: torch.Tensor = attrs.field(repr=False)
     write_seed_slot_indices: torch.Tensor = attrs.field(repr=False)
@@ -203,18 +198,8 @@ class PlanBuffers:
         twice the memory the largest step needed. Capacities never shrink. A need past
         ``2**31 - 1`` raises ``ValueError`` (no capacity can hold it).
         """
-        needs = []
-        for name, value in (("write_reqs", write_reqs), ("verify_entries", verify_entries)):
-            number = check_index(name, value)
-            if number < 0:
-                raise ValueError(f"kv-canary: {name} must be an int >= 0, got {number}")
-            if number > MAX_CAPACITY:
-                raise ValueError(
-                    f"kv-canary: {name} must be <= {MAX_CAPACITY} (the largest capacity: "
-                    f"counters are int32), got {number}"
-                )
-            needs.append(number)
-        rows, entries = needs
+        rows = check_need("write_reqs", write_reqs)
+        entries = check_need("verify_entries", verify_entries)
         self.check()
         if rows <= self.write_req_capacity and entries <= self.verify_capacity:
             return self

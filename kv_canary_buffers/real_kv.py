@@ -9,11 +9,11 @@ by a stray kernel then show up as ``FailBits.REAL_KV`` violations (docs/contract
 from __future__ import annotations
 
 import enum
-import operator
 
 import attrs
 import torch
 
+from .checks import check_index, check_positive
 from .hashing import sm
 from .layout import MAX_REAL_KV_SOURCES, REAL_KV_ALIGN
 
@@ -29,32 +29,10 @@ class RealKVMode(enum.IntEnum):
     """``read_bytes`` bytes of the slot's token in every source."""
 
 
-def _check_positive(name: str, value: object, multiple: int = 1) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"kv-canary: RealKV.{name} must be an int, got bool {value!r}")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"kv-canary: RealKV.{name} must be an int, got {type(value).__name__} {value!r}"
-        ) from None
-    if number < 1 or number % multiple:
-        rule = "a positive multiple of 16" if multiple > 1 else ">= 1"
-        raise ValueError(f"kv-canary: RealKV.{name} must be {rule}, got {number}")
-    return number
-
-
 def _to_mode(value: object) -> RealKVMode:
     if isinstance(value, RealKVMode):
         return value
-    if isinstance(value, bool):
-        raise TypeError(f"kv-canary: RealKV.mode must be a RealKVMode, got bool {value!r}")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"kv-canary: RealKV.mode must be a RealKVMode, got {type(value).__name__} {value!r}"
-        ) from None
+    number = check_index("RealKV.mode", value, "a RealKVMode")
     try:
         return RealKVMode(number)
     except ValueError:
@@ -112,10 +90,10 @@ class RealKV:
     )
 
     def __attrs_post_init__(self) -> None:
-        ps = _check_positive("page_size", self.page_size)
-        bpt = _check_positive("bytes_per_token", self.bytes_per_token, REAL_KV_ALIGN)
+        ps = check_positive("RealKV.page_size", self.page_size)
+        bpt = check_positive("RealKV.bytes_per_token", self.bytes_per_token, REAL_KV_ALIGN)
         rb = bpt if self.read_bytes is None else self.read_bytes
-        rb = _check_positive("read_bytes", rb, REAL_KV_ALIGN)
+        rb = check_positive("RealKV.read_bytes", rb, REAL_KV_ALIGN)
         if rb > bpt:
             raise ValueError(
                 f"kv-canary: RealKV.read_bytes must be <= bytes_per_token = {bpt}, got {rb}"

@@ -25,10 +25,10 @@ import torch
 
 from .arena import Arena, ArenaField, layout
 from .buffers import STAGING_LINK_ATTR, PlanBuffers, StagingLink, _check_arena_layout
-from .checks import check_capacity
+from .checks import check_capacity, check_row_tensor, check_tensor
 from .devices import DeviceLike, device_predicate, normalize_device
 from .layout import PADDING_REQ_POOL_INDEX, ROW_DTYPE, STAGING_FIELDS, staging_specs
-from .validation import check_row_tensor, check_tensor
+from .validation import check_buffers
 
 _get_fields = operator.attrgetter(*STAGING_FIELDS)
 
@@ -98,12 +98,7 @@ class GraphInputs:
         """Inputs sized ``buffers.write_req_capacity`` on ``buffers.device``, linked to
         ``buffers``: the plan refuses them with any other buffers (a resize makes other
         buffers: build new staging then)."""
-        if type(buffers) is not PlanBuffers:
-            raise TypeError(
-                "kv-canary: buffers must be a kv_canary_buffers.PlanBuffers (build one with "
-                f"PlanBuffers.allocate), got {type(buffers).__name__}"
-            )
-        buffers.check()
+        check_buffers(buffers)
         return cls._allocate(buffers.write_req_capacity, buffers.device, StagingLink.to(buffers))
 
     @classmethod

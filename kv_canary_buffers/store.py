@@ -18,7 +18,7 @@ import attrs
 import torch
 
 from .arena import Arena, ArenaField, layout
-from .checks import check_capacity, check_index
+from .checks import check_capacity, check_need, nonnegative_field
 from .devices import DeviceLike, normalize_device
 from .layout import STORE_FIELDS, store_specs
 from .layout_docs import docstring_with_fields
@@ -31,11 +31,6 @@ _get_fields = operator.attrgetter(*_FIELD_NAMES)
 
 def _layout(num_slots: int, violation_capacity: int) -> tuple[tuple[ArenaField, ...], int]:
     return layout(store_specs(num_slots, violation_capacity))
-
-
-def _check_generation(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None:
-    if check_index("generation", value) < 0:
-        raise ValueError(f"kv-canary: generation must be >= 0, got {value!r}")
 
 
 @attrs.frozen(kw_only=True, eq=False, repr=False)
@@ -53,7 +48,7 @@ class CanaryStore:
     """
 
     arena: Arena = attrs.field(repr=False)
-    generation: int = attrs.field(default=0, validator=_check_generation)
+    generation: int = attrs.field(default=0, validator=nonnegative_field)
 
     records: torch.Tensor = attrs.field(repr=False)
     violations: torch.Tensor = attrs.field(repr=False)
@@ -159,9 +154,7 @@ class CanaryStore:
         """``self`` when it covers ``num_slots`` slots, else :meth:`resize` to exactly
         ``num_slots`` (a KV pool grows in large, known steps; records cost 32 bytes a
         slot, so no headroom is added)."""
-        needed = check_index("num_slots", num_slots)
-        if needed < 0:
-            raise ValueError(f"kv-canary: num_slots must be >= 0, got {needed}")
+        needed = check_need("num_slots", num_slots)
         if needed <= self.num_slots:
             return self
         return self.resize(num_slots=needed)

@@ -10,14 +10,19 @@ expected and what was given.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple, NoReturn
 
 import torch
 
 from .arena import Arena
 from .buffers import STAGING_LINK_ATTR, PlanBuffers, StagingLink
-from .checks import check_bool, check_int64
+from .checks import (
+    check_bool,
+    check_int64,
+    check_length,
+    check_row_tensor,
+    check_tensor,
+)
 from .devices import device_predicate
 from .layout import (
     INT64_MAX,
@@ -48,113 +53,6 @@ class PlanArgs(NamedTuple):
     req_to_verify_expected_tokens: torch.Tensor | None
     req_to_verify_expected_tokens_valid_lens: torch.Tensor | None
     kv_token_id_vs_position_offset: int
-
-
-_SHAPE_DOC = {
-    "req_to_token": "[rows, max_seq_len]",
-    "full_to_swa_index_mapping": "[lut_len]",
-    "req_to_verify_expected_tokens": "[pool_rows, pool_cols]",
-    **dict.fromkeys(
-        ("input_ids", "positions", "out_cache_loc", "expected_input_ids", "expected_positions"),
-        "[n]",
-    ),
-}
-
-
-OnDevice = Callable[[torch.Tensor], bool]
-
-
-def check_tensor(
-    name: str,
-    t: object,
-    dtype: torch.dtype,
-    ndim: int,
-    device: torch.device,
-    on_device: OnDevice | None = None,
-) -> torch.Tensor:
-    """Check one input tensor's type, dtype, rank, device and contiguity.
-    ``on_device`` is ``device_predicate(device)``, passed in when the caller has it."""
-    if on_device is None:
-        on_device = device_predicate(device)
-    if (
-        isinstance(t, torch.Tensor)
-        and t.dtype is dtype
-        and t.dim() == ndim
-        and on_device(t)
-        and t.is_contiguous()
-    ):
-        return t
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"kv-canary: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != dtype:
-        raise ValueError(
-            f"kv-canary: {name} must have dtype {dtype}, got {t.dtype} "
-            "(nothing is cast: convert it once where it is allocated)"
-        )
-    if t.dim() != ndim:
-        shape = _SHAPE_DOC.get(name, "[bs]")
-        raise ValueError(
-            f"kv-canary: {name} must be {ndim}-D {shape}, got {t.dim()}-D shape {tuple(t.shape)}"
-        )
-    if not on_device(t):
-        raise ValueError(
-            f"kv-canary: {name} must be on the buffers' device {device}, got {t.device}"
-        )
-    raise ValueError(f"kv-canary: {name} must be contiguous, got strides {t.stride()}")
-
-
-def check_row_tensor(
-    name: str, t: object, bs: int, device: torch.device, on_device: OnDevice | None = None
-) -> torch.Tensor:
-    """Check a per-row int64 ``[bs]`` input."""
-    if (  # the fast path of check_length, inlined: it runs for every row tensor per launch
-        on_device is not None
-        and isinstance(t, torch.Tensor)
-        and t.dtype is ROW_DTYPE
-        and t.shape == (bs,)
-        and on_device(t)
-        and t.is_contiguous()
-    ):
-        return t
-    return check_length(name, t, bs, device, on_device, "bs = len(req_pool_indices)")
-
-
-def check_length(
-    name: str,
-    t: object,
-    length: int,
-    device: torch.device,
-    on_device: OnDevice | None = None,
-    what: str = "n = len(out_cache_loc)",
-) -> torch.Tensor:
-    """Check a 1-D int64 input of ``length`` elements (``what`` names the length)."""
-    if on_device is None:
-        on_device = device_predicate(device)
-    # Fast path (every launch): one shape read covers the rank and the length.
-    if (
-        isinstance(t, torch.Tensor)
-        and t.dtype is ROW_DTYPE
-        and t.shape == (length,)
-        and on_device(t)
-        and t.is_contiguous()
-    ):
-        return t
-    tensor = check_tensor(name, t, ROW_DTYPE, 1, device, on_device)
-    raise ValueError(f"kv-canary: {name} must have length {what} = {length}, got {tensor.shape[0]}")
-
-
-def check_int(name: str, value: object, *, minimum: int | None = None) -> int:
-    """Check an integer argument that a kernel receives as int64: ``TypeError`` unless
-    ``operator.index`` accepts it (bools refused), ``ValueError`` outside
-    ``[max(minimum, -2**63), 2**63 - 1]``."""
-    if (
-        type(value) is int
-        and INT64_MIN <= value <= INT64_MAX
-        and (minimum is None or value >= minimum)
-    ):
-        return value  # the common case, without a call
-    low = INT64_MIN if minimum is None else max(minimum, INT64_MIN)
-    return check_int64(name, value, minimum=low)
 
 
 def check_buffers(buffers: object) -> PlanBuffers:
@@ -281,7 +179,7 @@ def validate_plan_args(
         check_tensor("req_to_token", table, REQ_TO_TOKEN_DTYPE, 2, device, on)
     window = swa_window_size
     if not (type(window) is int and 0 <= window <= INT64_MAX):
-        window = check_int("swa_window_size", window, minimum=0)
+        window = check_int64("swa_window_size", window, minimum=0)
     lut = full_to_swa_index_mapping
     if lut is not None:
         if not (
@@ -328,7 +226,7 @@ def validate_plan_args(
         )
     offset = kv_token_id_vs_position_offset
     if not (type(offset) is int and INT64_MIN <= offset <= INT64_MAX):
-        offset = check_int("kv_token_id_vs_position_offset", offset)
+        offset = check_int64("kv_token_id_vs_position_offset", offset)
 
     # No input may share memory with the arena (the plan would overwrite what it still
     # reads): one range test per input (all are contiguous), named on the slow path.
@@ -546,7 +444,7 @@ def validate_write_args(
         aligned = aligned and ptr % 16 == 0
     tag = (
         launch_tag
-        if type(launch_tag) is int and _I64_MIN <= launch_tag <= _I64_MAX
+        if type(launch_tag) is int and INT64_MIN <= launch_tag <= INT64_MAX
         else (check_int64("launch_tag", launch_tag))
     )
     kv = _check_real_kv(real_kv, st)
@@ -570,7 +468,6 @@ _WRITE_INPUT_NAMES = (
     "expected_input_ids",
     "expected_positions",
 )
-_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
 def _raise_write_input_error(store: CanaryStore, inputs: tuple[Any, ...]) -> NoReturn:

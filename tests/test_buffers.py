@@ -214,7 +214,7 @@ def test_ensure_capacity_grows_with_headroom():
     g2 = g.ensure_capacity(write_reqs=3, verify_entries=100)
     assert (g2.write_req_capacity, g2.verify_capacity, g2.generation) == (8, 100, 2)
     assert g2.ensure_capacity(verify_entries=101).verify_capacity == 200
-    with pytest.raises(ValueError, match="verify_entries must be an int >= 0"):
+    with pytest.raises(ValueError, match="verify_entries must be >= 0"):
         b.ensure_capacity(verify_entries=-1)
 
 

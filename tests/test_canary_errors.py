@@ -488,6 +488,11 @@ REALKV_ERRORS = {
     "page_size 0": (dict(page_size=0), ValueError, "RealKV.page_size must be >= 1, got 0"),
     "page_size float": (dict(page_size=1.0), TypeError, "RealKV.page_size must be an int"),
     "page_size bool": (dict(page_size=True), TypeError, "RealKV.page_size must be an int"),
+    "page_size tensor": (
+        dict(page_size=torch.tensor(2)),
+        TypeError,
+        "RealKV.page_size must be an int, got Tensor .*a tensor would sync",
+    ),
     "bytes_per_token 24": (
         dict(bytes_per_token=24),
         ValueError,

@@ -242,3 +242,20 @@ def test_write_and_verify_on_cpu_without_the_interpreter_name_the_references():
         assert line.startswith("kv-canary: the Triton kernels need a CUDA device, got ")
         assert "write_reference" in line and "verify_reference" in line
     assert lines[2] == "0 0"  # nothing written
+
+
+def test_argument_checks_live_in_checks_py():
+    """Integer, capacity and input-tensor checks are written once, in
+    ``kv_canary_buffers/checks.py``: no other module of the package converts an integer
+    argument itself or defines a tensor check."""
+    from pathlib import Path
+
+    import kv_canary_buffers
+
+    package = Path(kv_canary_buffers.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        if path.name == "checks.py":
+            continue
+        source = path.read_text()
+        for pattern in ("operator.index(", "isinstance(value, bool)", "def check_tensor"):
+            assert pattern not in source, f"{path.name} checks arguments itself: {pattern}"
