@@ -30,6 +30,9 @@ def _raw_stream(index: int) -> int:
 # fraction of a microsecond instead of a Stream object or a device query through Python.
 _stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", _raw_stream)
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+_capturing = getattr(
+    torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing
+)
 
 
 class Launcher:
@@ -65,7 +68,20 @@ class Launcher:
                 "kv_canary_kernels to run the kernels in Triton's interpreter"
             )
         index = device.index
-        if _current_device() != index:
+        current = _current_device()
+        if current != index:
+            if _capturing():
+                # The launch would go to the buffers' device's own stream, outside the graph
+                # (torch's ops on that device's tensors do the same); the graph would replay
+                # without it.
+                raise RuntimeError(
+                    f"kv-canary: a CUDA graph is being captured on a stream of cuda:{current} "
+                    f"but the buffers are on {device}, so the launch would run outside the "
+                    f"graph; capture on a stream of {device}: torch.cuda.graph(g, "
+                    f"stream=torch.cuda.Stream({device.index})) (torch.cuda.graph's default "
+                    "capture stream belongs to the device that was current when the process "
+                    "first used torch.cuda.graph)"
+                )
             with torch.cuda.device(index):
                 self._launch(index, grid, key, args, constexprs, options)
             return
