@@ -141,10 +141,18 @@ def canary_verify_kernel(
     for start in range(pid * BLOCK, n, nprog * BLOCK):
         entry = start + lanes
         in_range = entry < n
+        # The entry's four columns are loaded side by side, each masked by the count only
+        # (a mask that waits for the slot would put a round trip between them); columns
+        # of a skipped entry are never used.
         slot = tl.load(slot_ptr + entry, mask=in_range, other=0)
+        prev = tl.load(prev_ptr + entry, mask=in_range, other=0)
+        want_position = tl.load(position_ptr + entry, mask=in_range, other=0)
+        if CHECK_TOKENS:
+            want_token = tl.load(token_ptr + entry, mask=in_range, other=-1)
+        else:
+            want_token = tl.full([BLOCK], -1, tl.int64)
         looked = in_range & (slot != 0)  # slot 0: the padding slot
         slot_bad = looked & ((slot < 0) | (slot >= num_slots))
-        prev = tl.load(prev_ptr + entry, mask=looked, other=0)
         prev_bad = looked & ~slot_bad & (prev >= num_slots)
         ok = looked & ~slot_bad & ~prev_bad
         flags |= tl.where(slot_bad, VERIFY_SLOT_BAD, 0) | tl.where(prev_bad, PREV_SLOT_BAD, 0)
@@ -155,11 +163,6 @@ def canary_verify_kernel(
         )  # fmt: skip
         # The record in one 32-byte read (two 16-byte loads), split into its columns.
         r_token, r_position, r_prev, r_kv = load_records(records_ptr, slot, ok, BLOCK)
-        want_position = tl.load(position_ptr + entry, mask=ok, other=0)
-        if CHECK_TOKENS:
-            want_token = tl.load(token_ptr + entry, mask=ok, other=-1)
-        else:
-            want_token = tl.full([BLOCK], -1, tl.int64)
         # hash_of(slot) of every lane; the lane to the right may need it as its prev's.
         own = i64(mix3(r_prev.to(tl.uint64, bitcast=True), r_token, r_position))
         from_left = (
