@@ -138,19 +138,34 @@ def canary_verify_kernel(
         tl.atomic_add(runs_ptr, 1)
         if n > 0:
             tl.atomic_add(processed_ptr, n)
-    for start in range(pid * BLOCK, n, nprog * BLOCK):
+    # An entry's four columns are loaded side by side, each masked by the count only (a
+    # mask that waited for the slot would put a round trip between them), and one block
+    # ahead: the first block's before the count arrives (in bounds up to the capacity),
+    # the next block's while this one's records load. Columns of a skipped entry are
+    # never used.
+    stride = nprog * BLOCK
+    first = pid * BLOCK + lanes
+    ahead = first < verify_capacity
+    next_slot = tl.load(slot_ptr + first, mask=ahead, other=0)
+    next_prev = tl.load(prev_ptr + first, mask=ahead, other=0)
+    next_position = tl.load(position_ptr + first, mask=ahead, other=0)
+    if CHECK_TOKENS:
+        next_token = tl.load(token_ptr + first, mask=ahead, other=-1)
+    else:
+        next_token = tl.full([BLOCK], -1, tl.int64)
+    for start in range(pid * BLOCK, n, stride):
         entry = start + lanes
         in_range = entry < n
-        # The entry's four columns are loaded side by side, each masked by the count only
-        # (a mask that waits for the slot would put a round trip between them); columns
-        # of a skipped entry are never used.
-        slot = tl.load(slot_ptr + entry, mask=in_range, other=0)
-        prev = tl.load(prev_ptr + entry, mask=in_range, other=0)
-        want_position = tl.load(position_ptr + entry, mask=in_range, other=0)
+        slot = next_slot
+        prev = next_prev
+        want_position = next_position
+        want_token = next_token
+        ahead = entry + stride < n
+        next_slot = tl.load(slot_ptr + entry + stride, mask=ahead, other=0)
+        next_prev = tl.load(prev_ptr + entry + stride, mask=ahead, other=0)
+        next_position = tl.load(position_ptr + entry + stride, mask=ahead, other=0)
         if CHECK_TOKENS:
-            want_token = tl.load(token_ptr + entry, mask=in_range, other=-1)
-        else:
-            want_token = tl.full([BLOCK], -1, tl.int64)
+            next_token = tl.load(token_ptr + entry + stride, mask=ahead, other=-1)
         looked = in_range & (slot != 0)  # slot 0: the padding slot
         slot_bad = looked & ((slot < 0) | (slot >= num_slots))
         prev_bad = looked & ~slot_bad & (prev >= num_slots)
