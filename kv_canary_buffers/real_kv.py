@@ -14,6 +14,7 @@ import operator
 import attrs
 import torch
 
+from .checks import check_index
 from .hashing import sm
 from .layout import MAX_REAL_KV_SOURCES, REAL_KV_ALIGN
 
@@ -30,14 +31,7 @@ class RealKVMode(enum.IntEnum):
 
 
 def _check_positive(name: str, value: object, multiple: int = 1) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"kv-canary: RealKV.{name} must be an int, got bool {value!r}")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"kv-canary: RealKV.{name} must be an int, got {type(value).__name__} {value!r}"
-        ) from None
+    number = check_index(f"RealKV.{name}", value)
     if number < 1 or number % multiple:
         rule = "a positive multiple of 16" if multiple > 1 else ">= 1"
         raise ValueError(f"kv-canary: RealKV.{name} must be {rule}, got {number}")
@@ -47,8 +41,10 @@ def _check_positive(name: str, value: object, multiple: int = 1) -> int:
 def _to_mode(value: object) -> RealKVMode:
     if isinstance(value, RealKVMode):
         return value
-    if isinstance(value, bool):
-        raise TypeError(f"kv-canary: RealKV.mode must be a RealKVMode, got bool {value!r}")
+    if isinstance(value, bool) or type(value).__module__.startswith("torch"):
+        raise TypeError(
+            f"kv-canary: RealKV.mode must be a RealKVMode, got {type(value).__name__} {value!r}"
+        )
     try:
         number = operator.index(value)  # type: ignore[arg-type]
     except TypeError:

@@ -35,6 +35,20 @@ _capturing = getattr(
 )
 
 
+_OUTSIDE_KERNEL = "outside of the scope of a kernel"
+"""What Triton's interpreter raises (an ``InterpreterError``) when a kernel calls one of
+Triton's own ``@triton.jit`` functions that was built for the GPU: ``triton`` was imported
+before ``TRITON_INTERPRET=1`` was set."""
+
+INTERPRETER_TOO_LATE = (
+    "kv-canary: Triton's interpreter cannot run the kernels: triton was imported before "
+    "TRITON_INTERPRET=1 was set, so its own @triton.jit functions were built for the GPU "
+    "(Triton said: Cannot call @triton.jit'd outside of the scope of a kernel); set "
+    "TRITON_INTERPRET=1 before anything imports triton (in the environment of the "
+    "process, or first thing in the program)"
+)
+
+
 class Launcher:
     """A cache of compiled variants of one ``@triton.jit`` function.
 
@@ -58,14 +72,19 @@ class Launcher:
         options: dict[str, Any],
     ) -> None:
         if INTERPRETING:
-            self.fn[grid](*args, **constexprs, **options)
+            try:
+                self.fn[grid](*args, **constexprs, **options)
+            except Exception as err:
+                if _OUTSIDE_KERNEL in str(err):
+                    raise RuntimeError(INTERPRETER_TOO_LATE) from err
+                raise
             return
         if device.type != "cuda":
             raise RuntimeError(
                 f"kv-canary: the Triton kernels need a CUDA device, got buffers on {device}; on "
                 "the CPU use the torch references (plan_reference, write_reference, "
-                "verify_reference), or set TRITON_INTERPRET=1 before importing "
-                "kv_canary_kernels to run the kernels in Triton's interpreter"
+                "verify_reference), or set TRITON_INTERPRET=1 before triton is first "
+                "imported to run the kernels in Triton's interpreter"
             )
         index = device.index
         current = _current_device()

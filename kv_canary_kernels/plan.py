@@ -78,7 +78,7 @@ def _device_config(device: torch.device) -> _DeviceConfig:
         raise RuntimeError(
             f"kv-canary: launch_plan needs a CUDA device for buffers.device, got {device}; "
             "on the CPU use kv_canary_buffers.plan_reference (the same plan in torch), or "
-            "set TRITON_INTERPRET=1 before importing kv_canary_kernels to run the kernels "
+            "set TRITON_INTERPRET=1 before triton is first imported to run the kernels "
             "in Triton's interpreter"
         )
     props = torch.cuda.get_device_properties(device)
