@@ -65,6 +65,7 @@ from kv_canary_buffers import (
     plan_reference,
     plans_equal,
     validate_plan_args,
+    verify_entries_needed,
     verify_reference,
     write_reference,
 )
@@ -163,8 +164,7 @@ class World:
             )
         self.bs, self.window, self.extend, self.device = bs, window, extend, device
         self.num_slots = slots + 1
-        counts = P - (P - window).clamp_min(0) if window > 0 else P
-        self.entries = int(counts.sum())
+        self.entries = verify_entries_needed(P, req_pool_indices=rp, swa_window_size=window)
         self.n = bs * extend
         self.seeded_rows = int(((P > 0) & (E > 0)).sum())
         self.prefix_tokens = int(P.sum())
