@@ -29,6 +29,7 @@ from kv_canary_buffers import (
     ViolationReport,
     gather_violation_reports,
     plan_reference,
+    plans_equal,
     verify_entries_needed,
     verify_reference,
     write_reference,
@@ -380,6 +381,25 @@ def _args() -> list[Arg]:
                 (),
             ),
         ]
+    args += [
+        Arg("plans_equal", "a", lambda v: plans_equal(v, plan_buffers(), 1), (None, store()), ()),
+        Arg("plans_equal", "b", lambda v: plans_equal(plan_buffers(), v, 1), (None, store()), ()),
+        Arg(
+            "plans_equal",
+            "bs",
+            lambda v: plans_equal(plan_buffers(), plan_buffers(), v),
+            INT_TYPES + (None,),
+            (-1, 5),
+            integer=True,
+        ),
+        Arg(
+            "PlanBuffers.check_fields",
+            "names",
+            lambda v: plan_buffers().check_fields(v),
+            (["status"], "status", None, ("status", 1)),
+            (("nope",), ("status", "nope"), ()),
+        ),
+    ]
     report = ViolationReport(violations=(), appended=0, dropped=0, kernel_runs=0, slots_processed=0)
     args += [
         Arg(
@@ -484,6 +504,8 @@ def test_the_walk_covers_every_entry_point():
         "launch_verify",
         "gather_violation_reports",
         "verify_entries_needed",
+        "plans_equal",
+        "PlanBuffers.check_fields",
     }
 
 
@@ -503,6 +525,7 @@ GOOD = {
     "swa_window_size": 3,
     "kv_token_id_vs_position_offset": 1,
     "launch_tag": 7,
+    "bs": 2,
 }
 
 
