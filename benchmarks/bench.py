@@ -8,6 +8,8 @@ in one run.
     python benchmarks/bench.py --device cpu           # the plan's CPU case only
     python benchmarks/bench.py --stage plan --tune    # the plan's launch-constant sweep
     TRITON_INTERPRET=1 python benchmarks/bench.py --smoke   # every GPU code path, tiny, on CPU
+    python benchmarks/bench.py --stage plan --plot-from RUN.csv [OTHER_RUN.csv ...]
+                                                      # plots again from CSVs, no GPU
     ncu --clock-control none --metrics gpu__time_duration.sum \\
         python benchmarks/bench.py --profile-cases all    # the plan's per-kernel durations
 
@@ -330,9 +332,22 @@ def print_report(rec: Recorder, smoke: bool) -> None:
 
 
 # --- plots -------------------------------------------------------------------------------
-def plot_canary(rows: list[dict], out_dir: Path) -> None:
+CANARY_LABELS = {
+    "launch_verify": "launch_verify (this library)",
+    "launch_write": "launch_write (this library)",
+    "torch_only": "torch-only",
+    "write_reference_eager": "write_reference (torch, eager)",
+    "traffic_only": "traffic-only reference",
+    "traffic_both_records": "traffic-only, both records read (as SGLang's verify does)",
+    "bandwidth_floor": "bandwidth floor",
+}
+
+
+def plot_canary(rows: list[dict], out_dir: Path, other_runs: Sequence[list[dict]] = ()) -> None:
     """canary_gpu_time.png (verify and write, every implementation, the targets) and
-    canary_host_time.png (every launcher, validated and bare) in ``out_dir``."""
+    canary_host_time.png (every launcher, validated and bare) in ``out_dir``.
+    ``other_runs`` is accepted for symmetry with ``plan_cases.plot`` (the canary host plot
+    has one bar pair per case and draws this run's spread only)."""
     try:
         import matplotlib
 
@@ -341,6 +356,8 @@ def plot_canary(rows: list[dict], out_dir: Path) -> None:
     except ImportError:
         print("matplotlib not installed: no plots")
         return
+    from plan_cases import run_label, spread_bars
+
     out_dir.mkdir(parents=True, exist_ok=True)
     panels = [
         (
@@ -362,7 +379,7 @@ def plot_canary(rows: list[dict], out_dir: Path) -> None:
     ]
     panels = [p for p in panels if pivot(rows, p[0], "gpu_time")[0]]
     if panels:
-        fig, axes = plt.subplots(len(panels), 1, figsize=(12, 4.5 * len(panels)), squeeze=False)
+        fig, axes = plt.subplots(len(panels), 1, figsize=(15, 4.5 * len(panels)), squeeze=False)
         for ax, (stage, main, impls) in zip(axes[:, 0], panels):
             order, table, _ = pivot(rows, stage, "gpu_time")
             width = 0.8 / len(impls)
@@ -372,7 +389,7 @@ def plot_canary(rows: list[dict], out_dir: Path) -> None:
                     [j + (i - len(impls) / 2 + 0.5) * width for j in range(len(order))],
                     vals,
                     width,
-                    label=impl,
+                    label=CANARY_LABELS.get(impl, impl),
                 )
             limits = [target_of(rows, stage, k, main, "gpu_time") for k in order]
             ax.scatter(
@@ -386,17 +403,22 @@ def plot_canary(rows: list[dict], out_dir: Path) -> None:
             )
             ax.set_xticks(range(len(order)), order, rotation=20, ha="right")
             ax.set_yscale("log")
+            ax.set_xlabel(
+                "case: batch rows, SWA window, real-KV mode"
+                if stage == "verify"
+                else "case: kind, rows x tokens each"
+            )
             ax.set_ylabel("GPU time per call (us)")
             ax.set_title(f"{stage}: median of CUDA-graph replays")
             ax.grid(True, axis="y", which="both", alpha=0.3)
-            ax.legend(fontsize=8)
-        fig.suptitle(f"kv-canary write and verify on {rows[0]['device']}")
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.suptitle(f"kv-canary write and verify on {run_label(rows)}")
         fig.tight_layout()
         fig.savefig(out_dir / "canary_gpu_time.png", dpi=110)
         plt.close(fig)
         print(f"wrote {out_dir / 'canary_gpu_time.png'}")
     host = [
-        (r["stage"], _key(r), r["impl"], r["value"])
+        r
         for r in rows
         if r["section"] == "host"
         and r["stage"] != "plan"
@@ -404,26 +426,48 @@ def plot_canary(rows: list[dict], out_dir: Path) -> None:
     ]
     if host:
         bare = {
-            (r["stage"], _key(r), r["impl"].split(":")[0]): r["value"]
+            (r["stage"], _key(r), r["impl"].split(":")[0]): r
             for r in rows
             if r["section"] == "host" and r["impl"].endswith(":bare_dispatch")
         }
-        labels = [f"{s} {c}\n{i}" for s, c, i, _ in host]
-        fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(host)), 4.5))
+        labels = [f"{r['stage']} {_key(r)}\n{r['impl']}" for r in host]
+        fig, ax = plt.subplots(figsize=(max(8, 0.45 * len(host)), 5.5))
         xs = range(len(host))
+        bare_at = [bare.get((r["stage"], _key(r), r["impl"])) for r in host]
+        left, right = [x - 0.2 for x in xs], [x + 0.2 for x in xs]
         ax.bar(
-            [x - 0.2 for x in xs],
-            [bare.get((s, c, i), float("nan")) for s, c, i, _ in host],
+            left,
+            [b["value"] if b is not None else float("nan") for b in bare_at],
             0.4,
-            label="bare dispatch",
+            label="bare dispatch (same kernels, no checks): median",
         )
-        ax.bar([x + 0.2 for x in xs], [v for *_, v in host], 0.4, label="validated launcher")
-        ax.axhline(harness_target(), color="black", linestyle="--", label="target")
+        ax.bar(right, [r["value"] for r in host], 0.4, label="validated launcher: median")
+        spread = spread_bars(ax, left, bare_at)
+        spread |= spread_bars(ax, right, host, label_rows=False)
+        targets = [
+            r["value"]
+            for r in rows
+            if r["section"] == "target" and r["note"] == "host" and r["stage"] != "plan"
+        ]
+        ax.axhline(
+            targets[0] if targets else harness_target(),
+            color="black",
+            linestyle="--",
+            label="target",
+        )
         ax.set_xticks(list(xs), labels, rotation=90, fontsize=7)
-        ax.set_ylabel("host time per eager call (us, median)")
-        ax.set_title("Host time per eager call: every launcher")
-        ax.legend()
-        fig.tight_layout()
+        ax.set_xlabel("stage, case and launcher")
+        ax.set_ylabel("host time per eager call (us)")
+        ax.set_title(f"Host time per eager call, every launcher: {run_label(rows)}")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.005, 1.0))
+        how = "bars: median over the timed batches of eager calls (a sync between batches); "
+        how += (
+            "whiskers: fastest batch to 90th percentile"
+            if spread
+            else "this run recorded no spread (runs before the value_min / value_p90 columns)"
+        )
+        fig.text(0.01, 0.01, how, fontsize=7, va="bottom")
+        fig.tight_layout(rect=(0, 0.03, 1, 1))
         fig.savefig(out_dir / "canary_host_time.png", dpi=110)
         plt.close(fig)
         print(f"wrote {out_dir / 'canary_host_time.png'}")
@@ -473,7 +517,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--out", type=Path, default=None, help="one folder for both the CSV and the plots"
     )
     parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument(
+        "--plot-from",
+        type=Path,
+        nargs="+",
+        metavar="CSV",
+        help="measure nothing: draw the plots of the first CSV's --stage stages into --plots "
+        "(default docs); further CSVs are repeated runs of the same code, drawn as dots on "
+        "the plan's host plot. Needs no GPU",
+    )
     args = parser.parse_args(argv)
+    if args.plot_from:
+        from plan_cases import plot
+
+        first, *others = (harness.load_rows(p) for p in args.plot_from)
+        out = args.out or args.plots or ROOT / "docs"
+        chosen = parse_stages(args.stage)
+        if "plan" in chosen:
+            plot(first, out, others)
+        if any(s != "plan" for s in chosen):
+            plot_canary(first, out, others)
+        return 0
     stages = parse_stages(args.stage)
 
     if args.smoke and os.environ.get("TRITON_INTERPRET") != "1":

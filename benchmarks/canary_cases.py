@@ -46,13 +46,14 @@ from canary_baselines import (
 )
 from harness import (
     ENV,
+    HostTime,
     Recorder,
     count_allocations,
     eager_wall_us,
     gpu_time,
     guarded,
     host_calls_for,
-    host_times_us,
+    host_time_stats_us,
     on_gpu,
     value_of,
 )
@@ -64,6 +65,7 @@ from kv_canary_buffers import (
     plan_reference,
     plans_equal,
     validate_plan_args,
+    verify_entries_needed,
     verify_reference,
     write_reference,
 )
@@ -162,8 +164,7 @@ class World:
             )
         self.bs, self.window, self.extend, self.device = bs, window, extend, device
         self.num_slots = slots + 1
-        counts = P - (P - window).clamp_min(0) if window > 0 else P
-        self.entries = int(counts.sum())
+        self.entries = verify_entries_needed(P, req_pool_indices=rp, swa_window_size=window)
         self.n = bs * extend
         self.seeded_rows = int(((P > 0) & (E > 0)).sum())
         self.prefix_tokens = int(P.sum())
@@ -456,7 +457,7 @@ def verify_case(
         gpu_us = value_of(
             rec.rows, stage="verify", section="gpu_time", impl="launch_verify", case=case["case"]
         )
-        times = host_times_us(
+        times = host_time_stats_us(
             {
                 "launch_verify": verify,
                 "bare_dispatch": lambda: dispatch_verify(store, buffers, args),
@@ -475,14 +476,14 @@ def verify_case(
 def record_host(
     rec: Recorder,
     launcher: str,
-    validated: float,
-    bare: float,
+    validated: HostTime,
+    bare: HostTime,
     case: dict,
     bare_name: str = "bare_dispatch",
 ) -> None:
-    rec.add("host", launcher, "us_per_call", validated, **case)
-    rec.add("host", f"{launcher}:{bare_name}", "us_per_call", bare, **case)
-    rec.add("host", f"{launcher}:ratio", "ratio", validated / bare, **case)
+    rec.add("host", launcher, "us_per_call", validated.median, spread=validated, **case)
+    rec.add("host", f"{launcher}:{bare_name}", "us_per_call", bare.median, spread=bare, **case)
+    rec.add("host", f"{launcher}:ratio", "ratio", validated.median / bare.median, **case)
     register_target(rec, rec.stage, "host", launcher, HOST_TARGET_US, **case)
 
 
@@ -688,7 +689,7 @@ def write_case(
         gpu_us = value_of(
             rec.rows, stage="write", section="gpu_time", impl="launch_write", case=case["case"]
         )
-        times = host_times_us(
+        times = host_time_stats_us(
             {"launch_write": write, "bare_dispatch": lambda: dispatch_write(store, buffers, args)},
             host_calls_for(gpu_us, host_calls),
         )
@@ -791,7 +792,7 @@ def step_case(
         )
 
     guarded(rec, f"step graph {case['case']}", timed)
-    times = host_times_us(
+    times = host_time_stats_us(
         {
             "launch_plan": plan,
             "launch_plan:bare": bare_plan,
@@ -806,11 +807,18 @@ def step_case(
     )
     for launcher in ("launch_plan", "launch_verify", "launch_write"):
         record_host(rec, launcher, times[launcher], times[f"{launcher}:bare"], case)
+    step_t, bare_t = times["step"], times["step:bare"]
     rec.add(
-        "host", "step", "us_per_call", times["step"], note="eager plan + verify + write", **case
+        "host",
+        "step",
+        "us_per_call",
+        step_t.median,
+        spread=step_t,
+        note="eager plan + verify + write",
+        **case,
     )
-    rec.add("host", "step:bare_dispatch", "us_per_call", times["step:bare"], **case)
-    rec.add("host", "step:ratio", "ratio", times["step"] / times["step:bare"], **case)
+    rec.add("host", "step:bare_dispatch", "us_per_call", bare_t.median, spread=bare_t, **case)
+    rec.add("host", "step:ratio", "ratio", step_t.median / bare_t.median, **case)
     expect_clean(store, "the host timing of the step")
 
     allocations = count_allocations(step)

@@ -3,9 +3,10 @@ the allocation counter, the sync detector and the tables.
 
 GPU time per call (:func:`gpu_time`): a CUDA graph of ``calls_per_graph`` back-to-back
 calls, each replay timed with CUDA events, divided by ``calls_per_graph``; the median over
-replays. Host time per call (:func:`host_times_us`): ``time.perf_counter`` around batches
-of eager calls without a sync (the variants interleaved, a sync between batches), the
-median over batches.
+replays. Host time per call (:func:`host_time_stats_us`): ``time.perf_counter`` around
+batches of eager calls without a sync (the variants interleaved, a sync between batches),
+the median over batches, with the fastest batch and the 90th percentile beside it (the
+CSV's ``value_min`` and ``value_p90``: the host of a lent machine is noisy).
 
 In smoke mode (``bench.py --smoke``, on the CPU under ``TRITON_INTERPRET=1``) the same code
 runs with no CUDA graph and no CUDA event: every "GPU time" is the wall time of eager
@@ -72,8 +73,25 @@ CASE_FIELDS = (
     "calls_per_graph",
     "note",
 )
-META_FIELDS = ("device", "torch", "triton", "python", "kv_canary", "commit", "date")
-FIELDS = ("stage", "section", "impl", "metric", "value") + CASE_FIELDS + META_FIELDS
+META_FIELDS = ("device", "host_cpu", "torch", "triton", "python", "kv_canary", "commit", "date")
+SPREAD_FIELDS = ("value_min", "value_p90")
+"""The spread of a median ``value`` over its timed batches (host times; empty otherwise):
+the fastest batch and the 90th percentile."""
+FIELDS = ("stage", "section", "impl", "metric", "value") + SPREAD_FIELDS + CASE_FIELDS + META_FIELDS
+NUMERIC_CASE_FIELDS = ("bs", "swa", "pool", "entries", "tokens", "replays", "calls_per_graph")
+
+
+def host_cpu() -> str:
+    """The host CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere):
+    host times per call depend on it as much as on the GPU."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def _triton_version() -> str:
@@ -112,6 +130,7 @@ class Recorder:
         self.stage = ""
         self.meta = {
             "device": device_name,
+            "host_cpu": host_cpu(),
             "torch": torch.__version__,
             "triton": _triton_version(),
             "python": platform.python_version(),
@@ -137,8 +156,11 @@ class Recorder:
         value: float,
         *,
         stage: str | None = None,
+        spread: HostTime | None = None,
         **case,
     ) -> dict:
+        """One row. ``spread``: the :class:`HostTime` whose median ``value`` is; its
+        fastest batch and 90th percentile go into ``value_min`` and ``value_p90``."""
         unknown = set(case) - set(CASE_FIELDS)
         if unknown:
             raise TypeError(f"unknown case fields {sorted(unknown)}")
@@ -148,6 +170,8 @@ class Recorder:
             "impl": impl,
             "metric": metric,
             "value": round(float(value), 4),
+            "value_min": "" if spread is None else round(spread.min, 4),
+            "value_p90": "" if spread is None else round(spread.p90, 4),
         }
         row.update({k: case.get(k, "") for k in CASE_FIELDS})
         row.update(self.meta)
@@ -174,6 +198,28 @@ class Recorder:
             self._file.close()
             self._file = None
             print(f"wrote {self.path}")
+
+
+def load_rows(path: Path) -> list[dict]:
+    """The rows of a CSV the recorder wrote, as :attr:`Recorder.rows` holds them (numbers
+    as numbers), to plot a run again without a GPU (``bench.py --plot-from``). Columns a
+    CSV lacks read as empty; a CSV from before the ``stage`` column (the plan's
+    ``bench_plan.py`` runs) is the plan stage."""
+    with Path(path).open(newline="") as f:
+        reader = csv.DictReader(f)
+        has_stage = "stage" in (reader.fieldnames or ())
+        rows = []
+        for raw in reader:
+            row: dict = {k: raw.get(k) or "" for k in FIELDS}
+            if not has_stage:
+                row["stage"] = "plan"
+            row["value"] = float(row["value"])
+            for k in SPREAD_FIELDS:
+                row[k] = float(row[k]) if row[k] != "" else ""
+            for k in NUMERIC_CASE_FIELDS:
+                row[k] = int(row[k]) if row[k] != "" else ""
+            rows.append(row)
+    return rows
 
 
 def guarded(rec: Recorder, what: str, fn: Callable[[], None]) -> bool:
@@ -312,12 +358,30 @@ def host_calls_for(gpu_us: float | None, most: int) -> int:
     return max(min(most, 10), min(most, int(20_000 / gpu_us)))
 
 
-def host_times_us(
+class HostTime(NamedTuple):
+    """Host time per eager call of one variant over its timed batches (microseconds)."""
+
+    median: float
+    min: float
+    """The fastest batch."""
+    p90: float
+    """The 90th percentile of the batches (inclusive method; the slowest of fewer than 2)."""
+
+    @classmethod
+    def of(cls, batches: Sequence[float]) -> HostTime:
+        if len(batches) < 2:
+            return cls(batches[0], batches[0], batches[0])
+        p90 = statistics.quantiles(batches, n=10, method="inclusive")[-1]
+        return cls(statistics.median(batches), min(batches), p90)
+
+
+def host_time_stats_us(
     variants: dict[str, Callable[[], None]], calls: int, rounds: int = 7
-) -> dict[str, float]:
+) -> dict[str, HostTime]:
     """Host time per eager call of each variant: ``rounds`` batches of ``calls`` calls
     without a sync, the variants interleaved so that drift hits all alike, a sync after
-    each batch (outside the timing); the median over batches (2 batches in smoke mode)."""
+    each batch (outside the timing); the median, fastest and 90th percentile over batches
+    (2 batches in smoke mode)."""
     if ENV.smoke:
         rounds = min(rounds, 2)
     for fn in variants.values():
@@ -331,7 +395,14 @@ def host_times_us(
                 fn()
             results[name].append((time.perf_counter() - t0) / calls * 1e6)
             sync()
-    return {k: statistics.median(v) for k, v in results.items()}
+    return {k: HostTime.of(v) for k, v in results.items()}
+
+
+def host_times_us(
+    variants: dict[str, Callable[[], None]], calls: int, rounds: int = 7
+) -> dict[str, float]:
+    """The medians of :func:`host_time_stats_us`."""
+    return {k: t.median for k, t in host_time_stats_us(variants, calls, rounds).items()}
 
 
 def count_allocations(fn: Callable[[], None], calls: int = 100) -> int | None:

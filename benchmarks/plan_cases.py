@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -25,11 +26,17 @@ from harness import (
     count_allocations,
     graph_time_us,
     host_calls_for,
-    host_times_us,
+    host_time_stats_us,
     on_gpu,
     value_of,
 )
-from kv_canary_buffers import PlanBuffers, plan_reference, plans_equal, validate_plan_args
+from kv_canary_buffers import (
+    PlanBuffers,
+    plan_reference,
+    plans_equal,
+    validate_plan_args,
+    verify_entries_needed,
+)
 
 WINDOW = 128
 MEAN_PREFIX = 512
@@ -65,9 +72,13 @@ def make_batch(
 
 
 def verify_entries(kwargs: dict) -> int:
-    P, W = kwargs["prefix_lens"], kwargs["swa_window_size"]
-    counts = P - (P - W).clamp_min(0) if W > 0 else P
-    return int(counts.clamp_min(0).sum())
+    """The case's verify entries: ``verify_entries_needed`` on host copies of its rows
+    (the cases' rows live on the device; copying them here is setup, never timed)."""
+    return verify_entries_needed(
+        kwargs["prefix_lens"].cpu(),
+        req_pool_indices=kwargs["req_pool_indices"].cpu(),
+        swa_window_size=kwargs["swa_window_size"],
+    )
 
 
 def plan_bytes(kwargs: dict, entries: int) -> int:
@@ -200,20 +211,20 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
             gpu_us = value_of(
                 rec.rows, stage="plan", section="gpu_time", impl="launch_plan", bs=bs, swa=WINDOW
             )
-            times = host_times_us(
+            times = host_time_stats_us(
                 {
                     "launch_plan": lambda: launch_plan(buffers, **kwargs),
                     "bare_dispatch": lambda: dispatch_plan(buffers, args),
                 },
                 host_calls_for(gpu_us, host_calls),
             )
-            for name, us in times.items():
-                rec.add("host", name, "us_per_call", us, **case)
+            for name, t in times.items():
+                rec.add("host", name, "us_per_call", t.median, spread=t, **case)
             rec.add(
                 "host",
                 "launch_over_bare",
                 "ratio",
-                times["launch_plan"] / times["bare_dispatch"],
+                times["launch_plan"].median / times["bare_dispatch"].median,
                 **case,
             )
             rec.add("target", "launch_plan", "max_us", HOST_TARGET_US, note="host", **case)
@@ -318,8 +329,70 @@ def profile_cases(case: str) -> None:
 
 
 # --- plots ------------------------------------------------------------------------
-def plot(rows: list[dict], out_dir: Path) -> None:
-    """plan_gpu_time.png and plan_host_overhead.png in ``out_dir`` (needs matplotlib)."""
+PLOT_LABELS = {
+    "launch_plan": "launch_plan (this library)",
+    "sglang_design": "SGLang's design (re-implemented here)",
+    "torch_only": "torch-only plan",
+    "traffic_only": "traffic-only reference",
+    "memset_outputs": "memset of the outputs",
+    "bandwidth_floor": "bandwidth floor",
+    "bare_dispatch": "bare dispatch (same kernels, no checks)",
+}
+"""Legend labels. ``sglang_design`` is not SGLang's code: it is SGLang's plan design
+re-implemented in ``benchmarks/baselines.py`` (SGLang's own kernels were not run)."""
+
+SGLANG_DESIGN_NOTE = (
+    "SGLang's design (re-implemented here, not SGLang's code) has no point above {max_bs} "
+    "rows: its offsets kernel scans every row in one Triton program\n(a {max_bs}-lane "
+    "tl.cumsum), and SGLang's plan launcher refuses a larger batch."
+)
+
+
+def run_label(rows: list[dict]) -> str:
+    """The machine and date of a run, from its rows: the GPU, the host CPU when the run
+    recorded it, the day."""
+    first = rows[0]
+    parts = [str(first["device"])]
+    if first.get("host_cpu"):
+        parts.append(f"host CPU {first['host_cpu']}")
+    if first.get("date"):
+        parts.append(run_time(rows))
+    return ", ".join(parts)
+
+
+def run_time(rows: list[dict]) -> str:
+    """When a run started, to the minute (UTC), from its rows."""
+    return str(rows[0].get("date", ""))[:16].replace("T", " ") + " UTC"
+
+
+def spread_bars(ax, xs, rows_at, label_rows: bool = True) -> bool:
+    """Whiskers from the fastest batch to the 90th percentile over the median bars at
+    ``xs``, for the rows (one per bar, None for a missing one) that recorded a spread.
+    Returns whether any was drawn."""
+    pts = [
+        (x, r["value"], r["value"] - r["value_min"], r["value_p90"] - r["value"])
+        for x, r in zip(xs, rows_at)
+        if r is not None and r.get("value_min", "") != "" and r.get("value_p90", "") != ""
+    ]
+    if not pts:
+        return False
+    ax.errorbar(
+        [p[0] for p in pts],
+        [p[1] for p in pts],
+        yerr=[[p[2] for p in pts], [p[3] for p in pts]],
+        fmt="none",
+        ecolor="black",
+        elinewidth=1,
+        capsize=3,
+        label="fastest batch to 90th percentile" if label_rows else None,
+    )
+    return True
+
+
+def plot(rows: list[dict], out_dir: Path, other_runs: Sequence[list[dict]] = ()) -> None:
+    """plan_gpu_time.png and plan_host_overhead.png in ``out_dir`` (needs matplotlib).
+    ``other_runs``: the rows of repeated runs of the same code, whose host-time medians
+    are drawn as dots over this run's bars (the spread between runs)."""
     try:
         import matplotlib
 
@@ -329,10 +402,13 @@ def plot(rows: list[dict], out_dir: Path) -> None:
         print("matplotlib not installed: no plots")
         return
     rows = [r for r in rows if r["stage"] == "plan"]
+    if not rows:
+        return
     out_dir.mkdir(parents=True, exist_ok=True)
     gpu = [r for r in rows if r["section"] == "gpu_time"]
     if gpu:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+        fig, axes = plt.subplots(1, 2, figsize=(11, 5.6), sharey=True)
+        stops: set[int] = set()
         for ax, swa in zip(axes, sorted({r["swa"] for r in gpu})):
             for impl in (
                 "launch_plan",
@@ -347,35 +423,110 @@ def plot(rows: list[dict], out_dir: Path) -> None:
                 )
                 if pts:
                     style = "-o" if impl in ("launch_plan", "sglang_design", "torch_only") else "--"
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=impl)
+                    ax.plot(
+                        [p[0] for p in pts],
+                        [p[1] for p in pts],
+                        style,
+                        label=PLOT_LABELS.get(impl, impl),
+                    )
+                if impl == "sglang_design" and pts:
+                    last = pts[-1][0]
+                    if any(r["bs"] > last for r in gpu if r["swa"] == swa):
+                        stops.add(last)
+                        ax.annotate(
+                            f"stops at {last} rows\n(see the note below)",
+                            xy=pts[-1],
+                            xytext=(0.55, 0.22),
+                            textcoords="axes fraction",
+                            fontsize=8,
+                            color="C1",
+                            arrowprops=dict(arrowstyle="->", color="C1"),
+                        )
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_xlabel("batch size (rows), mean prefix 512, pool on")
+            ax.set_xlabel("batch size (rows), mean prefix 512, token pool on")
             ax.set_title("SWA off" if not swa else f"SWA on (W={swa}, LUT)")
             ax.grid(True, which="both", alpha=0.3)
         axes[0].set_ylabel("GPU time per plan (us, median of graph replays)")
-        axes[0].legend()
-        fig.suptitle(f"kv-canary plan on {rows[0]['device']}")
-        fig.tight_layout()
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(
+            handles, labels, loc="lower center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, 0.07)
+        )
+        fig.suptitle(f"kv-canary plan: GPU time per plan on {run_label(rows)}")
+        if stops:
+            fig.text(
+                0.01, 0.01, SGLANG_DESIGN_NOTE.format(max_bs=max(stops)), fontsize=8, va="bottom"
+            )
+        fig.tight_layout(rect=(0, 0.17, 1, 1))
         fig.savefig(out_dir / "plan_gpu_time.png", dpi=110)
         plt.close(fig)
         print(f"wrote {out_dir / 'plan_gpu_time.png'}")
     host = [r for r in rows if r["section"] == "host" and r["metric"] == "us_per_call"]
     if host:
-        fig, ax = plt.subplots(figsize=(6.5, 4))
+        fig, ax = plt.subplots(figsize=(7.5, 4.8))
         bss = sorted({r["bs"] for r in host})
         width = 0.38
+        spread = others = False
         for i, impl in enumerate(("bare_dispatch", "launch_plan")):
-            vals = [
-                next((r["value"] for r in host if r["bs"] == b and r["impl"] == impl), float("nan"))
-                for b in bss
-            ]
-            ax.bar([j + (i - 0.5) * width for j in range(len(bss))], vals, width, label=impl)
-        ax.set_xticks(range(len(bss)), [f"bs={b}" for b in bss])
-        ax.set_ylabel("host time per eager call (us, median)")
-        ax.set_title("Host overhead: validated launch vs bare dispatch")
-        ax.legend()
-        fig.tight_layout()
+            xs = [j + (i - 0.5) * width for j in range(len(bss))]
+            at = [next((r for r in host if r["bs"] == b and r["impl"] == impl), None) for b in bss]
+            ax.bar(
+                xs,
+                [r["value"] if r is not None else float("nan") for r in at],
+                width,
+                label=PLOT_LABELS.get(impl, impl) + ": median",
+                color=f"C{i}",
+            )
+            spread |= spread_bars(ax, xs, at, label_rows=i == 0)
+            for k, other in enumerate(other_runs):
+                vals = [
+                    next(
+                        (
+                            r["value"]
+                            for r in other
+                            if r["stage"] == "plan"
+                            and r["section"] == "host"
+                            and r["metric"] == "us_per_call"
+                            and r["bs"] == b
+                            and r["impl"] == impl
+                        ),
+                        None,
+                    )
+                    for b in bss
+                ]
+                pts = [(x, v) for x, v in zip(xs, vals) if v is not None]
+                if pts:
+                    others = True
+                    ax.plot(
+                        [p[0] for p in pts],
+                        [p[1] for p in pts],
+                        "o",
+                        color="black",
+                        markersize=4,
+                        label="median of another run" if i == 0 and k == 0 else None,
+                    )
+        swa = sorted({r["swa"] for r in host if r["swa"] != ""})
+        window = f"SWA on (W={swa[0]}, LUT)" if swa and swa[0] else "SWA off"
+        ax.set_xticks(range(len(bss)), [str(b) for b in bss])
+        ax.set_xlabel(f"batch size (rows); {window}, token pool on")
+        ax.set_ylabel("host time per eager call (us)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(
+            "Host (CPU) time per eager launch_plan call against its bare dispatch\n"
+            f"machine: {run_label(rows)}",
+            fontsize=10,
+        )
+        ax.legend(fontsize=8)
+        how = ["bars: median over the timed batches of eager calls (a sync between batches)"]
+        if spread:
+            how.append("whiskers: fastest batch to 90th percentile")
+        if others:
+            when = ", ".join(run_time(o) for o in other_runs if o)
+            how.append(f"dots: medians of {len(other_runs)} other run(s) of the same code ({when})")
+        if not spread and not others:
+            how.append("this run recorded no spread")
+        fig.text(0.01, 0.01, "\n".join(how), fontsize=7, va="bottom")
+        fig.tight_layout(rect=(0, 0.03 * len(how) + 0.01, 1, 1))
         fig.savefig(out_dir / "plan_host_overhead.png", dpi=110)
         plt.close(fig)
         print(f"wrote {out_dir / 'plan_host_overhead.png'}")

@@ -14,6 +14,8 @@ Public names:
 - :func:`validate_plan_args`: the host-side checks both plan paths run first.
 - :class:`PlanStatus`: the bits of the device-side status word.
 - :func:`plans_equal`: whether two buffers hold the same plan (for tests and ports).
+- :func:`verify_entries_needed`: the verify entries a batch's plan emits (host-side), to
+  size ``verify_capacity`` before the launch.
 
 The Triton kernels live in the separate package ``kv_canary_kernels`` so that this one
 never imports Triton.
@@ -26,6 +28,7 @@ from .distributed import GatheredReport, RankedViolation, gather_violation_repor
 from .plan_reference import plan_reference
 from .real_kv import RealKV, RealKVMode
 from .report import Violation, ViolationReport
+from .sizing import verify_entries_needed
 from .staging import GraphInputs
 from .status import CanaryStatus, FailBits, PlanStatus
 from .store import CanaryStore
@@ -52,6 +55,7 @@ __all__ = [
     "plan_reference",
     "plans_equal",
     "validate_plan_args",
+    "verify_entries_needed",
     "verify_reference",
     "write_reference",
 ]

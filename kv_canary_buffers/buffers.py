@@ -268,8 +268,9 @@ class PlanBuffers:
         """:meth:`check` of the fields ``names`` only (with the storage and the owner):
         the write and verify stages read a few of the plan's fields and re-check those
         at every launch. ``names`` must be a tuple of field names, in any order."""
-        getter = _GETTERS.get(names)
+        getter = _GETTERS.get(names) if type(names) is tuple else None
         if getter is None:
+            _check_field_names(names)
             getter = _GETTERS[names] = operator.attrgetter(*names)
         self._check(names, getter)
 
@@ -363,6 +364,21 @@ class PlanBuffers:
 PlanBuffers.__doc__ = docstring_with_fields(
     PlanBuffers.__doc__, PLAN_FIELDS, "after a plan of `bs` rows"
 )
+
+
+def _check_field_names(names: object) -> None:
+    """``names`` of :meth:`PlanBuffers.check_fields`: a non-empty tuple of field names."""
+    if type(names) is not tuple or not all(type(n) is str for n in names):
+        raise TypeError(
+            "kv-canary: names must be a tuple of PlanBuffers field names, got "
+            f"{type(names).__name__} {names!r}"
+        )
+    unknown = [n for n in names if n not in _FIELD_NAMES]
+    if not names or unknown:
+        raise ValueError(
+            f"kv-canary: names must be PlanBuffers field names ({', '.join(_FIELD_NAMES)}), "
+            f"got {unknown[0] if unknown else 'an empty tuple'!r}"
+        )
 
 
 def _plan_layout_of(arena: Arena) -> tuple[tuple[ArenaField, ...], int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .buffers import PlanBuffers
+from .checks import check_index
 
 VERIFY_ENTRY_FIELDS = (
     "verify_slot_indices",
@@ -17,7 +18,25 @@ VERIFY_ENTRY_FIELDS = (
 def plans_equal(a: PlanBuffers, b: PlanBuffers, bs: int) -> bool:
     """Whether ``a`` and ``b`` hold the same plan of a ``bs``-row batch: the whole
     ``write_offsets``, the first ``bs`` seeds, the three counters and, when enabled, the
-    first ``verify_num_valid`` verify entries. Unspecified elements are ignored. Syncs."""
+    first ``verify_num_valid`` verify entries. Unspecified elements are ignored. Syncs.
+
+    ``TypeError`` unless ``a`` and ``b`` are exactly :class:`PlanBuffers` and ``bs`` an
+    integer; ``ValueError`` for ``bs`` outside ``[0, write_req_capacity]`` of either."""
+    for name, buffers in (("a", a), ("b", b)):
+        if type(buffers) is not PlanBuffers:
+            raise TypeError(
+                f"kv-canary: {name} must be a kv_canary_buffers.PlanBuffers, got "
+                f"{type(buffers).__name__}"
+            )
+        buffers.check()
+    rows = check_index("bs", bs)
+    capacity = min(a.write_req_capacity, b.write_req_capacity)
+    if not 0 <= rows <= capacity:
+        raise ValueError(
+            f"kv-canary: bs must be in [0, {capacity}] (the buffers' write_req_capacity), "
+            f"got {rows}"
+        )
+    bs = rows
     n = int(a.verify_num_valid) if int(a.verify_enable) else 0
     return (
         torch.equal(a.write_offsets, b.write_offsets)

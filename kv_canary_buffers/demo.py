@@ -49,7 +49,9 @@ def parse_device(text: str) -> torch.device:
     """``cpu``, ``cuda`` or ``cuda:N`` on a machine that has it; else :class:`DemoError`."""
     m = re.fullmatch(r"(cpu|cuda)(?::(\d+))?", text.strip())
     if m is None or (m.group(1) == "cpu" and m.group(2) not in (None, "0")):
-        raise DemoError(f"--device {text}: not supported; devices that work: {DEVICES_THAT_WORK}")
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        here = "cpu" if count == 0 else f"cpu, cuda, cuda:0..cuda:{count - 1}"
+        raise DemoError(f"--device {text}: not supported; devices that work here: {here}")
     if m.group(1) == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():

@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 import torch
 
+from .checks import check_index
 from .layout import RECORD_DTYPE, VIOLATION_COLUMNS, VIOLATION_WIDTH
 from .report import Violation, ViolationReport
 
@@ -95,7 +96,9 @@ def gather_violation_reports(
     device, with gloo on the CPU.
 
     Raises:
-        TypeError: ``report`` is not a :class:`ViolationReport`.
+        TypeError: ``report`` is not a :class:`ViolationReport`, or ``dst`` is neither
+            None nor an integer.
+        ValueError: ``dst`` is negative or not a rank of the default group.
         RuntimeError: ``torch.distributed`` is not initialised.
     """
     import torch.distributed as dist
@@ -105,10 +108,19 @@ def gather_violation_reports(
             "kv-canary: report must be a kv_canary_buffers.ViolationReport (from "
             f"CanaryStore.take_violations()), got {type(report).__name__}"
         )
+    if dst is not None:
+        dst = check_index("dst", dst)
+        if dst < 0:
+            raise ValueError(f"kv-canary: dst must be a rank >= 0 or None, got {dst}")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
             "kv-canary: gather_violation_reports needs torch.distributed initialised by the "
             "engine (torch.distributed.init_process_group), got no process group"
+        )
+    if dst is not None and dst >= dist.get_world_size():
+        raise ValueError(
+            f"kv-canary: dst must be a rank of the default group, in [0, "
+            f"{dist.get_world_size()}), or None, got {dst}"
         )
     device = _collective_device(group)
     world = dist.get_world_size(group)

@@ -61,7 +61,12 @@ The ``swa`` group passes its LUT to the plan and its translated slots
 (``LUT[out_cache_loc]``) to the write. The stores are created once per pool with
 ``enable_chain_position_check()``; when the KV pool grows, each store is replaced by
 ``store.resize(num_slots=...)`` (records kept) and each ``RealKV`` rebuilt on the new KV
-tensors; a grown batch or prefix total is ``buffers.ensure_capacity(...)``.
+tensors; a grown batch or prefix total is ``buffers.ensure_capacity(...)``. A step's verify
+entries are counted on the host, from the scheduler's lists, with
+``verify_entries_needed(prefix_lens, req_pool_indices=..., swa_window_size=...)``; an
+engine grows ``verify_capacity`` from it before the plan, while the simulation lets the
+full group's small first capacity overflow once (``verify_enable = 0``) to show it, then
+grows from the same count.
 
 Turning the TAIL store off (``tail=False``) halves the canary's memory and launches; the
 HEAD store alone still catches every corruption kind, one step later for those that
@@ -89,6 +94,7 @@ from .devices import normalize_device
 from .plan_reference import plan_reference
 from .real_kv import RealKV, RealKVMode
 from .report import Violation
+from .sizing import verify_entries_needed
 from .staging import GraphInputs
 from .status import CanaryStatus, FailBits, PlanStatus
 from .store import CanaryStore
@@ -453,6 +459,7 @@ class Simulation:
         self._changed = False  # a resize or growth since the last timed step
         self._step_rows: dict[str, torch.Tensor] = {}
         self._verify_totals: dict[str, int] = {}
+        self._host_rows: dict[str, list[int]] = {}
         self._holders_then: dict[tuple[int, int], set[int]] = {}
 
     # --- construction helpers ---------------------------------------------------
@@ -861,9 +868,14 @@ class Simulation:
         def garbage() -> list[int]:  # a padding row's lengths may hold anything
             return torch.randint(-9, 10**6, (pad,), generator=self.gen).tolist()
 
+        # the host lists the batch is built from (what an engine's scheduler holds)
+        self._host_rows = {
+            "req_pool_indices": [r.row for r in batch] + [0] * pad,
+            "prefix_lens": [r.prefix for r in batch] + garbage(),
+        }
         rows = dict(
-            req_pool_indices=_i64([r.row for r in batch] + [0] * pad, self.device),
-            prefix_lens=_i64([r.prefix for r in batch] + garbage(), self.device),
+            req_pool_indices=_i64(self._host_rows["req_pool_indices"], self.device),
+            prefix_lens=_i64(self._host_rows["prefix_lens"], self.device),
             extend_seq_lens=_i64([extends[r.id] for r in batch] + garbage(), self.device),
         )
         valid_lens = _i64([r.prefix for r in batch] + [0] * pad, self.device)
@@ -1082,11 +1094,13 @@ class Simulation:
             kwargs = self._plan_kwargs(g, valid_lens)
             bs = kwargs["req_pool_indices"].shape[0]
             b = g.buffers
-            P = kwargs["prefix_lens"].clamp(0, self.config.max_seq_len)
-            on = kwargs["req_pool_indices"] != 0
-            ws = (P - g.window).clamp_min(0) if g.window else torch.zeros_like(P)
-            counts = torch.where(on, P - ws, 0)
-            total = int(counts.sum())
+            # the step's verify entries, counted on the host from the scheduler's lists
+            host = self._host_rows
+            total = verify_entries_needed(
+                host["prefix_lens"],
+                req_pool_indices=host["req_pool_indices"],
+                swa_window_size=g.window,
+            )
             self._verify_totals[g.name] = total
             overflow = total > b.verify_capacity
             if overflow:
@@ -1106,8 +1120,14 @@ class Simulation:
             ok &= int(b.verify_num_valid) == (b.verify_capacity if overflow else total)
             if not overflow and total:
                 # within a row, positions ascend by one and each entry's predecessor is
-                # the entry before it
-                row = torch.repeat_interleave(torch.arange(bs, device=P.device), counts)
+                # the entry before it (each row's count: the same helper, row by row)
+                counts = [
+                    verify_entries_needed([p], req_pool_indices=[r], swa_window_size=g.window)
+                    for r, p in zip(host["req_pool_indices"], host["prefix_lens"])
+                ]
+                row = torch.repeat_interleave(
+                    torch.arange(bs), torch.tensor(counts, dtype=torch.int64)
+                ).to(self.device)
                 same_row = row[1:] == row[:-1]
                 pos = b.verify_expected_positions[:total]
                 prev = b.verify_prev_slot_indices[1:total]

@@ -25,7 +25,7 @@ import torch
 
 from .arena import Arena, ArenaField, layout
 from .buffers import STAGING_LINK_ATTR, PlanBuffers, StagingLink, _check_arena_layout
-from .checks import check_capacity, check_row_tensor, check_tensor
+from .checks import check_bool, check_capacity, check_row_tensor, check_tensor
 from .devices import DeviceLike, device_predicate, normalize_device
 from .layout import PADDING_REQ_POOL_INDEX, ROW_DTYPE, STAGING_FIELDS, staging_specs
 from .validation import check_buffers
@@ -243,6 +243,7 @@ class GraphInputs:
 
     def plan_kwargs(self, *, with_valid_lens: bool = False) -> dict[str, torch.Tensor]:
         """The per-row keyword arguments of ``launch_plan``/``plan_reference``."""
+        check_bool("with_valid_lens", with_valid_lens)
         self.check()
         kwargs = {
             "req_pool_indices": self.req_pool_indices,

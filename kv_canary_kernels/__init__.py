@@ -7,8 +7,8 @@ keyword arguments as its torch reference in ``kv_canary_buffers``:
 - :func:`launch_write` (``write_reference``): stamp the records of the slots a step wrote.
 - :func:`launch_verify` (``verify_reference``): check the records of a plan's entries.
 
-To run the kernels on CPU tensors (tests), set ``TRITON_INTERPRET=1`` before this
-package is imported.
+To run the kernels on CPU tensors (tests), set ``TRITON_INTERPRET=1`` before anything
+imports ``triton`` (this package or another, see docs/troubleshooting.md).
 """
 
 from kv_canary_buffers._version import __version__

@@ -192,7 +192,7 @@ def _derive(device: torch.device, launch: LaunchConfig) -> DeviceConfig:
         raise RuntimeError(
             f"kv-canary: the Triton kernels need a CUDA device, got {device}; on the CPU use "
             "the torch references (plan_reference, write_reference, verify_reference), or "
-            "set TRITON_INTERPRET=1 before importing kv_canary_kernels to run the kernels "
+            "set TRITON_INTERPRET=1 before triton is first imported to run the kernels "
             "in Triton's interpreter"
         )
     props = torch.cuda.get_device_properties(device)

@@ -30,6 +30,23 @@ def _raw_stream(index: int) -> int:
 # fraction of a microsecond instead of a Stream object or a device query through Python.
 _stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", _raw_stream)
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+_capturing = getattr(
+    torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing
+)
+
+
+_OUTSIDE_KERNEL = "outside of the scope of a kernel"
+"""What Triton's interpreter raises (an ``InterpreterError``) when a kernel calls one of
+Triton's own ``@triton.jit`` functions that was built for the GPU: ``triton`` was imported
+before ``TRITON_INTERPRET=1`` was set."""
+
+INTERPRETER_TOO_LATE = (
+    "kv-canary: Triton's interpreter cannot run the kernels: triton was imported before "
+    "TRITON_INTERPRET=1 was set, so its own @triton.jit functions were built for the GPU "
+    "(Triton said: Cannot call @triton.jit'd outside of the scope of a kernel); set "
+    "TRITON_INTERPRET=1 before anything imports triton (in the environment of the "
+    "process, or first thing in the program)"
+)
 
 
 class Launcher:
@@ -55,17 +72,35 @@ class Launcher:
         options: dict[str, Any],
     ) -> None:
         if INTERPRETING:
-            self.fn[grid](*args, **constexprs, **options)
+            try:
+                self.fn[grid](*args, **constexprs, **options)
+            except Exception as err:
+                if _OUTSIDE_KERNEL in str(err):
+                    raise RuntimeError(INTERPRETER_TOO_LATE) from err
+                raise
             return
         if device.type != "cuda":
             raise RuntimeError(
                 f"kv-canary: the Triton kernels need a CUDA device, got buffers on {device}; on "
                 "the CPU use the torch references (plan_reference, write_reference, "
-                "verify_reference), or set TRITON_INTERPRET=1 before importing "
-                "kv_canary_kernels to run the kernels in Triton's interpreter"
+                "verify_reference), or set TRITON_INTERPRET=1 before triton is first "
+                "imported to run the kernels in Triton's interpreter"
             )
         index = device.index
-        if _current_device() != index:
+        current = _current_device()
+        if current != index:
+            if _capturing():
+                # The launch would go to the buffers' device's own stream, outside the graph
+                # (torch's ops on that device's tensors do the same); the graph would replay
+                # without it.
+                raise RuntimeError(
+                    f"kv-canary: a CUDA graph is being captured on a stream of cuda:{current} "
+                    f"but the buffers are on {device}, so the launch would run outside the "
+                    f"graph; capture on a stream of {device}: torch.cuda.graph(g, "
+                    f"stream=torch.cuda.Stream({device.index})) (torch.cuda.graph's default "
+                    "capture stream belongs to the device that was current when the process "
+                    "first used torch.cuda.graph)"
+                )
             with torch.cuda.device(index):
                 self._launch(index, grid, key, args, constexprs, options)
             return

@@ -41,7 +41,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         raise RuntimeError(
             f"kv-canary: launch_plan needs a CUDA device for buffers.device, got "
             f"{device}; on the CPU use kv_canary_buffers.plan_reference (the same plan "
-            "in torch), or set TRITON_INTERPRET=1 before importing kv_canary_kernels to run "
+            "in torch), or set TRITON_INTERPRET=1 before triton is first imported to run "
             "the kernels in Triton's interpreter"
         ) from None
     cfg = dev.launch

@@ -134,8 +134,12 @@ def canary_write_kernel(
     num_rows = tl.minimum(tl.maximum(num_rows, 0), write_capacity)
     rows = pid * ROWS + lanes
     in_rows = rows < num_rows
-    lo = tl.load(write_offsets_ptr + rows, mask=in_rows, other=0)
-    hi = tl.load(write_offsets_ptr + rows + 1, mask=in_rows, other=0)
+    # Offsets and seeds are loaded for every row of the buffers (capacity + 1 offsets and
+    # capacity seeds, in bounds by construction) without waiting for the row count: one
+    # round trip fewer before a decode row's hash. Rows past the count ignore them.
+    in_buffers = rows < write_capacity
+    lo = tl.load(write_offsets_ptr + rows, mask=in_buffers, other=0)
+    hi = tl.load(write_offsets_ptr + rows + 1, mask=in_buffers, other=0)
     busy = in_rows & (hi > lo)
     flags |= tl.where(busy & ((lo < 0) | (hi > n)), WRITE_INDEX_BAD, 0)
     # Clamped into [0, n] before subtracting: no wrap for any int64 offsets.
@@ -143,8 +147,8 @@ def canary_write_kernel(
     length = tl.maximum(tl.minimum(tl.maximum(hi, 0), n) - first, 0)
     # The seed and its record are loaded without waiting for the offsets (a row that
     # turns out idle ignores them): two round trips side by side instead of in a row.
-    seed = tl.load(seeds_ptr + rows, mask=in_rows, other=NO_SLOT)
-    seed_in_range = in_rows & (seed >= 0) & (seed < num_slots)
+    seed = tl.load(seeds_ptr + rows, mask=in_buffers, other=NO_SLOT)
+    seed_in_range = in_buffers & (seed >= 0) & (seed < num_slots)
     seed_rec = records_ptr + seed * REC_W
     seed_token = tl.load(seed_rec + REC_TOKEN, mask=seed_in_range, other=0)
     seed_position = tl.load(seed_rec + REC_POSITION, mask=seed_in_range, other=0)

@@ -264,3 +264,82 @@ def test_the_demo_modules_never_import_triton():
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
     )
     assert out.returncode == 0, out.stderr
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+CURSOR_UP = re.compile(r"\x1b\[(\d*)A")
+
+
+def committed_lines(raw: str) -> list[str]:
+    """What stays on a terminal's scrollback: each line ended by a newline, as the last
+    carriage-return segment that holds text, without colour and erase sequences; a cursor
+    moved up (to erase a transient bar) takes the lines it passes back."""
+    lines: list[str] = []
+    for physical in raw.split("\n")[:-1]:
+        for up in CURSOR_UP.findall(physical):
+            del lines[len(lines) - int(up or 1) :]
+        segments = [ANSI.sub("", s) for s in physical.split("\r")]
+        shown = [s for s in segments if s.strip()]
+        lines.append(shown[-1] if shown else "")
+    return lines
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_on_a_terminal_messages_print_above_the_progress_bar():
+    """On a terminal the bar is drawn (and erased at the end: transient), and every
+    ``step N:`` message is a whole line of its own above it, the same lines a piped run
+    prints; the bar never ends up in the scrollback."""
+    import select
+
+    args = ["--steps", "40", *SMALL]
+    master, slave = os.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(COLUMNS="120", TERM="xterm")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kv_canary_buffers", *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+    )
+    os.close(slave)
+    raw = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 120)
+        if not ready:
+            break
+        try:
+            chunk = os.read(master, 1 << 16)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        raw += chunk
+    os.close(master)
+    assert proc.wait(timeout=120) == 0
+    text = raw.decode()
+    assert "━" in text  # the bar was drawn
+    lines = committed_lines(text)
+    assert not any("━" in line for line in lines), "the bar stayed in the scrollback"
+    messages = [line for line in lines if STEP_LINE.match(line)]
+    piped = [line for line in demo(*args).stdout.splitlines() if STEP_LINE.match(line)]
+    assert messages == piped and len(messages) >= 5
+    assert any(re.match(r"step \d+: KV pool grew ", line) for line in messages)
+    assert lines[0].startswith("kv-canary demo ") and lines[-1].startswith("result: OK")
+
+
+def test_importing_the_package_loads_neither_kernels_nor_triton():
+    """The torch layer never imports the kernel package (nor Triton) at module level: the
+    demo imports it only when it runs the kernels."""
+    code = (
+        "import kv_canary_buffers, kv_canary_buffers.demo, kv_canary_buffers.simulation, sys; "
+        "print('kv_canary_kernels' in sys.modules, 'triton' in sys.modules)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "False False\n"

@@ -254,7 +254,9 @@ def test_argument_checks_live_in_checks_py():
 
     package = Path(kv_canary_buffers.__file__).parent
     for path in sorted(package.glob("*.py")):
-        if path.name == "checks.py":
+        # devices.py reads an int as a CUDA index, with its own words, and lies below
+        # checks.py (whose tensor checks compare devices)
+        if path.name in ("checks.py", "devices.py"):
             continue
         source = path.read_text()
         for pattern in ("operator.index(", "isinstance(value, bool)", "def check_tensor"):

@@ -105,7 +105,9 @@ def test_graph_captured_on_a_non_default_device_replays():
             launch_write(store, plan, **step)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # torch.cuda.graph's default capture stream is on the device current when the
+        # process first captured (device 0 after the other GPU tests): capture on cuda:1's.
+        with torch.cuda.graph(graph, stream=torch.cuda.Stream(dev)):
             launch_plan(plan, **kw)
             launch_verify(store, plan)
             launch_write(store, plan, **step)
@@ -120,6 +122,27 @@ def test_graph_captured_on_a_non_default_device_replays():
     assert torch.equal(store.records, s_ref.records)
     assert int(store.kernel_runs) == int(s_ref.kernel_runs) == 8
     assert int(store.violation_count) == int(s_ref.violation_count)
+
+
+def test_capture_on_another_devices_stream_is_refused_before_any_launch():
+    dev = torch.device("cuda", 1)
+    kw, num_slots = batch(dev, 9, bs=4)
+    plan = PlanBuffers.allocate(write_req_capacity=4, verify_capacity=256, device=dev)
+    store = CanaryStore.allocate(num_slots=num_slots, violation_capacity=64, device=dev)
+    launch_plan(plan, **kw)
+    torch.cuda.synchronize(dev)
+    before = plan.write_offsets.clone(), store.kernel_runs.clone()
+    torch.cuda.set_device(0)
+    graph = torch.cuda.CUDAGraph()
+    refused = r"kv-canary: a CUDA graph is being captured on a stream of cuda:0 but the buffers"
+    with (
+        pytest.raises(RuntimeError, match=refused),
+        torch.cuda.graph(graph, stream=torch.cuda.Stream(0)),
+    ):
+        launch_verify(store, plan)
+    torch.cuda.synchronize(dev)
+    assert torch.equal(plan.write_offsets, before[0])
+    assert torch.equal(store.kernel_runs, before[1])
 
 
 def _nccl_worker(rank, init_file, results):

@@ -1,0 +1,50 @@
+"""The benchmark's plots drawn again from committed CSVs (``bench.py --plot-from``), with
+no GPU: the rows read back as the recorder holds them, and every plot is written."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import harness  # noqa: E402
+
+
+def test_host_time_spread():
+    t = harness.HostTime.of([5.0, 1.0, 3.0, 2.0, 4.0, 7.0, 6.0])
+    assert (t.median, t.min) == (4.0, 1.0)
+    assert 6.0 <= t.p90 <= 7.0
+    assert harness.HostTime.of([2.5]) == (2.5, 2.5, 2.5)
+
+
+def test_load_rows_reads_both_schemas():
+    old = harness.load_rows(RESULTS / "plan-cuda-20261129T171735Z.csv")  # before "stage"
+    assert {r["stage"] for r in old} == {"plan"}
+    host = [r for r in old if r["section"] == "host" and r["metric"] == "us_per_call"]
+    assert sorted({r["bs"] for r in host}) == [1, 256, 4096]
+    assert all(isinstance(r["value"], float) and r["value_min"] == "" for r in host)
+    new = harness.load_rows(RESULTS / "all-cuda-20261130T133325Z.csv")
+    assert {"plan", "verify", "write", "step"} <= {r["stage"] for r in new}
+    assert {r["device"] for r in new} == {"NVIDIA H200"}
+
+
+def test_plot_from_csv(tmp_path):
+    pytest.importorskip("matplotlib")
+    import bench
+
+    runs = [RESULTS / f"plan-cuda-20261129T17{t}Z.csv" for t in ("1735", "1443", "1612")]
+    args = ["--stage", "plan", "--plots", str(tmp_path), "--plot-from", *map(str, runs)]
+    assert bench.main(args) == 0
+    all_run = RESULTS / "all-cuda-20261130T133325Z.csv"
+    args = ["--stage", "verify,write,step", "--plots", str(tmp_path), "--plot-from", str(all_run)]
+    assert bench.main(args) == 0
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {
+        "plan_gpu_time.png",
+        "plan_host_overhead.png",
+        "canary_gpu_time.png",
+        "canary_host_time.png",
+    }
