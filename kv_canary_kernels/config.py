@@ -107,16 +107,26 @@ class LaunchConfig:
             raise ValueError(f"kv-canary: invalid LaunchConfig: {'; '.join(broken)}")
 
 
+class Active(NamedTuple):
+    """The active config and its number, part of every compiled variant's key (equal
+    configs share a number): a variant compiled under one config is never launched under
+    another."""
+
+    variant: int
+    launch: LaunchConfig
+
+
 DEFAULT_LAUNCH_CONFIG = LaunchConfig()
-_active = DEFAULT_LAUNCH_CONFIG
 _variants: dict[LaunchConfig, int] = {DEFAULT_LAUNCH_CONFIG: 0}
-"""A number per distinct config, part of every compiled variant's key: a variant compiled
-under one config is never launched under another."""
+active = Active(0, DEFAULT_LAUNCH_CONFIG)
+"""What the launchers read: ``config.active`` (one attribute read) where they need no
+device settings, :func:`device_config` where they do. Rebound, never mutated, by
+:func:`launch_config`."""
 
 
 def active_launch_config() -> LaunchConfig:
     """The config the launchers use now."""
-    return _active
+    return active.launch
 
 
 @contextlib.contextmanager
@@ -127,8 +137,8 @@ def launch_config(config: LaunchConfig | None = None, **changes: Any) -> Iterato
 
         with launch_config(entry_block=512): ...
     """
-    new = attrs.evolve(_active if config is None else config, **changes)
-    previous = _active
+    new = attrs.evolve(active.launch if config is None else config, **changes)
+    previous = active.launch
     _activate(new)
     try:
         yield new
@@ -137,9 +147,8 @@ def launch_config(config: LaunchConfig | None = None, **changes: Any) -> Iterato
 
 
 def _activate(config: LaunchConfig) -> None:
-    global _active
-    _variants.setdefault(config, len(_variants))
-    _active = config
+    global active
+    active = Active(_variants.setdefault(config, len(_variants)), config)
     _devices.clear()
 
 
@@ -169,7 +178,7 @@ class _DeviceConfigs(dict[torch.device, DeviceConfig]):
     (``_activate`` empties it)."""
 
     def __missing__(self, device: torch.device) -> DeviceConfig:
-        config = self[device] = _derive(device, _active)
+        config = self[device] = _derive(device, active)
         return config
 
 
@@ -177,11 +186,11 @@ _devices = _DeviceConfigs()
 device_config = _devices.__getitem__
 """``device_config(device)``: the device's :class:`DeviceConfig` under the active config,
 or the ``kv-canary:`` ``RuntimeError`` where Triton cannot run. A dict lookup in C at every
-launch (a miss derives the entry): the launchers' only per-call cost of the config."""
+launch (a miss derives the entry)."""
 
 
-def _derive(device: torch.device, launch: LaunchConfig) -> DeviceConfig:
-    variant = _variants[launch]
+def _derive(device: torch.device, now: Active) -> DeviceConfig:
+    variant, launch = now
     options = dict(launch.entries_options)
     if INTERPRETING:
         n = launch.interpreter_programs

@@ -17,8 +17,8 @@ from kv_canary_buffers.real_kv import RealKV
 from kv_canary_buffers.store import CanaryStore
 from kv_canary_buffers.validation import WriteArgs, validate_write_args
 
+from . import config
 from .canary_common import append_violations, i64, mix3, raise_status, real_kv_or_zero
-from .config import device_config
 from .constants import (
     ANCHOR,
     NO_SLOT,
@@ -252,9 +252,7 @@ def canary_write_kernel(
 
 def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
     """Launch the write kernel on validated arguments (no check at all)."""
-    device = store.device
-    dev = device_config(device)
-    cfg = dev.launch
+    variant, cfg = config.active
     src = source_args(args.real_kv, store.records)
     has_expected = args.expected_input_ids is not None
     # (validation: both expected tensors are given, or neither)
@@ -264,7 +262,7 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
     # The plan's, the store's and the sources' tensors are 16-byte aligned by
     # construction; only the caller's inputs may not be.
     key = (
-        dev.variant,
+        variant,
         has_expected,
         src.num_sources,
         src.mode,
@@ -272,7 +270,7 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
         True if args.aligned else alignment_key(inputs),
     )
     _WRITE.launch(
-        device,
+        store.device,
         (triton.cdiv(buffers.write_req_capacity, cfg.write_rows), 1, 1),
         key,
         (
