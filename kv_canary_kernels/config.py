@@ -132,8 +132,8 @@ def active_launch_config() -> LaunchConfig:
 @contextlib.contextmanager
 def launch_config(config: LaunchConfig | None = None, **changes: Any) -> Iterator[LaunchConfig]:
     """Launch with ``config`` (default: the active one) with ``changes`` inside the
-    ``with`` block, then with the previous one again. Process-wide, for sweeps and tests:
-    a launch reads the config once (no per-call cost), so it is not per thread.
+    ``with`` block, then with the previous one again. For sweeps and tests; process-wide,
+    not per thread: a module global is the cheapest thing a launch can read.
 
         with launch_config(entry_block=512): ...
     """
