@@ -17,6 +17,7 @@ import torch
 from .checks import check_index
 from .hashing import sm
 from .layout import MAX_REAL_KV_SOURCES, REAL_KV_ALIGN
+from .live import register_real_kv
 
 
 class RealKVMode(enum.IntEnum):
@@ -127,6 +128,7 @@ class RealKV:
         for i, src in enumerate(self.sources):
             self._check_source(i, src)
         object.__setattr__(self, "_fingerprint", tuple(map(_fingerprint, self.sources)))
+        register_real_kv(self)
 
     def check(self) -> None:
         """Re-check that every source is still the memory it was validated as (address,
