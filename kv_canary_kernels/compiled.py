@@ -1,39 +1,38 @@
 """The three launchers inside ``torch.compile``: custom operators with declared writes.
 
 ``launch_plan``, ``launch_write`` and ``launch_verify`` test
-``torch.compiler.is_compiling()`` first (about 0.1 us; dynamo folds it to a constant
-while it traces). Traced by dynamo they call one operator each instead of their eager
-body, so a compiled function that launches them has no graph break:
+``torch.compiler.is_compiling()`` first (about 0.07 us on the CPU; dynamo folds it to a
+constant while it traces). Traced by dynamo they call one operator each instead of their
+eager body, so a compiled function that launches them has no graph break:
 
 - ``kv_canary::plan``: writes the ``PlanBuffers``' arena;
 - ``kv_canary::write``, ``kv_canary::verify``: write the ``CanaryStore``'s arena and read
   the plan's.
 
 An operator takes tensors and integers only, so each object is passed as its arena (the
-one ``uint8`` allocation every field is a view of: what the kernels write, declared with
-``mutates_args``) and its allocation address (``Arena.base``, an integer handle); a
+one ``uint8`` allocation every field is a view of, ``Arena.tensor``: what the kernels
+write, declared mutated: ``Tensor(a!)``) and its allocation address (``Arena.base``); a
 ``RealKV`` as its source tensors (read: a forward that writes the KV cache earlier in the
-same graph is ordered before the hash) and its ``id()``. When the compiled graph runs, the
+same graph is ordered before the hash) and its handle. When the compiled graph runs, the
 operator finds the live objects again (:mod:`kv_canary_buffers.live`), runs the eager
-validation on them (so a rejected call raises its ``kv-canary:`` error from inside the
+validation on them (a rejected call raises its ``kv-canary:`` error from inside the
 compiled function, before any kernel of that call), then launches the kernels through the
 same ``dispatch_*`` functions as the eager launchers.
 
-Functionalization may hand the operator a copy of an arena or of a real-KV source instead
-of the tensor itself (``backend="aot_eager"`` always does; inductor writes in place where
-it can): the kernels then write and read the tensors the operator was given, laid out as
-the object's fields, and the compiled function copies the result back. :data:`CALLS`
-counts both cases.
+Functionalization may hand an operator a copy of an arena or of a real-KV source instead
+of the tensor itself (``backend="aot_eager"`` always does; inductor writes in place): the
+kernels then write and read the tensors the operator was given, laid out as the object's
+fields, and the compiled function copies the result back. :data:`CALLS` counts both cases.
 
-Why the arena and not the fields: the fields are views of one ``uint8`` allocation with
-dtypes int64 and int32, and AOTAutograd refuses a graph whose mutated inputs share a
-storage with other inputs of another dtype ("aot_autograd() does not yet handle input
-mutations on views with different dtypes"; its overlap test also compares the views'
-offsets in elements, not bytes, so disjoint fields of different dtypes count as
-overlapping). One ``uint8`` input per object avoids both. The same rule means a compiled
-function that launches on an object must read that object's fields through :func:`field`
-(a view of the arena traced in the graph), not as attributes (``buffers.write_offsets``
-would be a second input sharing the arena's storage): see docs/user-guide.md.
+Why the arena and not the fields: the fields are int64 and int32 views of one ``uint8``
+allocation, and AOTAutograd refuses a graph in which a mutated input shares its storage
+with another input of another dtype ("aot_autograd() does not yet handle input mutations
+on views with different dtypes"; its overlap test also compares views' offsets in
+elements, not bytes, so disjoint fields of different dtypes count as overlapping). One
+``uint8`` input per object avoids both. The same rule means that a compiled function that
+launches on an object reads that object's fields through :func:`field` (a view of the
+arena traced in the graph), not as attributes: ``buffers.write_offsets`` there would be a
+second graph input sharing the arena's storage (docs/user-guide.md, "torch.compile").
 """
 
 from __future__ import annotations
@@ -185,15 +184,24 @@ def _no_output(*_args: Any) -> None:
     return None
 
 
-def _define(name: str, schema: str, mutates: tuple[str, ...], impl: Any) -> Any:
-    op = torch.library.custom_op(f"kv_canary::{name}", impl, mutates_args=mutates, schema=schema)
-    op.register_fake(_no_output)
-    return op
+_LIB = torch.library.Library("kv_canary", "DEF")
+"""The operators' namespace. Defined with the low-level ``Library`` API rather than
+``torch.library.custom_op``: the latter wraps every call in Python autograd and
+version-counter layers (about 50 us of host time per call on the development CPU, against
+a few for the dispatcher's own C++ fallbacks, which bump the mutated arena's version
+counter the same way)."""
 
 
-plan_op = _define("plan", _PLAN_SCHEMA, ("arena",), _plan_impl)
-write_op = _define("write", _WRITE_SCHEMA, ("store_arena",), _write_impl)
-verify_op = _define("verify", _VERIFY_SCHEMA, ("store_arena",), _verify_impl)
+def _define(name: str, schema: str, impl: Any) -> Any:
+    _LIB.define(name + schema)
+    _LIB.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"kv_canary::{name}", _no_output, lib=_LIB)
+    return getattr(torch.ops.kv_canary, name).default
+
+
+plan_op = _define("plan", _PLAN_SCHEMA, _plan_impl)
+write_op = _define("write", _WRITE_SCHEMA, _write_impl)
+verify_op = _define("verify", _VERIFY_SCHEMA, _verify_impl)
 
 
 # --- what the launchers call while dynamo traces them ---------------------------------
@@ -328,7 +336,7 @@ def _tensors_or_none(*values: object) -> bool:
 def _real_kv_args(real_kv: RealKV | None) -> tuple[int, list[torch.Tensor]]:
     if real_kv is None:
         return 0, []
-    return id(real_kv), list(real_kv.sources)
+    return real_kv._handle, list(real_kv.sources)
 
 
 def field(obj: PlanBuffers | CanaryStore, name: str) -> torch.Tensor:
@@ -371,8 +379,8 @@ def _real_kv(handle: int) -> RealKV | None:
     real_kv = find_real_kv(handle)
     if type(real_kv) is not RealKV:
         raise ValueError(
-            "kv-canary: real_kv must be a live RealKV, got none with the id the compiled "
-            "function was traced with (the object was freed)"
+            "kv-canary: real_kv must be a live RealKV, got none with the handle the compiled "
+            "function was called with (the object was freed)"
         )
     return real_kv
 

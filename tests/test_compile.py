@@ -12,7 +12,7 @@ import torch._dynamo
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from compile_helpers import BATCHES, Engine, kernel_step, run_three_ways, state
-from kv_canary_buffers import CanaryStore, PlanBuffers, plan_reference
+from kv_canary_buffers import CanaryStore, PlanBuffers, RealKV, RealKVMode, plan_reference
 from kv_canary_kernels import compiled, launch_plan, launch_verify, launch_write
 from kv_canary_kernels.compiled import field
 
@@ -180,6 +180,25 @@ def test_new_objects_and_resizes_stop_recompiling():
                        extend_seq_lens=i64([1, 2]), req_to_token=table)  # fmt: skip
         assert torch.equal(got, ref.write_offsets)
     assert counter.frame_count <= 4
+
+
+def test_new_real_kv_objects_stop_recompiling():
+    """A RealKV is passed by a handle of its own, which dynamo makes dynamic after the
+    second one: five RealKV objects (a rebuilt KV cache each) compile twice."""
+    plan = PlanBuffers.allocate(write_req_capacity=2, verify_capacity=8, device=DEV)
+    store = CanaryStore.allocate(num_slots=16, violation_capacity=4, device=DEV)
+    counter = CompileCounterWithBackend("aot_eager")
+
+    def step(real_kv):
+        launch_verify(store, plan, real_kv=real_kv)
+        return field(store, "kernel_runs")
+
+    fn = torch.compile(step, backend=counter, fullgraph=True)
+    for k in range(5):
+        kv = torch.zeros(16, 4, dtype=torch.int64)
+        real_kv = RealKV(mode=RealKVMode.PARTIAL, sources=(kv,), page_size=1, bytes_per_token=32)
+        assert int(fn(real_kv)) == k + 1
+    assert counter.frame_count == 2
 
 
 def test_field_equals_the_attribute_outside_compiled_code():
