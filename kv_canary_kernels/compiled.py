@@ -179,7 +179,7 @@ def _verify_impl(
     )
 
 
-def _no_output(*_args: Any) -> None:
+def _no_output(*_args: Any, **_kwargs: Any) -> None:
     """The fake (meta) implementation of every operator: they return nothing."""
     return None
 
@@ -325,12 +325,19 @@ def _objects_ok(store: object, plan_buffers: object, real_kv: object) -> bool:
     )
 
 
+# Plain loops: older dynamo releases trace generator expressions less reliably.
 def _tensors(*values: object) -> bool:
-    return all(isinstance(v, torch.Tensor) for v in values)
+    for v in values:
+        if not isinstance(v, torch.Tensor):
+            return False
+    return True
 
 
 def _tensors_or_none(*values: object) -> bool:
-    return all(v is None or isinstance(v, torch.Tensor) for v in values)
+    for v in values:
+        if v is not None and not isinstance(v, torch.Tensor):
+            return False
+    return True
 
 
 def _real_kv_args(real_kv: RealKV | None) -> tuple[int, list[torch.Tensor]]:

@@ -20,6 +20,8 @@ if torch.cuda.is_available():
     pytest.skip("the GPU runs tests/test_gpu_compile.py", allow_module_level=True)
 
 DEV = "cpu"
+# torch's own compile stack calls torch.jit.script_method, which torch 2.13 deprecates
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated")
 
 
 @pytest.fixture(autouse=True)

@@ -29,6 +29,8 @@ from kv_canary_kernels.compiled import field
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    # torch's own compile stack calls torch.jit.script_method, deprecated in recent torch
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated"),
 ]
 DEV = "cuda"
 PADDING: tuple = ()  # a batch of no rows: every staged row is padding, no token is written
