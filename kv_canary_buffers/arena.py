@@ -19,6 +19,8 @@ from typing import Any
 import attrs
 import torch
 
+from .live import register_arena
+
 ALIGN = 256
 """Byte alignment of every field (as ``cudaMalloc``'s): any vector width a kernel uses."""
 
@@ -60,6 +62,10 @@ class Arena:
     nbytes: int
     device: torch.device
     fields: tuple[ArenaField, ...] = attrs.field(repr=False)
+    tensor: torch.Tensor = attrs.field(repr=False)
+    """The allocation itself: one ``uint8`` tensor of ``nbytes`` over every byte of the
+    arena. A launch traced by ``torch.compile`` declares this tensor as what it writes
+    (``kv_canary_kernels.compiled``)."""
     _owner: list[weakref.ref[Any]] = attrs.field(factory=list, repr=False)
     """A weak reference to the one object built on this arena (empty until claimed)."""
     device_index: int = attrs.field(init=False)
@@ -83,6 +89,7 @@ class Arena:
             ),
         )
         object.__setattr__(self, "_names", tuple(f.name for f in self.fields))
+        register_arena(self)
 
     @classmethod
     def allocate(
@@ -93,7 +100,12 @@ class Arena:
         views = {
             f.name: raw[f.offset : f.offset + f.nbytes].view(f.dtype).view(f.shape) for f in fields
         }
-        arena = cls(raw.untyped_storage(), raw.data_ptr(), nbytes, raw.device, fields)
+        # torch.compile: the arena's address is fixed for its lifetime, which is what
+        # torch._dynamo.mark_static_address records (without importing dynamo here): CUDA
+        # graph trees (mode="reduce-overhead") then accept the launches' in-place writes
+        # instead of skipping the graph, and never copy the arena.
+        raw._dynamo_static_input_type = "unguarded"  # type: ignore[attr-defined]
+        arena = cls(raw.untyped_storage(), raw.data_ptr(), nbytes, raw.device, fields, raw)
         return arena, views
 
     def claim(self, owner: object, kind: str) -> None:

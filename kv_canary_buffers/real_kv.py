@@ -16,6 +16,7 @@ import torch
 from .checks import check_index, check_positive
 from .hashing import sm
 from .layout import MAX_REAL_KV_SOURCES, REAL_KV_ALIGN
+from .live import next_handle, register_real_kv
 
 
 class RealKVMode(enum.IntEnum):
@@ -88,6 +89,9 @@ class RealKV:
     _fingerprint: tuple[tuple[int, tuple[int, ...], tuple[int, ...], int], ...] = attrs.field(
         init=False, repr=False
     )
+    _handle: int = attrs.field(init=False, repr=False)
+    """A number of its own (never reused in the process): how a launch traced by
+    ``torch.compile`` names this object to its operator (:mod:`kv_canary_buffers.live`)."""
 
     def __attrs_post_init__(self) -> None:
         ps = check_positive("RealKV.page_size", self.page_size)
@@ -109,6 +113,8 @@ class RealKV:
         for i, src in enumerate(self.sources):
             self._check_source(i, src)
         object.__setattr__(self, "_fingerprint", tuple(map(_fingerprint, self.sources)))
+        object.__setattr__(self, "_handle", next_handle())
+        register_real_kv(self)
 
     def check(self) -> None:
         """Re-check that every source is still the memory it was validated as (address,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import triton
+from torch.compiler import is_compiling
 
 from kv_canary_buffers.buffers import PlanBuffers
 from kv_canary_buffers.layout import (
@@ -15,6 +16,7 @@ from kv_canary_buffers.layout import (
 )
 from kv_canary_buffers.validation import PlanArgs, validate_plan_args
 
+from . import compiled
 from .config import device_config
 from .entries import plan_entries_kernel
 from .launcher import Launcher, alignment_key
@@ -254,6 +256,19 @@ def launch_plan(
         RuntimeError: Triton cannot run on ``buffers.device`` (a CPU tensor without
             ``TRITON_INTERPRET=1``): use ``plan_reference`` there.
     """
+    if is_compiling() and compiled.plan(  # traced by torch.compile: one custom operator
+        buffers,
+        req_pool_indices=req_pool_indices,
+        prefix_lens=prefix_lens,
+        extend_seq_lens=extend_seq_lens,
+        req_to_token=req_to_token,
+        swa_window_size=swa_window_size,
+        full_to_swa_index_mapping=full_to_swa_index_mapping,
+        req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
+        kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
+    ):
+        return
     args = validate_plan_args(
         buffers,
         req_pool_indices=req_pool_indices,

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from torch.compiler import is_compiling
 
 from kv_canary_buffers.buffers import PlanBuffers
 from kv_canary_buffers.real_kv import RealKV
 from kv_canary_buffers.store import CanaryStore
 from kv_canary_buffers.validation import VerifyArgs, validate_verify_args
 
+from . import compiled
 from .canary_common import append_violations, i64, mix3, raise_status, real_kv_or_zero
 from .config import device_config
 from .constants import (
@@ -282,6 +284,14 @@ def launch_verify(
     predecessor or real-KV row lies outside the store are skipped with a
     :class:`CanaryStatus` bit in ``store.status``.
     """
+    if is_compiling() and compiled.verify(  # traced by torch.compile: one custom operator
+        store,
+        plan_buffers,
+        launch_tag=launch_tag,
+        check_expected_tokens=check_expected_tokens,
+        real_kv=real_kv,
+    ):
+        return
     args = validate_verify_args(
         store,
         plan_buffers,

@@ -11,13 +11,14 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.compiler import is_compiling
 
 from kv_canary_buffers.buffers import PlanBuffers
 from kv_canary_buffers.real_kv import RealKV
 from kv_canary_buffers.store import CanaryStore
 from kv_canary_buffers.validation import WriteArgs, validate_write_args
 
-from . import config
+from . import compiled, config
 from .canary_common import append_violations, i64, mix3, raise_status, real_kv_or_zero
 from .constants import (
     ANCHOR,
@@ -331,6 +332,18 @@ def launch_write(
     ``n`` or capacity, and is safe to capture in a CUDA graph. Data outside the store or
     the inputs is skipped with a :class:`CanaryStatus` bit in ``store.status``.
     """
+    if is_compiling() and compiled.write(  # traced by torch.compile: one custom operator
+        store,
+        plan_buffers,
+        input_ids=input_ids,
+        positions=positions,
+        out_cache_loc=out_cache_loc,
+        launch_tag=launch_tag,
+        expected_input_ids=expected_input_ids,
+        expected_positions=expected_positions,
+        real_kv=real_kv,
+    ):
+        return
     args = validate_write_args(
         store,
         plan_buffers,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check of the project in one run (use a 2-GPU machine for tests/test_multi_gpu.py):
-# GPU tests, compute-sanitizer memcheck of the plan and of write/verify, the demo on CUDA with
-# corruption injected, and the benchmark of every stage. Writes run.log, memcheck-h200.log
+# GPU tests (those of torch.compile in a run of their own), compute-sanitizer memcheck of the
+# plan and of write/verify, the demo on CUDA with corruption injected, and the benchmark of
+# every stage. Writes run.log, memcheck-h200.log
 # and the benchmark CSV and plots under $OUT (default: ./gpu-check-out).
 # On two GPUs also benchmarks/bench_multi_gpu.py. BENCH=0 skips benchmarks/bench.py.
 # Usage: PYTHONPATH=. OUT=dir [BENCH=0] bash scripts/gpu-check.sh
@@ -13,6 +14,9 @@ L=$OUT/run.log
 { date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
 echo "== GPU tests $(date -u +%T)" >> $L
 timeout 240 python -m pytest -q tests/test_gpu.py tests/test_gpu_canary.py tests/test_multi_gpu.py tests/test_end_to_end.py tests/test_demo.py -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
+echo "== torch.compile tests $(date -u +%T)" >> $L
+timeout 600 python -m pytest -q tests/test_gpu_compile.py -p no:cacheprovider >> $L 2>&1; echo "compile pytest rc=$?" >> $L
+timeout 180 python benchmarks/bench_compile_host.py >> $L 2>&1; echo "bench_compile_host rc=$?" >> $L
 echo "== memcheck $(date -u +%T)" >> $L
 M=$OUT/memcheck-h200.log
 timeout 100 compute-sanitizer --tool memcheck python tests/gpu_memcheck_canary.py > $M 2>&1; echo "memcheck canary rc=$?" >> $L

@@ -1,0 +1,491 @@
+"""The three launchers inside ``torch.compile``: custom operators with declared writes.
+
+``launch_plan``, ``launch_write`` and ``launch_verify`` test
+``torch.compiler.is_compiling()`` first (about 0.07 us on the CPU; dynamo folds it to a
+constant while it traces). Traced by dynamo they call one operator each instead of their
+eager body, so a compiled function that launches them has no graph break:
+
+- ``kv_canary::plan``: writes the ``PlanBuffers``' arena;
+- ``kv_canary::write``, ``kv_canary::verify``: write the ``CanaryStore``'s arena and read
+  the plan's.
+
+An operator takes tensors and integers only, so each object is passed as its arena (the
+one ``uint8`` allocation every field is a view of, ``Arena.tensor``: what the kernels
+write, declared mutated: ``Tensor(a!)``) and its allocation address (``Arena.base``); a
+``RealKV`` as its source tensors (read: a forward that writes the KV cache earlier in the
+same graph is ordered before the hash) and its handle. When the compiled graph runs, the
+operator finds the live objects again (:mod:`kv_canary_buffers.live`), runs the eager
+validation on them (a rejected call raises its ``kv-canary:`` error from inside the
+compiled function, before any kernel of that call), then launches the kernels through the
+same ``dispatch_*`` functions as the eager launchers.
+
+Functionalization may hand an operator a copy of an arena or of a real-KV source instead
+of the tensor itself (``backend="aot_eager"`` always does; inductor writes in place): the
+kernels then write and read the tensors the operator was given, laid out as the object's
+fields, and the compiled function copies the result back. :data:`CALLS` counts both cases.
+
+Why the arena and not the fields: the fields are int64 and int32 views of one ``uint8``
+allocation, and AOTAutograd refuses a graph in which a mutated input shares its storage
+with another input of another dtype ("aot_autograd() does not yet handle input mutations
+on views with different dtypes"; its overlap test also compares views' offsets in
+elements, not bytes, so disjoint fields of different dtypes count as overlapping). One
+``uint8`` input per object avoids both. The same rule means that a compiled function that
+launches on an object reads that object's fields through :func:`field` (a view of the
+arena traced in the graph), not as attributes: ``buffers.write_offsets`` there would be a
+second graph input sharing the arena's storage (docs/user-guide.md, "torch.compile").
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from typing import Any, NoReturn, TypeVar, cast
+
+import torch
+
+from kv_canary_buffers.buffers import PlanBuffers
+from kv_canary_buffers.live import find_arena, find_real_kv
+from kv_canary_buffers.real_kv import RealKV
+from kv_canary_buffers.store import CanaryStore
+from kv_canary_buffers.validation import (
+    VerifyArgs,
+    WriteArgs,
+    validate_plan_args,
+    validate_verify_args,
+    validate_write_args,
+)
+
+_T = TypeVar("_T", PlanBuffers, CanaryStore)
+
+CALLS: collections.Counter[str] = collections.Counter()
+"""Operator calls when compiled graphs ran, by ``"<op> in place"`` (the kernels wrote the
+object's own arena) and ``"<op> on a copy"`` (functionalization passed a copy, copied
+back after the call). For tests and diagnostics."""
+
+# --- the operators -------------------------------------------------------------------
+_PLAN_SCHEMA = (
+    "(Tensor(a!) arena, SymInt handle, Tensor req_pool_indices, Tensor prefix_lens, "
+    "Tensor extend_seq_lens, Tensor req_to_token, SymInt swa_window_size, "
+    "Tensor? full_to_swa_index_mapping, Tensor? req_to_verify_expected_tokens, "
+    "Tensor? req_to_verify_expected_tokens_valid_lens, SymInt kv_token_id_vs_position_offset) "
+    "-> ()"
+)
+_WRITE_SCHEMA = (
+    "(Tensor(a!) store_arena, Tensor plan_arena, SymInt store_handle, SymInt plan_handle, "
+    "Tensor input_ids, Tensor positions, Tensor out_cache_loc, SymInt launch_tag, "
+    "Tensor? expected_input_ids, Tensor? expected_positions, SymInt real_kv_handle, "
+    "Tensor[] sources) -> ()"
+)
+_VERIFY_SCHEMA = (
+    "(Tensor(a!) store_arena, Tensor plan_arena, SymInt store_handle, SymInt plan_handle, "
+    "SymInt launch_tag, bool check_expected_tokens, SymInt real_kv_handle, Tensor[] sources) -> ()"
+)
+
+
+def _plan_impl(
+    arena: torch.Tensor,
+    handle: int,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_seq_lens: torch.Tensor,
+    req_to_token: torch.Tensor,
+    swa_window_size: int,
+    full_to_swa_index_mapping: torch.Tensor | None,
+    req_to_verify_expected_tokens: torch.Tensor | None,
+    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None,
+    kv_token_id_vs_position_offset: int,
+) -> None:
+    from .plan import dispatch_plan
+
+    buffers = _owner(handle, PlanBuffers, "buffers")
+    args = validate_plan_args(
+        buffers,
+        req_pool_indices=req_pool_indices,
+        prefix_lens=prefix_lens,
+        extend_seq_lens=extend_seq_lens,
+        req_to_token=req_to_token,
+        swa_window_size=swa_window_size,
+        full_to_swa_index_mapping=full_to_swa_index_mapping,
+        req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
+        kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
+    )
+    dispatch_plan(_laid_over("plan", buffers, arena, "buffers"), args)
+
+
+def _write_impl(
+    store_arena: torch.Tensor,
+    plan_arena: torch.Tensor,
+    store_handle: int,
+    plan_handle: int,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    launch_tag: int,
+    expected_input_ids: torch.Tensor | None,
+    expected_positions: torch.Tensor | None,
+    real_kv_handle: int,
+    sources: list[torch.Tensor],
+) -> None:
+    from .write import dispatch_write
+
+    store = _owner(store_handle, CanaryStore, "store")
+    plan_buffers = _owner(plan_handle, PlanBuffers, "plan_buffers")
+    args = validate_write_args(
+        store,
+        plan_buffers,
+        input_ids=input_ids,
+        positions=positions,
+        out_cache_loc=out_cache_loc,
+        launch_tag=launch_tag,
+        expected_input_ids=expected_input_ids,
+        expected_positions=expected_positions,
+        real_kv=_real_kv(real_kv_handle),
+    )
+    args = cast(WriteArgs, _with_sources(args, sources))
+    dispatch_write(
+        _laid_over("write", store, store_arena, "store"),
+        _laid_over(None, plan_buffers, plan_arena, "plan_buffers"),
+        args,
+    )
+
+
+def _verify_impl(
+    store_arena: torch.Tensor,
+    plan_arena: torch.Tensor,
+    store_handle: int,
+    plan_handle: int,
+    launch_tag: int,
+    check_expected_tokens: bool,
+    real_kv_handle: int,
+    sources: list[torch.Tensor],
+) -> None:
+    from .verify import dispatch_verify
+
+    store = _owner(store_handle, CanaryStore, "store")
+    plan_buffers = _owner(plan_handle, PlanBuffers, "plan_buffers")
+    args = validate_verify_args(
+        store,
+        plan_buffers,
+        launch_tag=launch_tag,
+        check_expected_tokens=check_expected_tokens,
+        real_kv=_real_kv(real_kv_handle),
+    )
+    args = cast(VerifyArgs, _with_sources(args, sources))
+    dispatch_verify(
+        _laid_over("verify", store, store_arena, "store"),
+        _laid_over(None, plan_buffers, plan_arena, "plan_buffers"),
+        args,
+    )
+
+
+def _no_output(*_args: Any, **_kwargs: Any) -> None:
+    """The fake (meta) implementation of every operator: they return nothing."""
+    return None
+
+
+_LIB = torch.library.Library("kv_canary", "DEF")
+"""The operators' namespace. Defined with the low-level ``Library`` API rather than
+``torch.library.custom_op``: the latter wraps every call in Python autograd and
+version-counter layers (about 50 us of host time per call on the development CPU, against
+a few for the dispatcher's own C++ fallbacks, which bump the mutated arena's version
+counter the same way)."""
+
+
+def _define(name: str, schema: str, impl: Any) -> Any:
+    _LIB.define(name + schema)
+    _LIB.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"kv_canary::{name}", _no_output, lib=_LIB)
+    return getattr(torch.ops.kv_canary, name).default
+
+
+plan_op = _define("plan", _PLAN_SCHEMA, _plan_impl)
+write_op = _define("write", _WRITE_SCHEMA, _write_impl)
+verify_op = _define("verify", _VERIFY_SCHEMA, _verify_impl)
+
+
+# --- what the launchers call while dynamo traces them ---------------------------------
+def plan(
+    buffers: PlanBuffers,
+    *,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_seq_lens: torch.Tensor,
+    req_to_token: torch.Tensor,
+    swa_window_size: int,
+    full_to_swa_index_mapping: torch.Tensor | None,
+    req_to_verify_expected_tokens: torch.Tensor | None,
+    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None,
+    kv_token_id_vs_position_offset: int,
+) -> bool:
+    """``launch_plan`` traced: the ``kv_canary::plan`` operator. Returns False (and adds
+    nothing to the graph) when an argument's type is wrong, so that the launcher's eager
+    checks raise their error while dynamo traces."""
+    if not (
+        type(buffers) is PlanBuffers
+        and _tensors(req_pool_indices, prefix_lens, extend_seq_lens, req_to_token)
+        and _tensors_or_none(
+            full_to_swa_index_mapping,
+            req_to_verify_expected_tokens,
+            req_to_verify_expected_tokens_valid_lens,
+        )
+        and type(swa_window_size) is int
+        and type(kv_token_id_vs_position_offset) is int
+    ):
+        return False
+    arena = buffers.arena
+    plan_op(
+        arena.tensor,
+        arena.base,
+        req_pool_indices,
+        prefix_lens,
+        extend_seq_lens,
+        req_to_token,
+        swa_window_size,
+        full_to_swa_index_mapping,
+        req_to_verify_expected_tokens,
+        req_to_verify_expected_tokens_valid_lens,
+        kv_token_id_vs_position_offset,
+    )
+    return True
+
+
+def write(
+    store: CanaryStore,
+    plan_buffers: PlanBuffers,
+    *,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    launch_tag: int,
+    expected_input_ids: torch.Tensor | None,
+    expected_positions: torch.Tensor | None,
+    real_kv: RealKV | None,
+) -> bool:
+    """``launch_write`` traced: the ``kv_canary::write`` operator (False: see :func:`plan`)."""
+    if not (
+        _objects_ok(store, plan_buffers, real_kv)
+        and _tensors(input_ids, positions, out_cache_loc)
+        and _tensors_or_none(expected_input_ids, expected_positions)
+        and type(launch_tag) is int
+    ):
+        return False
+    kv_handle, sources = _real_kv_args(real_kv)
+    write_op(
+        store.arena.tensor,
+        plan_buffers.arena.tensor,
+        store.arena.base,
+        plan_buffers.arena.base,
+        input_ids,
+        positions,
+        out_cache_loc,
+        launch_tag,
+        expected_input_ids,
+        expected_positions,
+        kv_handle,
+        sources,
+    )
+    return True
+
+
+def verify(
+    store: CanaryStore,
+    plan_buffers: PlanBuffers,
+    *,
+    launch_tag: int,
+    check_expected_tokens: bool,
+    real_kv: RealKV | None,
+) -> bool:
+    """``launch_verify`` traced: the ``kv_canary::verify`` operator (False: see :func:`plan`)."""
+    if not (
+        _objects_ok(store, plan_buffers, real_kv)
+        and type(launch_tag) is int
+        and type(check_expected_tokens) is bool
+    ):
+        return False
+    kv_handle, sources = _real_kv_args(real_kv)
+    verify_op(
+        store.arena.tensor,
+        plan_buffers.arena.tensor,
+        store.arena.base,
+        plan_buffers.arena.base,
+        launch_tag,
+        check_expected_tokens,
+        kv_handle,
+        sources,
+    )
+    return True
+
+
+def _objects_ok(store: object, plan_buffers: object, real_kv: object) -> bool:
+    return (
+        type(store) is CanaryStore
+        and type(plan_buffers) is PlanBuffers
+        and (real_kv is None or type(real_kv) is RealKV)
+    )
+
+
+# Plain loops: older dynamo releases trace generator expressions less reliably.
+def _tensors(*values: object) -> bool:
+    for v in values:
+        if not isinstance(v, torch.Tensor):
+            return False
+    return True
+
+
+def _tensors_or_none(*values: object) -> bool:
+    for v in values:
+        if v is not None and not isinstance(v, torch.Tensor):
+            return False
+    return True
+
+
+def _real_kv_args(real_kv: RealKV | None) -> tuple[int, list[torch.Tensor]]:
+    if real_kv is None:
+        return 0, []
+    return real_kv._handle, list(real_kv.sources)
+
+
+def field(obj: PlanBuffers | CanaryStore, name: str) -> torch.Tensor:
+    """Field ``name`` of ``obj`` as a view of its arena tensor (``obj.arena.tensor``).
+
+    Inside a compiled function that launches on ``obj``, read its fields this way: the
+    view is traced in the graph from the arena the launches declare they write, so the
+    read sees their writes. (``obj.<name>`` there would be a second graph input sharing
+    the arena's storage, which AOTAutograd refuses.) Outside compiled code it equals
+    ``getattr(obj, name)`` (another view of the same memory)."""
+    arena = obj.arena
+    for f in arena.fields:
+        if f.name == name:
+            return arena.tensor[f.offset : f.offset + f.nbytes].view(f.dtype).view(f.shape)
+    names = ", ".join(f.name for f in arena.fields)
+    raise ValueError(
+        f"kv-canary: name must be a field of {type(obj).__name__} ({names}), got {name!r}"
+    )
+
+
+# --- run time: the objects again, and where the kernels write --------------------------
+def _owner(handle: int, cls: type[_T], name: str) -> _T:
+    arena = find_arena(handle)
+    owner = arena.owner() if arena is not None else None
+    if type(owner) is not cls:
+        _raise_gone(name, cls)
+    return owner
+
+
+def _raise_gone(name: str, cls: type) -> NoReturn:
+    raise ValueError(
+        f"kv-canary: {name} must be a live {cls.__name__}, got none at the arena address the "
+        "compiled function was called with (the object was freed or tampered with)"
+    )
+
+
+def _real_kv(handle: int) -> RealKV | None:
+    if handle == 0:
+        return None
+    real_kv = find_real_kv(handle)
+    if type(real_kv) is not RealKV:
+        raise ValueError(
+            "kv-canary: real_kv must be a live RealKV, got none with the handle the compiled "
+            "function was called with (the object was freed)"
+        )
+    return real_kv
+
+
+def _laid_over(op: str | None, obj: _T, given: torch.Tensor, name: str) -> _T:
+    """``obj`` when the operator was given ``obj``'s own arena; otherwise ``obj``'s fields
+    laid over ``given`` (a copy made by functionalization), for the kernels to use."""
+    arena = obj.arena
+    own = arena.tensor
+    if not (
+        type(own) is torch.Tensor
+        and own.data_ptr() == arena.base
+        and own.dtype is torch.uint8
+        and own.shape == (arena.nbytes,)
+    ):
+        raise ValueError(
+            f"kv-canary: {name}.arena.tensor is no longer the arena's allocation (it was "
+            "rebound or swapped); build objects with allocate() and change them only through "
+            "their own methods"
+        )
+    if given.data_ptr() == arena.base:
+        if op is not None:
+            CALLS[f"{op} in place"] += 1
+        return obj
+    if not (
+        given.dtype is torch.uint8
+        and given.shape == (arena.nbytes,)
+        and given.is_contiguous()
+        and given.device == arena.device
+    ):
+        raise ValueError(
+            f"kv-canary: the compiled function passed a copy of {name}'s arena that is not "
+            f"laid out like it: expected uint8 [{arena.nbytes}] contiguous on {arena.device}, "
+            f"got {given.dtype} {list(given.shape)} strides {given.stride()} on {given.device}"
+        )
+    if op is not None:
+        CALLS[f"{op} on a copy"] += 1
+    return cast(_T, _Fields(obj, given))
+
+
+class _Fields:
+    """The attributes the ``dispatch_*`` functions read, with every field a view of
+    another tensor of the arena's layout."""
+
+    def __init__(self, obj: PlanBuffers | CanaryStore, tensor: torch.Tensor):
+        self.device = obj.device
+        if isinstance(obj, PlanBuffers):
+            self.write_req_capacity = obj.write_req_capacity
+            self.verify_capacity = obj.verify_capacity
+        else:
+            self.num_slots = obj.num_slots
+            self.violation_capacity = obj.violation_capacity
+        for f in obj.arena.fields:
+            view = tensor[f.offset : f.offset + f.nbytes].view(f.dtype).view(f.shape)
+            setattr(self, f.name, view)
+
+
+def _with_sources(args: WriteArgs | VerifyArgs, given: Sequence[torch.Tensor]) -> Any:
+    """``args`` whose real-KV sources are the tensors the operator was given: the
+    validated ones, or copies of them made by functionalization (same shapes and dtypes,
+    perhaps other strides), which must meet the kernels' layout rules too."""
+    real_kv = args.real_kv
+    if real_kv is None:
+        return args
+    own = real_kv.sources
+    if len(given) != len(own):
+        raise ValueError(
+            f"kv-canary: real_kv.sources must hold the {len(own)} tensors the RealKV was "
+            f"built with, got {len(given)} in the compiled call"
+        )
+    if all(g.data_ptr() == s.data_ptr() and g.stride() == s.stride() for g, s in zip(given, own)):
+        return args
+    for i, (g, s) in enumerate(zip(given, own)):
+        item = g.element_size()
+        if not (
+            g.shape == s.shape
+            and g.dtype == s.dtype
+            and g.device == s.device
+            and (g.shape[1] <= 1 or g.stride(1) == 1)
+            and g.data_ptr() % 16 == 0
+            and (g.stride(0) * item) % 16 == 0
+        ):
+            raise ValueError(
+                f"kv-canary: the compiled function passed a copy of real_kv.sources[{i}] that "
+                f"the kernels cannot read: expected shape {tuple(s.shape)} {s.dtype} on "
+                f"{s.device} with contiguous 16-byte aligned rows, got {tuple(g.shape)} "
+                f"{g.dtype} on {g.device} with strides {g.stride()}"
+            )
+    return args._replace(real_kv=cast(RealKV, _SourcesOver(real_kv, tuple(given))))
+
+
+class _SourcesOver:
+    """A ``RealKV``'s geometry over other tensors of the same shapes (what
+    ``kv_canary_kernels.sources.source_args`` reads)."""
+
+    def __init__(self, real_kv: RealKV, sources: tuple[torch.Tensor, ...]):
+        self.mode = real_kv.mode
+        self.sources = sources
+        self.page_size = real_kv.page_size
+        self.bytes_per_token = real_kv.bytes_per_token
+        self.hashed_bytes = real_kv.hashed_bytes
