@@ -14,9 +14,6 @@ L=$OUT/run.log
 { date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
 echo "== GPU tests $(date -u +%T)" >> $L
 timeout 240 python -m pytest -q tests/test_gpu.py tests/test_gpu_canary.py tests/test_multi_gpu.py tests/test_end_to_end.py tests/test_demo.py -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
-echo "== torch.compile tests $(date -u +%T)" >> $L
-timeout 600 python -m pytest -q tests/test_gpu_compile.py -p no:cacheprovider >> $L 2>&1; echo "compile pytest rc=$?" >> $L
-timeout 180 python benchmarks/bench_compile_host.py >> $L 2>&1; echo "bench_compile_host rc=$?" >> $L
 echo "== memcheck $(date -u +%T)" >> $L
 M=$OUT/memcheck-h200.log
 timeout 100 compute-sanitizer --tool memcheck python tests/gpu_memcheck_canary.py > $M 2>&1; echo "memcheck canary rc=$?" >> $L
@@ -28,6 +25,9 @@ if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   echo "== two GPUs: launch host cost, NCCL gather $(date -u +%T)" >> $L
   timeout 120 python benchmarks/bench_multi_gpu.py >> $L 2>&1; echo "bench_multi_gpu rc=$?" >> $L
 fi
+echo "== torch.compile tests $(date -u +%T)" >> $L
+timeout 240 python -m pytest -q tests/test_gpu_compile.py -p no:cacheprovider >> $L 2>&1; echo "compile pytest rc=$?" >> $L
+timeout 90 python benchmarks/bench_compile_host.py >> $L 2>&1; echo "bench_compile_host rc=$?" >> $L
 if [ "${BENCH:-1}" = 1 ]; then
   echo "== bench $(date -u +%T)" >> $L
   timeout 240 python benchmarks/bench.py --quick --out $OUT >> $L 2>&1; echo "bench rc=$?" >> $L
