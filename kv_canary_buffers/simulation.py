@@ -1125,8 +1125,10 @@ class Simulation:
                     verify_entries_needed([p], req_pool_indices=[r], swa_window_size=g.window)
                     for r, p in zip(host["req_pool_indices"], host["prefix_lens"])
                 ]
+                # (rows of the scheduler's lists only: a captured plan's padding rows, past
+                # them, have no entries)
                 row = torch.repeat_interleave(
-                    torch.arange(bs), torch.tensor(counts, dtype=torch.int64)
+                    torch.arange(len(counts)), torch.tensor(counts, dtype=torch.int64)
                 ).to(self.device)
                 same_row = row[1:] == row[:-1]
                 pos = b.verify_expected_positions[:total]
