@@ -1,0 +1,198 @@
+"""GPU time of the write and verify kernels of several git revisions, side by side in one run.
+
+Each revision's ``kv_canary_kernels`` is exported (``git archive``) into a temporary package
+of its own and dispatched on the same inputs (validated once by the current
+``kv_canary_buffers``); the current working tree's kernels run as ``HEAD``. Rounds are
+interleaved so that drift hits every revision alike; each figure is the median over rounds
+of a CUDA graph of ``--calls`` back-to-back launches timed with CUDA events (median of
+``--replays`` replays). Records written by every revision are checked equal.
+
+    PYTHONPATH=. python benchmarks/compare_kernel_versions.py REV [REV ...] [--rounds 3]
+
+Cases: write decode 4096 x 1 and 256 x 1, mixed prefill 16 x 2048; verify after decode
+plans of 64, 256 and 4096 rows (prefix uniform in [1, 1023]), real-KV NONE and PARTIAL
+(two sources, 1 KB a token, page size 1). Needs CUDA and git. A revision must predate the
+torch.compile operators (``kv_canary_kernels/compiled.py`` registers ``kv_canary::*`` at
+import, once per process): compare the working tree against older kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from io import BytesIO
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kv_canary_buffers import (  # noqa: E402
+    CanaryStore,
+    PlanBuffers,
+    RealKV,
+    RealKVMode,
+    plan_reference,
+)
+from kv_canary_buffers.validation import validate_verify_args, validate_write_args  # noqa: E402
+from kv_canary_kernels import launch_write  # noqa: E402
+
+DEV = torch.device("cuda")
+
+
+def export(rev: str, into: Path) -> tuple[ModuleType, ModuleType]:
+    """``rev``'s write and verify modules, imported from a package of their own."""
+    name = "kvk_" + "".join(c if c.isalnum() else "_" for c in rev)
+    data = subprocess.run(
+        ["git", "archive", rev, "kv_canary_kernels"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=BytesIO(data)) as tar:
+        tar.extractall(into / "_src", filter="data")
+    (into / "_src" / "kv_canary_kernels").rename(into / name)
+    if str(into) not in sys.path:
+        sys.path.insert(0, str(into))
+    return importlib.import_module(f"{name}.write"), importlib.import_module(f"{name}.verify")
+
+
+def graph_us(fn, calls: int, replays: int) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def write_case(rows: int, length: int):
+    g = torch.Generator().manual_seed(rows)
+    n = rows * length
+    num_slots = n + rows + 1
+    perm = torch.randperm(num_slots, generator=g)
+    plan = PlanBuffers.allocate(write_req_capacity=rows, verify_capacity=1, device=DEV)
+    plan.write_num_valid_reqs.fill_(rows)
+    plan.write_offsets.copy_(torch.arange(rows + 1) * length)
+    plan.write_seed_slot_indices.copy_(perm[:rows])
+    step = dict(
+        input_ids=torch.randint(0, 50000, (n,), generator=g).to(DEV),
+        positions=torch.arange(n).to(DEV),
+        out_cache_loc=perm[rows : rows + n].to(DEV),
+    )
+    store = CanaryStore.allocate(num_slots=num_slots, violation_capacity=64, device=DEV)
+    return store, plan, validate_write_args(store, plan, **step)
+
+
+def verify_case(bs: int, mode: RealKVMode):
+    """A decode plan of ``bs`` rows whose prefixes were written by the current kernels."""
+    g = torch.Generator().manual_seed(bs)
+    cols = 1032
+    num_slots = (bs + 1) * cols + 1
+    table = (torch.randperm((bs + 1) * cols, generator=g) + 1).reshape(bs + 1, cols)
+    table = table.to(torch.int32).to(DEV)
+    prefix = torch.randint(1, 1024, (bs,), generator=g).to(DEV)
+    rows = torch.arange(1, bs + 1, device=DEV)
+    plan = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=bs * 1024, device=DEV)
+    plan_reference(
+        plan,
+        req_pool_indices=rows,
+        prefix_lens=prefix,
+        extend_seq_lens=torch.ones(bs, dtype=torch.int64, device=DEV),
+        req_to_token=table,
+    )
+    store = CanaryStore.allocate(num_slots=num_slots, violation_capacity=1024, device=DEV)
+    real_kv = None
+    if mode != RealKVMode.NONE:
+        kv = torch.randint(-9, 9, (num_slots, 512), device=DEV).to(torch.bfloat16)
+        real_kv = RealKV(mode=mode, sources=(kv, kv), page_size=1, bytes_per_token=1024)
+    wplan = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=1, device=DEV)
+    plan_reference(
+        wplan,
+        req_pool_indices=rows,
+        prefix_lens=torch.zeros_like(prefix),
+        extend_seq_lens=prefix,
+        req_to_token=table,
+    )
+    total = int(prefix.sum())
+    row_of = torch.repeat_interleave(torch.arange(bs, device=DEV), prefix)
+    start = torch.cumsum(prefix, 0) - prefix
+    pos = torch.arange(total, device=DEV) - start[row_of]
+    launch_write(
+        store,
+        wplan,
+        input_ids=torch.randint(0, 1000, (total,), device=DEV),
+        positions=pos,
+        out_cache_loc=table[rows[row_of], pos].long(),
+        real_kv=real_kv,
+    )
+    torch.cuda.synchronize()
+    assert store.take_violations().appended == 0
+    args = validate_verify_args(store, plan, check_expected_tokens=False, real_kv=real_kv)
+    return store, plan, args
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("revs", nargs="+", help="git revisions to compare with the working tree")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=10)
+    parser.add_argument("--replays", type=int, default=30)
+    args = parser.parse_args(argv)
+    import kv_canary_kernels.verify as head_verify
+    import kv_canary_kernels.write as head_write
+
+    with tempfile.TemporaryDirectory() as tmp:
+        versions = {rev: export(rev, Path(tmp)) for rev in args.revs}
+        versions["HEAD"] = (head_write, head_verify)
+        cases = []
+        for rows, length in [(4096, 1), (256, 1), (16, 2048)]:
+            cases.append((f"write {rows} x {length}", "write", write_case(rows, length)))
+        for bs in (64, 256, 4096):
+            for mode in (RealKVMode.NONE, RealKVMode.PARTIAL):
+                cases.append((f"verify bs={bs} {mode.name}", "verify", verify_case(bs, mode)))
+        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+        print("| case | " + " | ".join(versions) + " |")
+        print("|---" * (len(versions) + 1) + "|")
+        for label, stage, (store, plan, validated) in cases:
+            times: dict[str, list[float]] = {v: [] for v in versions}
+            records = {}
+            for _ in range(args.rounds):
+                for name, (write, verify) in versions.items():
+                    if stage == "write":
+                        store.records.zero_()
+                        fn = lambda w=write: w.dispatch_write(store, plan, validated)  # noqa: E731
+                    else:
+                        fn = lambda v=verify: v.dispatch_verify(store, plan, validated)  # noqa: E731
+                    times[name].append(graph_us(fn, args.calls, args.replays))
+                    torch.cuda.synchronize()
+                    records[name] = store.records.clone()
+            first = next(iter(records.values()))
+            assert all(torch.equal(first, r) for r in records.values()), label
+            if stage == "verify":
+                assert store.take_violations().appended == 0, label
+            meds = " | ".join(f"{statistics.median(t):.2f}" for t in times.values())
+            print(f"| {label} | {meds} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
