@@ -371,13 +371,20 @@ def _check_real_kv(real_kv: object, store: CanaryStore) -> RealKV | None:
     real_kv.check()
     if real_kv.hashed_bytes == 0:
         return None
-    if real_kv.device != store.device:
+    arena = store.arena
+    if not device_predicate(arena.device)(real_kv.sources[0]):  # real_kv.device != store's
         raise ValueError(
             f"kv-canary: real_kv sources must be on the store's device {store.device}, "
             f"got {real_kv.device}"
         )
-    for i, src in enumerate(real_kv.sources):
-        _check_not_aliasing_store(f"real_kv.sources[{i}]", src, store)
+    # The sources' byte spans were computed at construction: check() just proved each
+    # source still has the address, shape, strides and dtype they were computed from.
+    start = arena.base
+    end = start + arena.nbytes
+    for lo, hi in real_kv._spans:
+        if lo < hi and lo < end and start < hi:
+            for i, src in enumerate(real_kv.sources):
+                _check_not_aliasing_store(f"real_kv.sources[{i}]", src, store)
     return real_kv
 
 
@@ -405,9 +412,17 @@ def validate_write_args(
 
     ``TypeError`` for an object of the wrong type, ``ValueError`` for everything else;
     reads no tensor data and never syncs."""
-    st = check_store(store)
-    bufs = check_plan_buffers(plan_buffers, WRITE_PLAN_FIELDS)
-    _check_same_device(st, bufs)
+    # check_store / check_plan_buffers / _check_same_device, their common case inline
+    if type(store) is not CanaryStore:
+        check_store(store)  # raises the TypeError
+    st: CanaryStore = store  # type: ignore[assignment]
+    st.check()
+    if type(plan_buffers) is not PlanBuffers:
+        check_plan_buffers(plan_buffers, WRITE_PLAN_FIELDS)  # raises the TypeError
+    bufs: PlanBuffers = plan_buffers  # type: ignore[assignment]
+    bufs.check_fields(WRITE_PLAN_FIELDS)
+    if st.arena.device != bufs.arena.device:
+        _check_same_device(st, bufs)
     has_expected = expected_input_ids is not None
     if has_expected != (expected_positions is not None):
         given = "expected_input_ids" if expected_positions is None else "expected_positions"
@@ -447,7 +462,7 @@ def validate_write_args(
         if type(launch_tag) is int and INT64_MIN <= launch_tag <= INT64_MAX
         else (check_int64("launch_tag", launch_tag))
     )
-    kv = _check_real_kv(real_kv, st)
+    kv = None if real_kv is None else _check_real_kv(real_kv, st)
     return WriteArgs(
         n,
         input_ids,
@@ -491,9 +506,21 @@ def validate_verify_args(
     real_kv: RealKV | None = None,
 ) -> VerifyArgs:
     """Every host-side check of one verify call (both verify paths run it first)."""
-    st = check_store(store)
-    bufs = check_plan_buffers(plan_buffers, VERIFY_PLAN_FIELDS)
-    _check_same_device(st, bufs)
-    tag = check_int64("launch_tag", launch_tag)
+    if type(store) is not CanaryStore:
+        check_store(store)  # raises the TypeError
+    st: CanaryStore = store  # type: ignore[assignment]
+    st.check()
+    if type(plan_buffers) is not PlanBuffers:
+        check_plan_buffers(plan_buffers, VERIFY_PLAN_FIELDS)  # raises the TypeError
+    bufs: PlanBuffers = plan_buffers  # type: ignore[assignment]
+    bufs.check_fields(VERIFY_PLAN_FIELDS)
+    if st.arena.device != bufs.arena.device:
+        _check_same_device(st, bufs)
+    tag = (
+        launch_tag
+        if type(launch_tag) is int and INT64_MIN <= launch_tag <= INT64_MAX
+        else check_int64("launch_tag", launch_tag)
+    )
     check = check_bool("check_expected_tokens", check_expected_tokens)
-    return VerifyArgs(tag, check, _check_real_kv(real_kv, st))
+    kv = None if real_kv is None else _check_real_kv(real_kv, st)
+    return VerifyArgs(tag, check, kv)
