@@ -152,9 +152,11 @@ class Arena:
 
         With ``names``, ``tensors`` are those fields only, in that order (a stage that
         reads a few fields re-checks just them)."""
-        expected, field_names = (
-            (self._expected, self._names) if names is None else self._subset(names)
-        )
+        if names is None:
+            expected, field_names = self._expected, self._names
+        else:
+            subset = self._subsets.get(names)
+            expected, field_names = self._subset(names) if subset is None else subset
         storage = self.storage
         if storage.data_ptr() != self.base or storage.nbytes() != self.nbytes:
             return "<arena>"

@@ -30,6 +30,10 @@ class RealKVMode(enum.IntEnum):
     """``read_bytes`` bytes of the slot's token in every source."""
 
 
+_NONE = RealKVMode.NONE
+_PARTIAL = RealKVMode.PARTIAL
+
+
 def _to_mode(value: object) -> RealKVMode:
     if isinstance(value, RealKVMode):
         return value
@@ -146,9 +150,20 @@ class RealKV:
         bounds. Reads no data."""
         sources = self.sources
         known = self._fingerprint
-        # One comparison of every fingerprint (and of their number); named on a miss.
-        if type(sources) is tuple and tuple(map(_fingerprint, sources)) == known:
-            return
+        # _fingerprint inline (no frame, no tuple per source); named on a miss.
+        if type(sources) is tuple and len(sources) == len(known):
+            for src, (ptr, shape, stride, dtype, end) in zip(sources, known):
+                storage = src.untyped_storage()
+                if (
+                    src.data_ptr() != ptr
+                    or src.shape != shape
+                    or src.stride() != stride
+                    or src.dtype is not dtype
+                    or storage.data_ptr() + storage.nbytes() != end
+                ):
+                    break
+            else:
+                return
         self._check_slowly()
 
     def _check_slowly(self) -> None:
@@ -204,9 +219,10 @@ class RealKV:
     def hashed_bytes(self) -> int:
         """Bytes hashed per slot and source: 16 (``PARTIAL``), ``read_bytes`` (``ALL``)
         or 0 (``NONE``)."""
-        if self.mode is RealKVMode.NONE or not self.sources:
+        mode = self.mode
+        if mode is _NONE or not self.sources:
             return 0
-        return REAL_KV_ALIGN if self.mode is RealKVMode.PARTIAL else self.read_bytes
+        return REAL_KV_ALIGN if mode is _PARTIAL else self.read_bytes
 
     @property
     def device(self) -> torch.device:
