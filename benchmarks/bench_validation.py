@@ -14,6 +14,7 @@ loaded under another module name; both packages use only relative imports.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.util
 import statistics
@@ -70,7 +71,7 @@ def cases(lib: ModuleType) -> dict[str, Callable[[], object]]:
         kwargs = plan_batch(bs)
         entries = int(kwargs["prefix_lens"].clamp(max=128).sum())
         bufs = plan_buffers.allocate(write_req_capacity=bs, verify_capacity=entries, device="cpu")
-        out[f"plan bs={bs}"] = lambda b=bufs, k=kwargs: validation.validate_plan_args(b, **k)
+        out[f"plan bs={bs}"] = functools.partial(validation.validate_plan_args, bufs, **kwargs)
     store = store_cls.allocate(num_slots=1 << 16, violation_capacity=64, device="cpu")
     bufs = plan_buffers.allocate(write_req_capacity=256, verify_capacity=4096, device="cpu")
     sources = tuple(torch.zeros(1 << 16, 128, dtype=torch.bfloat16) for _ in range(2))
@@ -79,8 +80,8 @@ def cases(lib: ModuleType) -> dict[str, Callable[[], object]]:
         for name in ("NONE", "PARTIAL", "ALL")
     }
     for name, real_kv in kv.items():
-        out[f"verify {name}"] = lambda r=real_kv: validation.validate_verify_args(
-            store, bufs, launch_tag=7, real_kv=r
+        out[f"verify {name}"] = functools.partial(
+            validation.validate_verify_args, store, bufs, launch_tag=7, real_kv=real_kv
         )
     n = 256
     ids = torch.arange(n)
@@ -94,15 +95,16 @@ def cases(lib: ModuleType) -> dict[str, Callable[[], object]]:
         ("write 256x1 expected PARTIAL", kv["PARTIAL"], True),
     ):
         extra = dict(expected_input_ids=exp_ids, expected_positions=exp_pos) if expected else {}
-        out[label] = lambda r=real_kv, e=extra: validation.validate_write_args(
+        out[label] = functools.partial(
+            validation.validate_write_args,
             store,
             bufs,
             input_ids=ids,
             positions=pos,
             out_cache_loc=loc,
             launch_tag=7,
-            real_kv=r,
-            **e,
+            real_kv=real_kv,
+            **extra,
         )
     return out
 
