@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 import torch
 
+from .devices import device_predicate
 from .live import register_arena
 
 ALIGN = 256
@@ -70,6 +71,9 @@ class Arena:
     """A weak reference to the one object built on this arena (empty until claimed)."""
     device_index: int = attrs.field(init=False)
     """``Tensor.get_device()`` of a tensor on the arena's device (-1 on the CPU)."""
+    on_device: Callable[[torch.Tensor], bool] = attrs.field(init=False, repr=False)
+    """``device_predicate(device)``: whether a tensor lives on the arena's device (the
+    launches' input checks read it instead of looking the predicate up per call)."""
     _expected: tuple[tuple[Any, ...], ...] = attrs.field(init=False, repr=False)
     """Per field, what the check compares: (address, dtype, shape, whether the field has
     more than one element), computed once (one tuple a field unpacks faster in the hot
@@ -80,6 +84,7 @@ class Arena:
     def __attrs_post_init__(self) -> None:
         index = self.device.index if self.device.type == "cuda" else -1
         object.__setattr__(self, "device_index", index)
+        object.__setattr__(self, "on_device", device_predicate(self.device))
         object.__setattr__(
             self,
             "_expected",
@@ -147,9 +152,11 @@ class Arena:
 
         With ``names``, ``tensors`` are those fields only, in that order (a stage that
         reads a few fields re-checks just them)."""
-        expected, field_names = (
-            (self._expected, self._names) if names is None else self._subset(names)
-        )
+        if names is None:
+            expected, field_names = self._expected, self._names
+        else:
+            subset = self._subsets.get(names)
+            expected, field_names = self._subset(names) if subset is None else subset
         storage = self.storage
         if storage.data_ptr() != self.base or storage.nbytes() != self.nbytes:
             return "<arena>"

@@ -293,7 +293,8 @@ class PlanBuffers:
         bad = arena.first_bad_field(fields, None if names is _FIELD_NAMES else names)
         if bad is not None:
             self._raise_bad_field(bad)
-        if arena.owner() is not self:
+        owner = arena._owner
+        if (owner[0]() if owner else None) is not self:  # arena.owner(), inline
             raise ValueError(
                 "kv-canary: this PlanBuffers does not own its arena (its fields were rebound "
                 "to another PlanBuffers' memory); build buffers with PlanBuffers.allocate"

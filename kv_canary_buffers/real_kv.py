@@ -30,6 +30,10 @@ class RealKVMode(enum.IntEnum):
     """``read_bytes`` bytes of the slot's token in every source."""
 
 
+_NONE = RealKVMode.NONE
+_PARTIAL = RealKVMode.PARTIAL
+
+
 def _to_mode(value: object) -> RealKVMode:
     if isinstance(value, RealKVMode):
         return value
@@ -42,10 +46,30 @@ def _to_mode(value: object) -> RealKVMode:
         ) from None
 
 
-def _fingerprint(src: torch.Tensor) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
+Fingerprint = tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype, int]
+
+
+def _fingerprint(src: torch.Tensor) -> Fingerprint:
+    """What :meth:`RealKV.check` compares: address, shape, strides, dtype (the element
+    size, and the kernels' pointer type) and the end of the storage."""
     storage = src.untyped_storage()
-    end = storage.data_ptr() + storage.nbytes()
-    return (src.data_ptr(), tuple(src.shape), src.stride(), end)
+    return (
+        src.data_ptr(),
+        src.shape,
+        src.stride(),
+        src.dtype,
+        storage.data_ptr() + storage.nbytes(),
+    )
+
+
+def _span(src: torch.Tensor) -> tuple[int, int]:
+    """``[start, end)`` byte addresses of every element ``src`` can address (as
+    ``arena.tensor_span``; empty as ``(0, 0)``)."""
+    if src.numel() == 0:
+        return (0, 0)
+    extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(src.shape, src.stride()))
+    start = src.data_ptr()
+    return (start, start + extent * src.element_size())
 
 
 def _to_sources(value: object) -> tuple[torch.Tensor, ...]:
@@ -86,9 +110,11 @@ class RealKV:
     page_size: int
     bytes_per_token: int
     read_bytes: int = attrs.field(default=None)
-    _fingerprint: tuple[tuple[int, tuple[int, ...], tuple[int, ...], int], ...] = attrs.field(
-        init=False, repr=False
-    )
+    _fingerprint: tuple[Fingerprint, ...] = attrs.field(init=False, repr=False)
+    _spans: tuple[tuple[int, int], ...] = attrs.field(init=False, repr=False)
+    """Per source, the bytes it addresses: a function of its fingerprint, so valid
+    whenever :meth:`check` passes (the launch's aliasing test reads it instead of the
+    tensors)."""
     _handle: int = attrs.field(init=False, repr=False)
     """A number of its own (never reused in the process): how a launch traced by
     ``torch.compile`` names this object to its operator (:mod:`kv_canary_buffers.live`)."""
@@ -113,6 +139,7 @@ class RealKV:
         for i, src in enumerate(self.sources):
             self._check_source(i, src)
         object.__setattr__(self, "_fingerprint", tuple(map(_fingerprint, self.sources)))
+        object.__setattr__(self, "_spans", tuple(map(_span, self.sources)))
         object.__setattr__(self, "_handle", next_handle())
         register_real_kv(self)
 
@@ -121,13 +148,39 @@ class RealKV:
         shape, strides, storage size): the launchers run it, so a source whose storage
         was resized or swapped since construction is refused instead of read out of
         bounds. Reads no data."""
-        for i, (src, known) in enumerate(zip(self.sources, self._fingerprint)):
-            if _fingerprint(src) != known:
-                raise ValueError(
-                    f"kv-canary: RealKV.sources[{i}] changed since the RealKV was built "
-                    "(its storage was resized, swapped or moved); build a new RealKV for the "
-                    "engine's current KV tensors"
-                )
+        sources = self.sources
+        known = self._fingerprint
+        # _fingerprint inline (no frame, no tuple per source); named on a miss.
+        if type(sources) is tuple and len(sources) == len(known):
+            for src, (ptr, shape, stride, dtype, end) in zip(sources, known):
+                storage = src.untyped_storage()
+                if (
+                    src.data_ptr() != ptr
+                    or src.shape != shape
+                    or src.stride() != stride
+                    or src.dtype is not dtype
+                    or storage.data_ptr() + storage.nbytes() != end
+                ):
+                    break
+            else:
+                return
+        self._check_slowly()
+
+    def _check_slowly(self) -> None:
+        """:meth:`check` one source at a time: raise naming the first that changed (or
+        the first one missing or added, on a ``sources`` rebound to another number)."""
+        sources = tuple(self.sources)
+        known = self._fingerprint
+        i = 0
+        while i < len(sources) and i < len(known) and _fingerprint(sources[i]) == known[i]:
+            i += 1
+        if i == len(sources) == len(known):
+            return
+        raise ValueError(
+            f"kv-canary: RealKV.sources[{i}] changed since the RealKV was built "
+            "(its storage was resized, swapped or moved); build a new RealKV for the "
+            "engine's current KV tensors"
+        )
 
     def _check_source(self, i: int, src: object) -> None:
         name = f"RealKV.sources[{i}]"
@@ -166,9 +219,10 @@ class RealKV:
     def hashed_bytes(self) -> int:
         """Bytes hashed per slot and source: 16 (``PARTIAL``), ``read_bytes`` (``ALL``)
         or 0 (``NONE``)."""
-        if self.mode is RealKVMode.NONE or not self.sources:
+        mode = self.mode
+        if mode is _NONE or not self.sources:
             return 0
-        return REAL_KV_ALIGN if self.mode is RealKVMode.PARTIAL else self.read_bytes
+        return REAL_KV_ALIGN if mode is _PARTIAL else self.read_bytes
 
     @property
     def device(self) -> torch.device:

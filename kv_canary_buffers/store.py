@@ -209,8 +209,10 @@ class CanaryStore:
                 "kv-canary: CanaryStore.arena must be a kv_canary_buffers.arena.Arena, got "
                 f"{type(arena).__name__} (the object was tampered with)"
             )
-        self._check_views(arena, fields)
-        if arena.owner() is not self:
+        if arena.first_bad_field(fields) is not None:
+            self._check_views(arena, fields)  # raises naming the field
+        owner = arena._owner
+        if (owner[0]() if owner else None) is not self:  # arena.owner(), inline
             raise ValueError(
                 "kv-canary: this CanaryStore does not own its arena (its fields were rebound "
                 "to another store's memory); build a store with CanaryStore.allocate"

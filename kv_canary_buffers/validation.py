@@ -23,7 +23,6 @@ from .checks import (
     check_row_tensor,
     check_tensor,
 )
-from .devices import device_predicate
 from .layout import (
     INT64_MAX,
     INT64_MIN,
@@ -131,7 +130,7 @@ def validate_plan_args(
     bufs.check()
     arena = bufs.arena
     device = arena.device
-    on = device_predicate(device)
+    on = arena.on_device
     # Hot path (every launch): each check's common case inline (the same tests as the
     # fast paths of check_tensor / check_row_tensor, without their calls); on a miss the
     # named check raises with its message.
@@ -231,50 +230,29 @@ def validate_plan_args(
     # No input may share memory with the arena (the plan would overwrite what it still
     # reads): one range test per input (all are contiguous), named on the slow path.
     # Staging tensors carry the PlanBuffers they were built for: refuse other buffers.
+    # The row tensors were just checked int64 [bs] and contiguous: 8 * bs bytes each.
     start = arena.base
     end = start + arena.nbytes
-    for t in (rp, P, E, table, lut, pool, valid_lens):
+    row_bytes = 8 * bs
+    linked = False
+    for t in (rp, P, E, valid_lens):
+        if t is not None:
+            ptr = t.data_ptr()
+            if ptr < end and ptr + row_bytes > start:
+                _refuse_shared_memory(arena, _named_inputs(rp, P, E, table, lut, pool, valid_lens))
+            if getattr(t, STAGING_LINK_ATTR, None) is not None:  # a linked staging tensor
+                linked = True
+    for t in (table, lut, pool):
         if t is not None:
             ptr = t.data_ptr()
             if ptr < end and ptr + t.nbytes > start:
-                _refuse_shared_memory(
-                    arena,
-                    _named_inputs(
-                        req_pool_indices,
-                        prefix_lens,
-                        extend_seq_lens,
-                        req_to_token,
-                        lut,
-                        pool,
-                        valid_lens,
-                    ),
-                )
-    for t in (rp, P, E, valid_lens):
-        if getattr(t, STAGING_LINK_ATTR, None) is not None:  # a linked staging tensor
-            _refuse_foreign_staging(
-                bufs,
-                _named_inputs(
-                    req_pool_indices,
-                    prefix_lens,
-                    extend_seq_lens,
-                    req_to_token,
-                    lut,
-                    pool,
-                    valid_lens,
-                ),
-            )
-    return PlanArgs(
-        bs,
-        rp,
-        P,
-        E,
-        table,
-        window,
-        lut,
-        pool,
-        valid_lens,
-        offset,
-    )
+                _refuse_shared_memory(arena, _named_inputs(rp, P, E, table, lut, pool, valid_lens))
+    if linked:  # after every aliasing test, as before
+        _refuse_foreign_staging(bufs, _named_inputs(rp, P, E, table, lut, pool, valid_lens))
+    return _new_tuple(PlanArgs, (bs, rp, P, E, table, window, lut, pool, valid_lens, offset))
+
+
+_new_tuple = tuple.__new__
 
 
 def _named_inputs(*tensors: object) -> tuple[tuple[str, object], ...]:
@@ -371,13 +349,20 @@ def _check_real_kv(real_kv: object, store: CanaryStore) -> RealKV | None:
     real_kv.check()
     if real_kv.hashed_bytes == 0:
         return None
-    if real_kv.device != store.device:
+    arena = store.arena
+    if not arena.on_device(real_kv.sources[0]):  # real_kv.device != store's
         raise ValueError(
             f"kv-canary: real_kv sources must be on the store's device {store.device}, "
             f"got {real_kv.device}"
         )
-    for i, src in enumerate(real_kv.sources):
-        _check_not_aliasing_store(f"real_kv.sources[{i}]", src, store)
+    # The sources' byte spans were computed at construction: check() just proved each
+    # source still has the address, shape, strides and dtype they were computed from.
+    start = arena.base
+    end = start + arena.nbytes
+    for lo, hi in real_kv._spans:
+        if lo < hi and lo < end and start < hi:
+            for i, src in enumerate(real_kv.sources):
+                _check_not_aliasing_store(f"real_kv.sources[{i}]", src, store)
     return real_kv
 
 
@@ -405,9 +390,17 @@ def validate_write_args(
 
     ``TypeError`` for an object of the wrong type, ``ValueError`` for everything else;
     reads no tensor data and never syncs."""
-    st = check_store(store)
-    bufs = check_plan_buffers(plan_buffers, WRITE_PLAN_FIELDS)
-    _check_same_device(st, bufs)
+    # check_store / check_plan_buffers / _check_same_device, their common case inline
+    if type(store) is not CanaryStore:
+        check_store(store)  # raises the TypeError
+    st: CanaryStore = store  # type: ignore[assignment]
+    st.check()
+    if type(plan_buffers) is not PlanBuffers:
+        check_plan_buffers(plan_buffers, WRITE_PLAN_FIELDS)  # raises the TypeError
+    bufs: PlanBuffers = plan_buffers  # type: ignore[assignment]
+    bufs.check_fields(WRITE_PLAN_FIELDS)
+    if st.arena.device != bufs.arena.device:
+        _check_same_device(st, bufs)
     has_expected = expected_input_ids is not None
     if has_expected != (expected_positions is not None):
         given = "expected_input_ids" if expected_positions is None else "expected_positions"
@@ -425,7 +418,7 @@ def validate_write_args(
     arena = st.arena
     start, end = arena.base, arena.base + arena.nbytes
     # get_device() alone is -1 on the CPU and on meta: compare the device type too
-    on_device = device_predicate(arena.device)
+    on_device = arena.on_device
     n = out_cache_loc.shape[0] if isinstance(out_cache_loc, torch.Tensor) else -1
     shape = (n,)
     aligned = True
@@ -447,17 +440,20 @@ def validate_write_args(
         if type(launch_tag) is int and INT64_MIN <= launch_tag <= INT64_MAX
         else (check_int64("launch_tag", launch_tag))
     )
-    kv = _check_real_kv(real_kv, st)
-    return WriteArgs(
-        n,
-        input_ids,
-        positions,
-        out_cache_loc,
-        tag,
-        expected_input_ids,
-        expected_positions,
-        kv,
-        aligned,
+    kv = None if real_kv is None else _check_real_kv(real_kv, st)
+    return _new_tuple(
+        WriteArgs,
+        (
+            n,
+            input_ids,
+            positions,
+            out_cache_loc,
+            tag,
+            expected_input_ids,
+            expected_positions,
+            kv,
+            aligned,
+        ),
     )
 
 
@@ -491,9 +487,25 @@ def validate_verify_args(
     real_kv: RealKV | None = None,
 ) -> VerifyArgs:
     """Every host-side check of one verify call (both verify paths run it first)."""
-    st = check_store(store)
-    bufs = check_plan_buffers(plan_buffers, VERIFY_PLAN_FIELDS)
-    _check_same_device(st, bufs)
-    tag = check_int64("launch_tag", launch_tag)
-    check = check_bool("check_expected_tokens", check_expected_tokens)
-    return VerifyArgs(tag, check, _check_real_kv(real_kv, st))
+    if type(store) is not CanaryStore:
+        check_store(store)  # raises the TypeError
+    st: CanaryStore = store  # type: ignore[assignment]
+    st.check()
+    if type(plan_buffers) is not PlanBuffers:
+        check_plan_buffers(plan_buffers, VERIFY_PLAN_FIELDS)  # raises the TypeError
+    bufs: PlanBuffers = plan_buffers  # type: ignore[assignment]
+    bufs.check_fields(VERIFY_PLAN_FIELDS)
+    if st.arena.device != bufs.arena.device:
+        _check_same_device(st, bufs)
+    tag = (
+        launch_tag
+        if type(launch_tag) is int and INT64_MIN <= launch_tag <= INT64_MAX
+        else check_int64("launch_tag", launch_tag)
+    )
+    check = (
+        check_expected_tokens
+        if type(check_expected_tokens) is bool
+        else check_bool("check_expected_tokens", check_expected_tokens)
+    )
+    kv = None if real_kv is None else _check_real_kv(real_kv, st)
+    return _new_tuple(VerifyArgs, (tag, check, kv))

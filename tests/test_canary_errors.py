@@ -470,6 +470,26 @@ def test_real_kv_source_swapped_after_construction(canary, setup, stage):
     )
 
 
+@pytest.mark.parametrize("stage", ["write", "verify"])
+def test_real_kv_source_dtype_swapped_after_construction(canary, setup, stage):
+    """Same address, shape, strides and storage, another dtype (a wider element, which
+    moves every row's bytes): refused (the storage has room for it, so only the dtype
+    tells)."""
+    store, plan, _kv = setup
+    src = torch.zeros(32, 32, dtype=torch.uint8, device=DEVICE)[:16]
+    kv = RealKV(mode=RealKVMode.PARTIAL, sources=(src,), page_size=1, bytes_per_token=32)
+    wide = torch.empty(0, dtype=torch.int16, device=DEVICE)
+    wide.set_(src.untyped_storage(), src.storage_offset(), src.shape, src.stride())
+    src.data = wide
+    run_refused(
+        _call(canary, stage, store, plan, kv),
+        store,
+        plan,
+        ValueError,
+        r"RealKV.sources\[0\] changed since the RealKV was built",
+    )
+
+
 # --- RealKV construction -----------------------------------------------------------------------
 def _src(rows=8, cols=64, dtype=torch.uint8, device=DEVICE):
     return torch.zeros(rows, cols, dtype=dtype, device=device)
