@@ -9,6 +9,9 @@ of a CUDA graph of ``--calls`` back-to-back launches timed with CUDA events (med
 
     PYTHONPATH=. python benchmarks/compare_kernel_versions.py REV [REV ...] [--rounds 3]
 
+A REV may also be a directory holding a copy of a revision's ``kv_canary_kernels`` (where
+the repository's history is not at hand: ``git archive REV kv_canary_kernels | tar -x``).
+
 Cases: write decode 4096 x 1 and 256 x 1, mixed prefill 16 x 2048; verify after decode
 plans of 64, 256 and 4096 rows (prefix uniform in [1, 1023]), real-KV NONE and PARTIAL
 (two sources, 1 KB a token, page size 1). Needs CUDA and git. A revision must predate the
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -50,12 +54,15 @@ DEV = torch.device("cuda")
 def export(rev: str, into: Path) -> tuple[ModuleType, ModuleType]:
     """``rev``'s write and verify modules, imported from a package of their own."""
     name = "kvk_" + "".join(c if c.isalnum() else "_" for c in rev)
-    data = subprocess.run(
-        ["git", "archive", rev, "kv_canary_kernels"], cwd=ROOT, capture_output=True, check=True
-    ).stdout
-    with tarfile.open(fileobj=BytesIO(data)) as tar:
-        tar.extractall(into / "_src", filter="data")
-    (into / "_src" / "kv_canary_kernels").rename(into / name)
+    if Path(rev, "write.py").is_file():  # a copy of a revision's kv_canary_kernels
+        shutil.copytree(rev, into / name)
+    else:
+        data = subprocess.run(
+            ["git", "archive", rev, "kv_canary_kernels"], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+        with tarfile.open(fileobj=BytesIO(data)) as tar:
+            tar.extractall(into / "_src", filter="data")
+        (into / "_src" / "kv_canary_kernels").rename(into / name)
     if str(into) not in sys.path:
         sys.path.insert(0, str(into))
     return importlib.import_module(f"{name}.write"), importlib.import_module(f"{name}.verify")
@@ -152,7 +159,9 @@ def verify_case(bs: int, mode: RealKVMode):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("revs", nargs="+", help="git revisions to compare with the working tree")
+    parser.add_argument(
+        "revs", nargs="+", help="git revisions (or copies of their kv_canary_kernels) to compare"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--replays", type=int, default=30)
