@@ -20,7 +20,7 @@ import attrs
 import torch
 
 from .devices import device_predicate
-from .live import register_arena
+from .live import next_handle, register_arena
 
 ALIGN = 256
 """Byte alignment of every field (as ``cudaMalloc``'s): any vector width a kernel uses."""
@@ -69,6 +69,9 @@ class Arena:
     (``kv_canary_kernels.compiled``)."""
     _owner: list[weakref.ref[Any]] = attrs.field(factory=list, repr=False)
     """A weak reference to the one object built on this arena (empty until claimed)."""
+    handle: int = attrs.field(init=False)
+    """A number of its own, never reused in the process: how a launch traced by
+    ``torch.compile`` names this arena to its operator (:mod:`kv_canary_buffers.live`)."""
     device_index: int = attrs.field(init=False)
     """``Tensor.get_device()`` of a tensor on the arena's device (-1 on the CPU)."""
     on_device: Callable[[torch.Tensor], bool] = attrs.field(init=False, repr=False)
@@ -94,6 +97,7 @@ class Arena:
             ),
         )
         object.__setattr__(self, "_names", tuple(f.name for f in self.fields))
+        object.__setattr__(self, "handle", next_handle())
         register_arena(self)
 
     @classmethod

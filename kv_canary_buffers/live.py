@@ -2,15 +2,16 @@
 finds its objects again when the compiled graph runs.
 
 A custom operator takes only tensors, integers, booleans and None, so the compiled launch
-(``kv_canary_kernels.compiled``) passes an arena's address (``Arena.base``) or a
-``RealKV``'s handle (a number drawn at construction) and looks the object up here when the
-graph runs, then runs the same validation as an eager call on it. Both are plain integer
+(``kv_canary_kernels.compiled``) passes an arena's or a ``RealKV``'s handle (a number drawn
+at construction, never reused in the process) and looks the object up here when the graph
+runs, then runs the same validation as an eager call on it. Both are plain integer
 attributes, which dynamo first guards on and then, once a second value is seen, passes as
 dynamic integers, so new objects stop recompiling a function after the second. Every
 :class:`~kv_canary_buffers.arena.Arena` and every :class:`~kv_canary_buffers.RealKV`
-registers itself at construction; the maps hold weak references, so they never keep an
-object alive. Two live arenas never share an address (each is its own allocation), and a
-new arena at a freed one's address replaces it.
+registers itself at construction under its own handle; the maps hold weak references, so
+they never keep an object alive. Handles rather than addresses: a second ``Arena`` object
+over the same allocation (``attrs.evolve``), an allocation at a freed one's address, or
+meta tensors (address 0) can never take over or remove another object's entry.
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ _HANDLES = itertools.count(1)
 
 
 def register_arena(arena: Any) -> None:
-    """Record ``arena`` under its allocation address (``arena.base``)."""
-    _ARENAS[arena.base] = arena
+    """Record ``arena`` under its handle (``arena.handle``)."""
+    _ARENAS[arena.handle] = arena
 
 
-def find_arena(base: int) -> Any | None:
-    """The live arena allocated at ``base``, or None."""
-    return _ARENAS.get(base)
+def find_arena(handle: int) -> Any | None:
+    """The live arena with this handle, or None."""
+    return _ARENAS.get(handle)
 
 
 def next_handle() -> int:

@@ -8,7 +8,9 @@ by a stray kernel then show up as ``FailBits.REAL_KV`` violations (docs/contract
 
 from __future__ import annotations
 
+import copy
 import enum
+from typing import Any
 
 import attrs
 import torch
@@ -143,6 +145,26 @@ class RealKV:
         object.__setattr__(self, "_handle", next_handle())
         register_real_kv(self)
 
+    # A copy is a new RealKV built by the constructor: its own fingerprint and its own
+    # handle (copying the slots would carry the original's, and a launch traced by
+    # torch.compile would then validate the original while reading the copy's sources).
+    def __copy__(self) -> RealKV:
+        return self._rebuilt(self.sources)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RealKV:
+        return self._rebuilt(tuple(copy.deepcopy(src, memo) for src in self.sources))
+
+    def __reduce__(self) -> Any:
+        return (
+            _rebuild_real_kv,
+            (self.mode, self.sources, self.page_size, self.bytes_per_token, self.read_bytes),
+        )
+
+    def _rebuilt(self, sources: tuple[torch.Tensor, ...]) -> RealKV:
+        return _rebuild_real_kv(
+            self.mode, sources, self.page_size, self.bytes_per_token, self.read_bytes
+        )
+
     def check(self) -> None:
         """Re-check that every source is still the memory it was validated as (address,
         shape, strides, storage size): the launchers run it, so a source whose storage
@@ -264,3 +286,19 @@ def real_kv_hash(real_kv: RealKV | None, slots: torch.Tensor) -> torch.Tensor:
             acc = sm(acc ^ chunk[:, k])
         out = sm(out ^ acc)
     return out
+
+
+def _rebuild_real_kv(
+    mode: RealKVMode,
+    sources: tuple[torch.Tensor, ...],
+    page_size: int,
+    bytes_per_token: int,
+    read_bytes: int,
+) -> RealKV:
+    return RealKV(
+        mode=mode,
+        sources=sources,
+        page_size=page_size,
+        bytes_per_token=bytes_per_token,
+        read_bytes=read_bytes,
+    )

@@ -11,7 +11,7 @@ eager body, so a compiled function that launches them has no graph break:
 
 An operator takes tensors and integers only, so each object is passed as its arena (the
 one ``uint8`` allocation every field is a view of, ``Arena.tensor``: what the kernels
-write, declared mutated: ``Tensor(a!)``) and its allocation address (``Arena.base``); a
+write, declared mutated: ``Tensor(a!)``) and its handle (``Arena.handle``); a
 ``RealKV`` as its source tensors (read: a forward that writes the KV cache earlier in the
 same graph is ordered before the hash) and its handle. When the compiled graph runs, the
 operator finds the live objects again (:mod:`kv_canary_buffers.live`), runs the eager
@@ -236,7 +236,7 @@ def plan(
     arena = buffers.arena
     plan_op(
         arena.tensor,
-        arena.base,
+        arena.handle,
         req_pool_indices,
         prefix_lens,
         extend_seq_lens,
@@ -274,8 +274,8 @@ def write(
     write_op(
         store.arena.tensor,
         plan_buffers.arena.tensor,
-        store.arena.base,
-        plan_buffers.arena.base,
+        store.arena.handle,
+        plan_buffers.arena.handle,
         input_ids,
         positions,
         out_cache_loc,
@@ -307,8 +307,8 @@ def verify(
     verify_op(
         store.arena.tensor,
         plan_buffers.arena.tensor,
-        store.arena.base,
-        plan_buffers.arena.base,
+        store.arena.handle,
+        plan_buffers.arena.handle,
         launch_tag,
         check_expected_tokens,
         kv_handle,
@@ -357,7 +357,14 @@ def field(obj: PlanBuffers | CanaryStore, name: str) -> torch.Tensor:
     arena = obj.arena
     for f in arena.fields:
         if f.name == name:
-            return arena.tensor[f.offset : f.offset + f.nbytes].view(f.dtype).view(f.shape)
+            # Checked outside compiled code only (dynamo cannot trace an address test);
+            # inside it, the launches' own check refuses a rebound arena tensor.
+            own = (
+                arena.tensor
+                if torch.compiler.is_compiling()
+                else _own_tensor(arena, type(obj).__name__)
+            )
+            return own[f.offset : f.offset + f.nbytes].view(f.dtype).view(f.shape)
     names = ", ".join(f.name for f in arena.fields)
     raise ValueError(
         f"kv-canary: name must be a field of {type(obj).__name__} ({names}), got {name!r}"
@@ -368,14 +375,14 @@ def field(obj: PlanBuffers | CanaryStore, name: str) -> torch.Tensor:
 def _owner(handle: int, cls: type[_T], name: str) -> _T:
     arena = find_arena(handle)
     owner = arena.owner() if arena is not None else None
-    if type(owner) is not cls:
+    if type(owner) is not cls or owner.arena is not arena:
         _raise_gone(name, cls)
     return owner
 
 
 def _raise_gone(name: str, cls: type) -> NoReturn:
     raise ValueError(
-        f"kv-canary: {name} must be a live {cls.__name__}, got none at the arena address the "
+        f"kv-canary: {name} must be a live {cls.__name__}, got none with the arena handle the "
         "compiled function was called with (the object was freed or tampered with)"
     )
 
@@ -392,10 +399,8 @@ def _real_kv(handle: int) -> RealKV | None:
     return real_kv
 
 
-def _laid_over(op: str | None, obj: _T, given: torch.Tensor, name: str) -> _T:
-    """``obj`` when the operator was given ``obj``'s own arena; otherwise ``obj``'s fields
-    laid over ``given`` (a copy made by functionalization), for the kernels to use."""
-    arena = obj.arena
+def _own_tensor(arena: Any, name: str) -> torch.Tensor:
+    """``arena.tensor``, checked to still be the arena's allocation."""
     own = arena.tensor
     if not (
         type(own) is torch.Tensor
@@ -408,6 +413,14 @@ def _laid_over(op: str | None, obj: _T, given: torch.Tensor, name: str) -> _T:
             "rebound or swapped); build objects with allocate() and change them only through "
             "their own methods"
         )
+    return own
+
+
+def _laid_over(op: str | None, obj: _T, given: torch.Tensor, name: str) -> _T:
+    """``obj`` when the operator was given ``obj``'s own arena; otherwise ``obj``'s fields
+    laid over ``given`` (a copy made by functionalization), for the kernels to use."""
+    arena = obj.arena
+    _own_tensor(arena, name)
     if given.data_ptr() == arena.base:
         if op is not None:
             CALLS[f"{op} in place"] += 1
@@ -417,11 +430,14 @@ def _laid_over(op: str | None, obj: _T, given: torch.Tensor, name: str) -> _T:
         and given.shape == (arena.nbytes,)
         and given.is_contiguous()
         and given.device == arena.device
+        # the compiled variants were keyed on the arena's alignment (256 bytes)
+        and given.data_ptr() % 16 == 0
     ):
         raise ValueError(
             f"kv-canary: the compiled function passed a copy of {name}'s arena that is not "
-            f"laid out like it: expected uint8 [{arena.nbytes}] contiguous on {arena.device}, "
-            f"got {given.dtype} {list(given.shape)} strides {given.stride()} on {given.device}"
+            f"laid out like it: expected uint8 [{arena.nbytes}] contiguous and 16-byte aligned on "
+            f"{arena.device}, got {given.dtype} {list(given.shape)} strides {given.stride()} "
+            f"at address {given.data_ptr():#x} on {given.device}"
         )
     if op is not None:
         CALLS[f"{op} on a copy"] += 1

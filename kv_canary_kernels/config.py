@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any, NamedTuple, TypeVar
 
@@ -89,11 +90,41 @@ class LaunchConfig:
     )
 
     def __attrs_post_init__(self) -> None:
-        # tl.arange takes powers of two; the entries kernels start a block at a row hint;
-        # the verify kernel trades values within 32-lane groups.
+        ints = {
+            f.name: getattr(self, f.name)
+            for f in attrs.fields(LaunchConfig)
+            if f.name not in ("small_row_tiles", "entries_options")
+        }
+        ints.update({f"small_row_tiles[{i}]": t for i, t in enumerate(self.small_row_tiles)})
+        not_ints = [name for name, v in ints.items() if type(v) is not int]
+        if not_ints:
+            raise TypeError(
+                f"kv-canary: invalid LaunchConfig: {', '.join(not_ints)} must be int, got "
+                + ", ".join(type(ints[n]).__name__ for n in not_ints)
+            )
+        # tl.arange takes powers of two, and so does Triton's num_warps; the entries
+        # kernels start a block at a row hint; the verify kernel trades values within
+        # 32-lane groups; a grid cap of 0 would launch nothing (verify skipped silently).
         arange = (*self.small_row_tiles, self.small_entry_block, self.entry_block)
         arange += (self.lut_entry_block, self.row_window, self.sum_chunk, self.write_rows)
+        arange += (self.verify_block,)
+        warps: tuple[int, ...] = (
+            self.small_entry_warps,
+            self.entry_warps,
+            self.lut_entry_warps,
+            self.scan_warps,
+        )
+        warps += (self.write_warps, self.verify_warps)
+        caps: tuple[int, ...] = (
+            self.small_programs_per_sm,
+            self.entry_programs_per_sm,
+            self.verify_programs_per_sm,
+        )
+        caps += (self.interpreter_programs,)
         rules = {
+            "a warp count is not a power of two": not all(map(_power_of_two, warps)),
+            "a programs-per-SM cap or interpreter_programs is below 1": min(caps) < 1,
+            "write_rows must be at least 32 * write_warps": self.write_rows < 32 * self.write_warps,
             "a block or tile is not a power of two": not all(map(_power_of_two, arange)),
             "small_row_tiles must ascend below SCAN_BLOCK": list(self.small_row_tiles)
             != sorted(t for t in set(self.small_row_tiles) if t < SCAN_BLOCK),
@@ -146,10 +177,16 @@ def launch_config(config: LaunchConfig | None = None, **changes: Any) -> Iterato
         _activate(previous)
 
 
+_LOCK = threading.Lock()
+"""Held while a config is activated or a device's settings derived: two threads must not
+give two configs one variant number, nor cache settings of a config no longer active."""
+
+
 def _activate(config: LaunchConfig) -> None:
     global active
-    active = Active(_variants.setdefault(config, len(_variants)), config)
-    _devices.clear()
+    with _LOCK:
+        active = Active(_variants.setdefault(config, len(_variants)), config)
+        _devices.clear()
 
 
 class DeviceConfig(NamedTuple):
@@ -178,7 +215,8 @@ class _DeviceConfigs(dict[torch.device, DeviceConfig]):
     (``_activate`` empties it)."""
 
     def __missing__(self, device: torch.device) -> DeviceConfig:
-        config = self[device] = _derive(device, active)
+        with _LOCK:
+            config = self[device] = _derive(device, active)
         return config
 
 

@@ -214,3 +214,54 @@ def test_field_equals_the_attribute_outside_compiled_code():
             assert (view.dtype, view.shape) == (got.dtype, got.shape)
     with pytest.raises(ValueError, match="kv-canary: name must be a field of PlanBuffers"):
         field(plan, "records")
+
+
+def test_copies_of_a_real_kv_are_objects_of_their_own():
+    """copy, deepcopy and pickle rebuild a RealKV through its constructor: a handle and a
+    fingerprint of its own, so a compiled launch validates the very object it reads (a copy
+    carrying the original's handle would be validated as the original while the kernels
+    read the copy's sources)."""
+    import copy
+    import pickle
+
+    from kv_canary_buffers.live import find_real_kv
+
+    src = torch.zeros(32, 16, dtype=torch.uint8)
+    kv = RealKV(sources=(src,), mode=RealKVMode.PARTIAL, page_size=1, bytes_per_token=16)
+    copies = [copy.copy(kv), copy.deepcopy(kv), pickle.loads(pickle.dumps(kv))]
+    handles = {kv._handle} | {c._handle for c in copies}
+    assert len(handles) == 4
+    for c in copies:
+        assert find_real_kv(c._handle) is c
+        c.check()  # its fingerprint is its own sources'
+    assert copies[0].sources[0] is src and copies[1].sources[0] is not src
+    store = CanaryStore.allocate(num_slots=32, violation_capacity=4, device=DEV)
+    plan = PlanBuffers.allocate(write_req_capacity=1, verify_capacity=4, device=DEV)
+
+    def step(s, p, r):
+        launch_verify(s, p, launch_tag=1, real_kv=r)
+
+    fn = torch.compile(step, backend="aot_eager", fullgraph=True)
+    fn(store, plan, copies[1])
+    del kv
+    fn(store, plan, copies[1])  # the original gone: the copy still resolves to itself
+    assert int(store.kernel_runs) == 2
+
+
+def test_arena_handles_are_never_shared():
+    """A second Arena object over a live allocation (attrs.evolve) neither takes over nor,
+    once dropped, removes the live arena's registry entry."""
+    import gc
+
+    import attrs
+
+    from kv_canary_buffers.live import find_arena
+    from kv_canary_kernels.compiled import _owner
+
+    plan = PlanBuffers.allocate(write_req_capacity=1, verify_capacity=4, device=DEV)
+    other = attrs.evolve(plan.arena)
+    assert other.handle != plan.arena.handle and other.base == plan.arena.base
+    assert find_arena(plan.arena.handle) is plan.arena
+    del other
+    gc.collect()
+    assert _owner(plan.arena.handle, PlanBuffers, "buffers") is plan

@@ -148,3 +148,28 @@ def test_real_kv_all_under_another_chunk_equals_the_reference():
     rows = sorted(map(tuple, got.violations[: int(got.violation_count)].tolist()))
     assert rows == sorted(map(tuple, ref.violations[: int(ref.violation_count)].tolist()))
     assert int(ref.violation_count) >= 1
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(verify_programs_per_sm=0),  # a grid of 0: verify would launch nothing
+        dict(entry_programs_per_sm=0),
+        dict(small_programs_per_sm=0),
+        dict(interpreter_programs=-1),
+        dict(verify_block=96),  # a multiple of 32, not a power of two
+        dict(verify_warps=3),
+        dict(scan_warps=6),
+        dict(write_rows=32, write_warps=2),
+    ],
+)
+def test_values_that_would_skip_work_or_fail_mid_plan_are_refused(changes):
+    with pytest.raises(ValueError, match="kv-canary: invalid LaunchConfig"):
+        LaunchConfig(**changes)
+
+
+@pytest.mark.parametrize("changes", [dict(write_rows=True), dict(entry_block=1024.0)])
+def test_fields_must_be_exact_ints(changes):
+    name = next(iter(changes))
+    with pytest.raises(TypeError, match=f"kv-canary: invalid LaunchConfig: {name} must be int"):
+        LaunchConfig(**changes)
