@@ -38,6 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from harness import configure, gpu_time  # noqa: E402
 from kv_canary_buffers import (  # noqa: E402
     CanaryStore,
     PlanBuffers,
@@ -66,29 +67,6 @@ def export(rev: str, into: Path) -> tuple[ModuleType, ModuleType]:
     if str(into) not in sys.path:
         sys.path.insert(0, str(into))
     return importlib.import_module(f"{name}.write"), importlib.import_module(f"{name}.verify")
-
-
-def graph_us(fn, calls: int, replays: int) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
 
 
 def write_case(rows: int, length: int):
@@ -166,6 +144,7 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--replays", type=int, default=30)
     args = parser.parse_args(argv)
+    configure("cuda", smoke=False)
     import kv_canary_kernels.verify as head_verify
     import kv_canary_kernels.write as head_write
 
@@ -191,7 +170,7 @@ def main(argv=None) -> int:
                         fn = lambda w=write: w.dispatch_write(store, plan, validated)  # noqa: E731
                     else:
                         fn = lambda v=verify: v.dispatch_verify(store, plan, validated)  # noqa: E731
-                    times[name].append(graph_us(fn, args.calls, args.replays))
+                    times[name].append(gpu_time(fn, args.replays, args.calls).us)
                     torch.cuda.synchronize()
                     records[name] = store.records.clone()
             first = next(iter(records.values()))
