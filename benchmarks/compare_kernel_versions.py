@@ -14,9 +14,9 @@ the repository's history is not at hand: ``git archive REV kv_canary_kernels | t
 
 Cases: write decode 4096 x 1 and 256 x 1, mixed prefill 16 x 2048; verify after decode
 plans of 64, 256 and 4096 rows (prefix uniform in [1, 1023]), real-KV NONE and PARTIAL
-(two sources, 1 KB a token, page size 1). Needs CUDA and git. A revision must predate the
-torch.compile operators (``kv_canary_kernels/compiled.py`` registers ``kv_canary::*`` at
-import, once per process): compare the working tree against older kernels.
+(two sources, 1 KB a token, page size 1). Needs CUDA and git. An exported revision's
+``compiled.py`` (which registers the ``kv_canary::*`` operators at import, once per
+process) is replaced by a stand-in, so any revision can be compared.
 """
 
 from __future__ import annotations
@@ -52,6 +52,14 @@ from kv_canary_kernels import launch_write  # noqa: E402
 DEV = torch.device("cuda")
 
 
+_COMPILED_STUB = '''"""Stand-in for an exported revision's compiled.py (see export)."""
+
+
+def __getattr__(name):
+    raise RuntimeError("kv-canary: an exported revision's kernels are not for torch.compile")
+'''
+
+
 def export(rev: str, into: Path) -> tuple[ModuleType, ModuleType]:
     """``rev``'s write and verify modules, imported from a package of their own."""
     name = "kvk_" + "".join(c if c.isalnum() else "_" for c in rev)
@@ -64,6 +72,10 @@ def export(rev: str, into: Path) -> tuple[ModuleType, ModuleType]:
         with tarfile.open(fileobj=BytesIO(data)) as tar:
             tar.extractall(into / "_src", filter="data")
         (into / "_src" / "kv_canary_kernels").rename(into / name)
+    # compiled.py registers the kv_canary::* operators at import, once per process: the
+    # copy gets a stand-in (only torch.compile's tracing reaches it, never this tool).
+    if (into / name / "compiled.py").is_file():
+        (into / name / "compiled.py").write_text(_COMPILED_STUB)
     if str(into) not in sys.path:
         sys.path.insert(0, str(into))
     return importlib.import_module(f"{name}.write"), importlib.import_module(f"{name}.verify")

@@ -176,4 +176,4 @@ def plan_entries_kernel(
                 HAS_POOL,
                 BLOCK,
             )
-    tl.atomic_or(status_ptr, bits, mask=bits != 0)
+    tl.atomic_or(status_ptr, bits, mask=bits != 0, sem="relaxed")

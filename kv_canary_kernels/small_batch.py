@@ -126,7 +126,7 @@ def plan_small_batch_kernel(
             HAS_LUT,
             HAS_POOL,
         )
-        tl.atomic_or(status_ptr, bits, mask=bits != 0)
+        tl.atomic_or(status_ptr, bits, mask=bits != 0, sem="relaxed")
     else:
         fits = v_total <= verify_capacity
         total = tl.where(fits, v_total, 0).to(tl.int32)  # overflow: no entry
@@ -175,4 +175,4 @@ def plan_small_batch_kernel(
                 HAS_POOL,
                 BLOCK,
             )
-        tl.atomic_or(status_ptr, bits, mask=bits != 0)
+        tl.atomic_or(status_ptr, bits, mask=bits != 0, sem="relaxed")

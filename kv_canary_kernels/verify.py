@@ -134,9 +134,9 @@ def canary_verify_kernel(
     flags = tl.where((lanes == 0) & (pid == 0) & count_bad, PLAN_COUNT_BAD, 0)
     n = tl.where(enabled, tl.minimum(tl.maximum(num_valid, 0), verify_capacity), 0)
     if pid == 0:
-        tl.atomic_add(runs_ptr, 1)
+        tl.atomic_add(runs_ptr, 1, sem="relaxed")  # relaxed: see append_violations
         if n > 0:
-            tl.atomic_add(processed_ptr, n)
+            tl.atomic_add(processed_ptr, n, sem="relaxed")
     for start in range(pid * BLOCK, n, nprog * BLOCK):
         entry = start + lanes
         in_range = entry < n

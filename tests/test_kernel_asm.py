@@ -1,0 +1,95 @@
+"""What the write and verify kernels compile to for the H200 (sm_90), checked without a GPU.
+
+Triton's atomics default to ``acq_rel``, which compiles to a ``MEMBAR.GPU`` (wait for every
+store in flight) and an L1 invalidate around each atomic: 0.6 us of a 3 us decode write on
+the H200. The kernels' atomics need no ordering, so they are all relaxed; these tests keep
+them so. The compile runs in a subprocess: the test process has the interpreter on.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_COMPILE = r"""
+import inspect, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from kv_canary_kernels.verify import canary_verify_kernel
+from kv_canary_kernels.write import canary_write_kernel
+
+INT32 = {"num_rows_ptr", "check_ptr", "status_ptr", "num_valid_ptr", "enable_ptr"}
+
+def ptx(fn, constexprs, warps):
+    sig = {}
+    for name, p in inspect.signature(fn.fn).parameters.items():
+        ann = str(p.annotation)
+        if "constexpr" in ann:
+            sig[name] = "constexpr"
+        elif "int64" in ann:
+            sig[name] = "i64"
+        elif name.startswith("src"):
+            sig[name] = "*bf16"
+        else:
+            sig[name] = "*i32" if name in INT32 else "*i64"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(sig.values()) if v[0] == "*"}
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
+
+out = {}
+for expected in (False, True):
+    c = {"HAS_EXPECTED": expected, "NUM_SOURCES": 0, "MODE": 0, "ROWS": 32, "CHUNK": 16}
+    out[f"write expected={expected}"] = ptx(canary_write_kernel, c, 1)
+c = {"CHECK_TOKENS": True, "NUM_SOURCES": 2, "MODE": 1, "BLOCK": 128, "CHUNK": 16}
+out["verify PARTIAL"] = ptx(canary_verify_kernel, c, 4)
+json.dump(out, sys.stdout)
+"""
+
+
+@pytest.fixture(scope="module")
+def ptx_of() -> dict[str, str]:
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_the_kernels_atomics_are_relaxed_with_no_fence(ptx_of):
+    assert set(ptx_of) == {"write expected=False", "write expected=True", "verify PARTIAL"}
+    for name, ptx in ptx_of.items():
+        atomics = [line for line in ptx.splitlines() if re.search(r"\b(atom|red)\.", line)]
+        assert atomics, f"{name}: no atomic found: the check would see nothing"
+        for line in atomics:
+            assert ".relaxed." in line, f"{name}: {line.strip()}"
+        for word in ("membar", "fence.", "acq_rel", ".acquire", ".release"):
+            assert word not in ptx, f"{name}: {word} in the PTX"
+
+
+def test_every_atomic_in_the_kernel_sources_names_relaxed():
+    """The plan's kernels too (their atomics run only when a status bit is set)."""
+    calls = 0
+    for path in sorted((ROOT / "kv_canary_kernels").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr.startswith("atomic_")
+            ):
+                calls += 1
+                sem = [k.value for k in node.keywords if k.arg == "sem"]
+                assert len(sem) == 1 and isinstance(sem[0], ast.Constant), (
+                    f"{path.name}:{node.lineno}: tl.{node.func.attr} without sem="
+                )
+                assert sem[0].value == "relaxed", f"{path.name}:{node.lineno}: sem={sem[0].value}"
+    assert calls >= 8
