@@ -43,7 +43,8 @@ def ptx(fn, constexprs, warps):
             sig[name] = "*i32" if name in INT32 else "*i64"
     attrs = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(sig.values()) if v[0] == "*"}
     src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    return kernel.asm["ptx"]
 
 out = {}
 for expected in (False, True):
