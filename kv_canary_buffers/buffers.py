@@ -80,6 +80,8 @@ class PlanBuffers:
     verify_offsets: torch.Tensor = attrs.field(repr=False)
     scan_block_sums: torch.Tensor = attrs.field(repr=False)
     verify_row_hints: torch.Tensor = attrs.field(repr=False)
+    launch_sync: torch.Tensor = attrs.field(repr=False)
+    scan_chunk_sums: torch.Tensor = attrs.field(repr=False)
     status: torch.Tensor = attrs.field(repr=False)
     dummy_int64: torch.Tensor = attrs.field(repr=False)
     dummy_int32: torch.Tensor = attrs.field(repr=False)

@@ -48,8 +48,8 @@ SCAN_BLOCK = 1024
 in registers; larger ones take the two-level scan."""
 
 OFFSETS_BLOCK = 256
-"""Rows per program of the two-level scan (many short programs: the scan is latency);
-sizes the scan scratch (one sum per block)."""
+"""Rows per program of the two-level scan and per scanner of the one-launch large path
+(many short programs: the scan is latency); sizes the scan scratch (one sum per block)."""
 
 ROW_HINT_STRIDE = 256
 """Verify entries per row hint: the offsets stage records the row of every
@@ -88,7 +88,8 @@ class Field(NamedTuple):
     dtype: torch.dtype
     shape: tuple[Extent, ...]
     role: str
-    """``output`` (what a plan writes), ``scratch``, ``status`` or ``store``."""
+    """``output`` (what a plan writes), ``scratch``, ``sync`` (words the programs of one
+    launch wait on; 0 in fresh buffers), ``status`` or ``store``."""
     meaning: str
     """Markdown (inline code in single backticks)."""
 
@@ -122,6 +123,14 @@ PLAN_FIELDS: tuple[Field, ...] = (
           "rows a block"),
     Field("verify_row_hints", ROW_INDEX_DTYPE, (Extent("Cv", per=ROW_HINT_STRIDE),), "scratch",
           f"scratch: the row of every {ROW_HINT_STRIDE}th verify entry (large-batch path)"),
+    Field("launch_sync", ENTRY_DTYPE, (Extent(None, 2),), "sync",
+          "sync: the one-launch large-batch path's ticket counters (launch `e` counts in "
+          "`[e % 2]` and zeroes the other)"),
+    Field("scan_chunk_sums", ENTRY_DTYPE, (Extent(None, 3), Extent("Cw", 1, per=OFFSETS_BLOCK)),
+          "sync",
+          f"sync: the one-launch large-batch path's (write sum, verify sum, mark) of each "
+          f"{OFFSETS_BLOCK}-row chunk; launch `e` marks `2e + 1` (sums published) and `2e + 2` "
+          "(chunk written)"),
     Field("status", COUNTER_DTYPE, _ONE, "status",
           "sticky `PlanStatus` bits, read and cleared by `take_status()`"),
     Field("dummy_int64", ENTRY_DTYPE, _ONE, "scratch",

@@ -32,6 +32,12 @@ class PlanStatus(enum.IntFlag):
     VALID_LEN_OUT_OF_RANGE = 1 << 4
     """An active row's ``req_to_verify_expected_tokens_valid_lens[r]`` exceeds
     ``req_to_verify_expected_tokens.shape[1]``: tokens past the pool's width become ``-1``."""
+    PLAN_SYNC_LOST = 1 << 5
+    """Not about data: a program of the one-launch large-batch plan gave up waiting for
+    the program that scans the rows, because two plans ran on the same buffers at once
+    (two streams, no ordering between them). Its verify entries were not written: the
+    plan is unspecified. Run a ``PlanBuffers``' plans one at a time (one stream, or events
+    between streams)."""
 
 
 class FailBits(enum.IntFlag):

@@ -259,7 +259,7 @@ def write_entries(
     rp_ok = (rp >= 0) & (rp < table_rows)
     table_row = req_to_token_ptr + rp * table_cols
     # Reads that would leave the table are not made: those slots become 0, untranslated.
-    slot_read = in_range & rp_ok & (pos < table_cols)
+    slot_read = in_range & rp_ok & (pos >= 0) & (pos < table_cols)
     slot = tl.load(table_row + pos, mask=slot_read, other=DUMMY_SLOT, eviction_policy="evict_last")
     slot = slot.to(tl.int64)
     has_prev = pos > 0

@@ -70,6 +70,23 @@ class LaunchConfig:
     entries_options: tuple[tuple[str, int], ...] = _constant(
         (), "extra Triton options of the plan's entry kernels (the sweep's `maxnreg`, `num_stages`)"
     )
+    one_launch_max_rows: int = _constant(
+        8192,
+        "large path, eager launches: batches of `SCAN_BLOCK` to this many rows (excluded) "
+        "take one launch (scanner and worker programs that wait for each other on the "
+        "device); larger ones, and launches being captured in a CUDA graph, three",
+    )
+    one_launch_programs_per_sm: int = _constant(
+        4,
+        "one-launch large path: at most this many worker programs per multiprocessor (each "
+        "waits for the scan, then loops over entry blocks)",
+    )
+    one_launch_max_polls: int = _constant(
+        1 << 20,
+        "one-launch large path: polls after which a program stops waiting for another "
+        "(`PLAN_SYNC_LOST`: two plans on the same buffers at once), so that no misuse hangs "
+        "the GPU; 1 under the interpreter, which runs programs one after another",
+    )
     scan_warps: int = _constant(8, "warps per program of the large path's two scan kernels")
     sum_chunk: int = _constant(1024, "block sums the offsets kernel reads at once")
     write_rows: int = _constant(32, "plan rows per write program, one per lane")
@@ -119,8 +136,9 @@ class LaunchConfig:
             self.small_programs_per_sm,
             self.entry_programs_per_sm,
             self.verify_programs_per_sm,
+            self.one_launch_programs_per_sm,
         )
-        caps += (self.interpreter_programs,)
+        caps += (self.interpreter_programs, self.one_launch_max_polls)
         rules = {
             "a warp count is not a power of two": not all(map(_power_of_two, warps)),
             "a programs-per-SM cap or interpreter_programs is below 1": min(caps) < 1,
@@ -203,6 +221,8 @@ class DeviceConfig(NamedTuple):
     """Most entry programs of the plan's one-launch path."""
     verify_programs: int
     """Most programs of the persistent verify grid."""
+    one_launch_programs: int
+    """Most worker programs of the one-launch large path."""
     use_pdl: bool
     """Programmatic dependent launch (sm_90+): the plan's offsets and entries kernels
     start while their predecessor finishes and wait for it on the device."""
@@ -233,7 +253,7 @@ def _derive(device: torch.device, now: Active) -> DeviceConfig:
     if INTERPRETING:
         n = launch.interpreter_programs
         return DeviceConfig(
-            launch, variant, n, n, n, n * launch.verify_programs_per_sm, False, {}, options
+            launch, variant, n, n, n, n * launch.verify_programs_per_sm, n, False, {}, options
         )
     if device.type != "cuda":
         raise RuntimeError(
@@ -252,6 +272,7 @@ def _derive(device: torch.device, now: Active) -> DeviceConfig:
         sms * launch.entry_programs_per_sm,
         sms * launch.small_programs_per_sm,
         sms * launch.verify_programs_per_sm,
+        sms * launch.one_launch_programs_per_sm,
         use_pdl,
         {"launch_pdl": True} if use_pdl else {},
         options,

@@ -35,6 +35,11 @@ _capturing = getattr(
 )
 
 
+def capturing() -> bool:
+    """Whether the current stream is capturing a CUDA graph (False under the interpreter)."""
+    return not INTERPRETING and _capturing()
+
+
 _OUTSIDE_KERNEL = "outside of the scope of a kernel"
 """What Triton's interpreter raises (an ``InterpreterError``) when a kernel calls one of
 Triton's own ``@triton.jit`` functions that was built for the GPU: ``triton`` was imported

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import triton
 from torch.compiler import is_compiling
@@ -17,9 +19,10 @@ from kv_canary_buffers.layout import (
 from kv_canary_buffers.validation import PlanArgs, validate_plan_args
 
 from . import compiled
-from .config import device_config
+from .config import INTERPRETING, device_config
 from .entries import plan_entries_kernel
-from .launcher import Launcher, alignment_key
+from .large_batch import plan_large_batch_kernel
+from .launcher import Launcher, alignment_key, capturing
 from .offsets import plan_offsets_kernel, scan_block_sums_kernel
 from .small_batch import plan_small_batch_kernel
 
@@ -122,6 +125,58 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         )
         return
 
+    if bs < cfg.one_launch_max_rows and not capturing():
+        # Eager: one launch, whose programs wait for each other on the device (the host
+        # time of two launches saved; a captured graph costs none, and replays three
+        # launches faster on the GPU).
+        block, warps = (
+            (cfg.lut_entry_block, cfg.lut_entry_warps)
+            if has_lut
+            else (cfg.entry_block, cfg.entry_warps)
+        )
+        n_scanners = triton.cdiv(bs + 1, OFFSETS_BLOCK)
+        workers = max(1, min(triton.cdiv(verify_capacity, block), dev.one_launch_programs))
+        chunk_sums = buffers.scan_chunk_sums
+        large_ints = (bs, n_scanners, chunk_sums.shape[1], *ints[1:])
+        epoch = next(_EPOCHS)
+        _LARGE.launch(
+            device,
+            (n_scanners + workers, 1, 1),
+            (dev.variant, has_lut, has_pool, common_key[3], int_classes(large_ints)),
+            (
+                *inputs,
+                buffers.write_offsets,
+                buffers.write_seed_slot_indices,
+                buffers.write_num_valid_reqs,
+                buffers.verify_slot_indices,
+                buffers.verify_expected_tokens,
+                buffers.verify_expected_positions,
+                buffers.verify_prev_slot_indices,
+                buffers.verify_num_valid,
+                buffers.verify_enable,
+                buffers.status,
+                buffers.verify_offsets,
+                buffers.verify_row_hints,
+                buffers.launch_sync,
+                chunk_sums,
+                epoch,
+                *large_ints,
+            ),
+            {
+                "HAS_LUT": has_lut,
+                "HAS_POOL": has_pool,
+                "BLOCK": block,
+                "CHUNK_ROWS": OFFSETS_BLOCK,
+                "ROW_WINDOW": cfg.row_window,
+                "HINT_STRIDE": ROW_HINT_STRIDE,
+                # The interpreter runs programs one after another: a wait not met at once
+                # never is.
+                "MAX_POLLS": 1 if INTERPRETING else cfg.one_launch_max_polls,
+            },
+            {"num_warps": warps, **dev.entries_options},
+        )
+        return
+
     sums = buffers.scan_block_sums
     n_sum_blocks = triton.cdiv(bs, OFFSETS_BLOCK)
     sums_ints = (bs, window, sums.shape[1], verify_capacity)
@@ -168,6 +223,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     entries_ints = (
         bs,
         seed_programs,
+        verify_capacity,
         window,
         offset,
         table_rows,
@@ -210,6 +266,10 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
 
 
 _SMALL = Launcher(plan_small_batch_kernel)
+_LARGE = Launcher(plan_large_batch_kernel)
+_EPOCHS = itertools.count(1)
+"""Every one-launch large-batch plan's own number (see kv_canary_kernels/large_batch.py):
+process-wide, so a copy of a PlanBuffers never sees a number its original used."""
 _SUMS = Launcher(scan_block_sums_kernel)
 _OFFSETS = Launcher(plan_offsets_kernel)
 _ENTRIES = Launcher(plan_entries_kernel)

@@ -29,6 +29,22 @@ def device():
     return DEVICE
 
 
+LARGE_PATHS = {"large-one-launch": {}, "large-three-launches": {"one_launch_max_rows": 0}}
+"""The two kernel paths of a batch of at least SCAN_BLOCK rows: one launch (eager, below
+``one_launch_max_rows``) and three (captured graphs and larger batches), as
+``launch_config`` changes."""
+
+
+@pytest.fixture(params=sorted(LARGE_PATHS))
+def large_path(request):
+    """Each large-batch kernel path in turn, for the test's duration (the small path and
+    the reference ignore it)."""
+    from kv_canary_kernels.config import launch_config
+
+    with launch_config(**LARGE_PATHS[request.param]):
+        yield request.param
+
+
 @pytest.fixture(params=["reference", "kernels"])
 def canary(request):
     """Each write/verify path in turn: the torch references and the Triton launchers."""

@@ -31,6 +31,8 @@ def test_allocate_sizes_every_tensor_by_construction():
         "verify_offsets": (i64, (6,)),
         "scan_block_sums": (i64, (2, 1)),
         "verify_row_hints": (i32, (1,)),
+        "launch_sync": (i64, (2,)),
+        "scan_chunk_sums": (i64, (3, 2)),
         "status": (i32, (1,)),
         "dummy_int64": (i64, (1,)),
         "dummy_int32": (i32, (1,)),
@@ -46,6 +48,9 @@ def test_allocate_sizes_every_tensor_by_construction():
 def test_scan_scratch_covers_every_block():
     b = make(w=3 * OFFSETS_BLOCK + 1)
     assert b.scan_block_sums.shape == (2, 4)
+    # the one-launch path's chunks cover rows 0 .. bs, index bs included
+    assert b.scan_chunk_sums.shape == (3, 5)
+    assert make(w=3 * OFFSETS_BLOCK).scan_chunk_sums.shape == (3, 4)
 
 
 def test_row_hints_cover_every_stride_of_verify_entries():
@@ -60,7 +65,9 @@ def test_allocation_bytes_equals_nbytes(w, v):
     nh = -(-v // ROW_HINT_STRIDE)
     # every field of the arena starts on a 256-byte boundary
     field_bytes = (
-        [8 * (w + 1), 8 * w, 4] + [8 * v] * 4 + [4, 4, 8 * (w + 1), 16 * nb, 4 * nh, 4, 8, 4]
+        [8 * (w + 1), 8 * w, 4]
+        + [8 * v] * 4
+        + [4, 4, 8 * (w + 1), 16 * nb, 4 * nh, 16, 24 * (nb + 1), 4, 8, 4]
     )
     aligned = sum(-(-n // 256) * 256 for n in field_bytes)
     assert PlanBuffers.allocation_bytes(w, v) == aligned
@@ -229,7 +236,7 @@ def test_take_status_returns_flags_and_clears_them():
 
 def test_status_bits_are_distinct_single_bits():
     bits = [int(f) for f in PlanStatus if f != PlanStatus.OK]
-    assert len(bits) == 5 and len(set(bits)) == 5
+    assert len(bits) == 6 and len(set(bits)) == 6
     assert all(b & (b - 1) == 0 for b in bits)
 
 

@@ -2,8 +2,8 @@
 [0, 2**63 - 1], the token offset any int64 (docs/contract.md, "Extreme values").
 
 Property tests draw per-row values from the whole int64 range, weighted to the edges
-(+-2**63, +-2**62, +-2**31 and their neighbours), on both plan paths and both kernel paths
-(the one-launch path below SCAN_BLOCK rows, the three-launch path at and above it). Every
+(+-2**63, +-2**62, +-2**31 and their neighbours), on both plan paths and every kernel path
+(the small path below SCAN_BLOCK rows; at and above it one launch or three). Every
 example checks the contract's stated results against the loop oracle (Python integers,
 which cannot wrap), that the paths agree, that the kernels finish and that nothing is
 written outside the plan's outputs: the whole arena is poisoned first, and the alignment
@@ -18,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import DEVICE
+from conftest import DEVICE, LARGE_PATHS
 from helpers import (
     arena_snapshot,
     assert_arena_unchanged,
@@ -30,6 +30,7 @@ from helpers import (
 from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference
 from kv_canary_buffers.layout import INT64_MAX, INT64_MIN, MAX_ROW_WRITES, SCAN_BLOCK
 from kv_canary_kernels import launch_plan
+from kv_canary_kernels.config import launch_config
 from oracle import loop_plan
 
 I64, I32 = torch.int64, torch.int32
@@ -174,8 +175,10 @@ def test_kernels_on_any_int64_one_launch_path(case):
 
 @settings(max_examples=12, **SETTINGS)
 @given(hostile(large=True))
-def test_kernels_on_any_int64_three_launch_path(case):
-    check_kernels(case)
+@pytest.mark.parametrize("path", sorted(LARGE_PATHS))
+def test_kernels_on_any_int64_large_paths(path, case):
+    with launch_config(**LARGE_PATHS[path]):
+        check_kernels(case)
 
 
 # --- the issue's examples, by hand ---------------------------------------------------
@@ -205,7 +208,7 @@ PATHS = pytest.mark.parametrize("pad_rows", [0, SCAN_BLOCK], ids=["one-launch", 
 
 
 @PATHS
-def test_prefix_sums_past_int64_overflow_instead_of_wrapping(plan, pad_rows):
+def test_prefix_sums_past_int64_overflow_instead_of_wrapping(plan, pad_rows, large_path):
     """Four rows of 2**62 entries sum to 2**64, which wrapped to 0 (verify_enable = 1
     with a garbage count); three of 2**62 - 1 plus 5 wrapped to a plausible 2."""
     caps = dict(write_req_capacity=4, verify_capacity=64)
@@ -227,7 +230,7 @@ def test_prefix_sums_past_int64_overflow_instead_of_wrapping(plan, pad_rows):
 
 
 @PATHS
-def test_windows_and_negative_prefixes_do_not_wrap(plan, pad_rows):
+def test_windows_and_negative_prefixes_do_not_wrap(plan, pad_rows, large_path):
     """P - W wrapped for very negative P (a window start past the table, read without a
     status bit) and for W = 2**63 - 1; a row with P <= 0 has no entry whatever W is."""
     for window in (1, 10, 2**31, 2**62, INT64_MAX):
@@ -251,7 +254,7 @@ def test_windows_and_negative_prefixes_do_not_wrap(plan, pad_rows):
 
 
 @PATHS
-def test_huge_extends_clamp_the_write_counts(plan, pad_rows):
+def test_huge_extends_clamp_the_write_counts(plan, pad_rows, large_path):
     """Write counts are min(max(0, E), 2**32): the offsets cannot wrap into a plausible
     plan (2**62 * 4 + 5 wrapped to 5)."""
     E = [2**62, 2**62, 2**62, 2**62, 5, INT64_MIN, 7]
@@ -272,7 +275,7 @@ def test_huge_extends_clamp_the_write_counts(plan, pad_rows):
 
 
 @PATHS
-def test_token_offsets_at_the_int64_edges(plan, pad_rows):
+def test_token_offsets_at_the_int64_edges(plan, pad_rows, large_path):
     """pos + offset is saturated, never wrapped: an offset of 2**63 - 1 or -2**63 checks
     no token (on the kernels, also at positions near 2**63 from a prefix past the width)."""
     pool = torch.arange(40, dtype=I32).reshape(4, 10)

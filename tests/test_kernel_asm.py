@@ -92,5 +92,12 @@ def test_every_atomic_in_the_kernel_sources_names_relaxed():
                 assert len(sem) == 1 and isinstance(sem[0], ast.Constant), (
                     f"{path.name}:{node.lineno}: tl.{node.func.attr} without sem="
                 )
-                assert sem[0].value == "relaxed", f"{path.name}:{node.lineno}: sem={sem[0].value}"
+                # The one-launch plan's workers wait for its scanner: that one word is
+                # published (release) and polled (acquire).
+                allowed = (
+                    {"relaxed", "acquire", "release"}
+                    if path.name == "large_batch.py"
+                    else {"relaxed"}
+                )
+                assert sem[0].value in allowed, f"{path.name}:{node.lineno}: sem={sem[0].value}"
     assert calls >= 8

@@ -88,7 +88,7 @@ def test_the_config_is_frozen():
 
 @pytest.mark.parametrize("bs", [20, SCAN_BLOCK + 40], ids=["one-launch", "three-launch"])
 @pytest.mark.parametrize("lut", [False, True], ids=["full", "swa"])
-def test_the_plan_under_small_blocks_equals_the_reference(bs, lut):
+def test_the_plan_under_small_blocks_equals_the_reference(bs, lut, large_path):
     gen = torch.Generator().manual_seed(bs + lut)
     tables = make_tables(
         gen, rows=bs + 1, max_seq_len=48, n_slots=4000, lut=lut, pool_cols=40, device="cpu"

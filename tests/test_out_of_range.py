@@ -84,7 +84,9 @@ def test_reference_raises_naming_row_and_value_and_writes_nothing(device, case):
 
 @pytest.mark.parametrize("padding_rows", [0, SCAN_BLOCK], ids=["small path", "large path"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_kernels_raise_the_status_bit_and_write_padding_values(device, case, padding_rows):
+def test_kernels_raise_the_status_bit_and_write_padding_values(
+    device, case, padding_rows, large_path
+):
     """On both kernel paths: the large path plans the same rows behind SCAN_BLOCK padding
     rows (its seed programs and entry blocks raise the bits there)."""
     mutate, bit, _message = CASES[case]

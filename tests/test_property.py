@@ -150,7 +150,7 @@ def test_kernels_pad_and_flag_data_outside_the_tables(case):
         (4 * SCAN_BLOCK, 4 * SCAN_BLOCK),
     ],
 )
-def test_kernels_equal_reference_on_multi_block_batches(bs, capacity):
+def test_kernels_equal_reference_on_multi_block_batches(bs, capacity, large_path):
     g = torch.Generator().manual_seed(bs)
     rows, cols = 64, 12
     rp = torch.randint(1, rows, (bs,), generator=g)
@@ -175,7 +175,7 @@ def test_kernels_equal_reference_on_multi_block_batches(bs, capacity):
 
 
 @pytest.mark.parametrize("window", [0, 40])
-def test_large_path_finds_rows_in_registers_and_in_memory(window):
+def test_large_path_finds_rows_in_registers_and_in_memory(window, large_path):
     """Entry blocks whose rows fit the row window (searched in registers) and blocks of
     many short rows (searched in memory), on both sides of an exactly full window."""
     config = DEFAULT_LAUNCH_CONFIG

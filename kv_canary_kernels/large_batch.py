@@ -1,0 +1,336 @@
+"""The large-batch path in one launch (``SCAN_BLOCK <= bs``, eager): scanners and workers.
+
+The three-launch path spends three launches' host time (about 40 us on the H200's host)
+on the scan's two grid-wide dependencies; here the programs of one launch wait for each
+other on the device instead. Every program first takes a ticket (one relaxed atomic) and
+its role from it, so a program only ever waits for programs holding lower tickets, which
+are running or done: nothing can deadlock, whatever order the hardware starts programs in.
+
+- Tickets ``0 .. n_scanners - 1``: scanner ``k`` loads rows ``[k * OFFSETS_BLOCK, (k + 1)
+  * OFFSETS_BLOCK)`` (a short chunk: the scanners' registers are the whole kernel's, so a
+  long one would cost the workers occupancy), publishes their (write, verify) sums, waits
+  for the sums of the chunks before its own, then writes its chunk's offsets, row hints
+  and, in the chunk holding index ``bs``, the counters, and marks its chunk written.
+- The other tickets are workers: they write the seeds (which need no scan) and zero the
+  offsets' tail, wait until every chunk is marked written, then write the verify entries
+  as the three-launch path's entries kernel does.
+
+Every launch has a number of its own (``epoch``, from a process-wide counter on the
+host: this path runs only outside CUDA graph capture, so the number is new at every
+launch). A chunk's marks are ``2 * epoch + 1`` (sums published) and ``2 * epoch + 2``
+(written), in ``PlanBuffers.scan_chunk_sums``: a mark left by an earlier launch is
+smaller, so nothing needs resetting between launches. The tickets count in
+``PlanBuffers.launch_sync[epoch % 2]``, and every program zeroes the other word, which
+the next launch counts in. Two launches on the same buffers at once (two streams, no
+ordering) are a use error whatever the path: here a program then stops waiting after
+``MAX_POLLS`` polls and sets ``PlanStatus.PLAN_SYNC_LOST``, so that no such mistake hangs
+the GPU or passes unseen, and the launches after it are sound again.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import (
+    load_rows,
+    load_valid_lens,
+    write_offsets_and_counters,
+    write_seeds,
+    zero_offsets_tail,
+)
+from .constants import PLAN_SYNC_LOST_BIT
+from .entries import write_entry_blocks
+
+_RUNTIME_INTS = [
+    "bs",
+    "n_scanners",
+    "sums_stride",
+    "write_capacity",
+    "verify_capacity",
+    "window",
+    "token_offset",
+    "table_rows",
+    "table_cols",
+    "lut_len",
+    "pool_rows",
+    "pool_cols",
+]
+
+_WAIT_LANES: tl.constexpr = tl.constexpr(32)
+"""Chunk sums a scanner polls at once."""
+
+
+@triton.jit
+def write_capped_row_hints(
+    row_hints_ptr, rows, v_excl, vcount, in_batch, verify_capacity, HINT_STRIDE: tl.constexpr
+):
+    """``row_hints[h]`` = the row holding verify entry ``h * HINT_STRIDE``, for the hints
+    of ``rows`` below the capacity. A scanner does not know the batch's total (a later
+    chunk may overflow), so it writes every hint that fits: on overflow no entry is written
+    and the hints are never read."""
+    n_slots = (verify_capacity + HINT_STRIDE - 1) // HINT_STRIDE
+    # (Clamped at 0 for sums that are not this plan's: PLAN_SYNC_LOST.)
+    first = tl.maximum((v_excl + HINT_STRIDE - 1) // HINT_STRIDE, 0)
+    end = tl.minimum((v_excl + vcount + HINT_STRIDE - 1) // HINT_STRIDE, n_slots)
+    n_hints = tl.where(in_batch & (first < n_slots), end - first, 0)
+    for k in range(tl.max(n_hints, 0)):
+        tl.store(row_hints_ptr + first + k, rows, mask=k < n_hints)
+
+
+@triton.jit
+def wait_for_marks(marks_ptr, n, lowest, highest, MAX_POLLS: tl.constexpr):
+    """Wait until the marks of chunks ``0 .. n - 1`` all lie in ``[lowest, highest]``
+    (acquire: what their scanners wrote before marking is visible); whether they did
+    before ``MAX_POLLS`` polls of each group of chunks."""
+    ok = True
+    for base in range(0, n, _WAIT_LANES):
+        chunks = base + tl.arange(0, _WAIT_LANES)
+        mask = chunks < n
+        mark = tl.atomic_add(marks_ptr + chunks, 0, mask=mask, sem="acquire")
+        missing = tl.sum((mask & ((mark < lowest) | (mark > highest))).to(tl.int32), 0)
+        polls = 1
+        while (missing > 0) & (polls < MAX_POLLS):
+            mark = tl.atomic_add(marks_ptr + chunks, 0, mask=mask, sem="acquire")
+            missing = tl.sum((mask & ((mark < lowest) | (mark > highest))).to(tl.int32), 0)
+            polls += 1
+        ok &= missing == 0
+    return ok
+
+
+@triton.jit
+def scan_chunk(
+    chunk,
+    epoch,
+    req_pool_indices_ptr,
+    prefix_lens_ptr,
+    extend_seq_lens_ptr,
+    write_offsets_ptr,
+    write_num_valid_reqs_ptr,
+    verify_offsets_ptr,
+    row_hints_ptr,
+    verify_num_valid_ptr,
+    verify_enable_ptr,
+    sums_ptr,
+    sums_stride,
+    bs,
+    write_capacity,
+    verify_capacity,
+    window,
+    CHUNK_ROWS: tl.constexpr,
+    HINT_STRIDE: tl.constexpr,
+    MAX_POLLS: tl.constexpr,
+):
+    """Scanner ``chunk``'s work (see the module's docstring); returns status bits."""
+    marks_ptr = sums_ptr + 2 * sums_stride
+    rows = chunk * CHUNK_ROWS + tl.arange(0, CHUNK_ROWS)
+    in_batch, _rp, _prefix, _active, vcount, wcount = load_rows(
+        req_pool_indices_ptr,
+        prefix_lens_ptr,
+        extend_seq_lens_ptr,
+        rows,
+        bs,
+        window,
+        verify_capacity,
+    )
+    w_sum = tl.sum(wcount, 0)
+    v_sum = tl.sum(vcount, 0)
+    # No wrap: a chunk's counts are clamped (load_rows). Published, then marked (release):
+    # whoever sees the mark sees the sums.
+    tl.store(sums_ptr + chunk, w_sum)
+    tl.store(sums_ptr + sums_stride + chunk, v_sum)
+    tl.atomic_xchg(marks_ptr + chunk, 2 * epoch + 1, sem="release")
+    published = wait_for_marks(marks_ptr, chunk, 2 * epoch + 1, 2 * epoch + 2, MAX_POLLS)
+    bits = tl.where(published, 0, PLAN_SYNC_LOST_BIT)
+    w_before = tl.full([], 0, tl.int64)
+    v_before = tl.full([], 0, tl.int64)
+    for base in range(0, chunk, CHUNK_ROWS):
+        before = base + tl.arange(0, CHUNK_ROWS)
+        w_before += tl.sum(tl.load(sums_ptr + before, mask=before < chunk, other=0), 0)
+        v_before += tl.sum(
+            tl.load(sums_ptr + sums_stride + before, mask=before < chunk, other=0), 0
+        )
+    # The batch's totals in the chunk that holds index bs, the only one that reads them.
+    w_total = w_before + w_sum
+    v_total = v_before + v_sum
+    v_excl = v_before + tl.cumsum(vcount, 0) - vcount
+    tl.store(verify_offsets_ptr + rows, tl.where(in_batch, v_excl, v_total), mask=rows <= bs)
+    write_capped_row_hints(
+        row_hints_ptr, rows, v_excl, vcount, in_batch, verify_capacity, HINT_STRIDE
+    )
+    write_offsets_and_counters(
+        rows,
+        in_batch,
+        wcount,
+        w_before,
+        w_total,
+        v_total,
+        bs // CHUNK_ROWS == chunk,
+        write_offsets_ptr,
+        write_num_valid_reqs_ptr,
+        verify_num_valid_ptr,
+        verify_enable_ptr,
+        bs,
+        write_capacity,
+        verify_capacity,
+    )
+    # Release: this chunk's stores are visible to whoever sees the mark.
+    tl.atomic_xchg(marks_ptr + chunk, 2 * epoch + 2, sem="release")
+    return bits
+
+
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
+def plan_large_batch_kernel(
+    # inputs
+    req_pool_indices_ptr,
+    prefix_lens_ptr,
+    extend_seq_lens_ptr,
+    req_to_token_ptr,
+    lut_ptr,
+    token_pool_ptr,
+    valid_lens_ptr,
+    # outputs
+    write_offsets_ptr,
+    write_seed_ptr,
+    write_num_valid_reqs_ptr,
+    slot_ptr,
+    token_ptr,
+    position_ptr,
+    prev_slot_ptr,
+    verify_num_valid_ptr,
+    verify_enable_ptr,
+    status_ptr,
+    # scratch
+    verify_offsets_ptr,
+    row_hints_ptr,
+    sync_ptr,
+    sums_ptr,
+    # runtime sizes
+    epoch: tl.int64,
+    bs,
+    n_scanners,
+    sums_stride,
+    write_capacity,
+    verify_capacity,
+    window,
+    token_offset,
+    table_rows,
+    table_cols,
+    lut_len,
+    pool_rows,
+    pool_cols,
+    HAS_LUT: tl.constexpr,
+    HAS_POOL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNK_ROWS: tl.constexpr,
+    ROW_WINDOW: tl.constexpr,
+    HINT_STRIDE: tl.constexpr,
+    MAX_POLLS: tl.constexpr,
+):
+    tl.static_assert(BLOCK % HINT_STRIDE == 0)  # every block starts at a hinted entry
+    grid = tl.num_programs(0)
+    ticket = tl.atomic_add(sync_ptr + epoch % 2, 1, sem="relaxed")
+    tl.store(sync_ptr + (epoch + 1) % 2, 0)  # the next launch's counter (this one's is done)
+    bits = tl.full([], 0, tl.int32)
+    if (ticket >= 0) & (ticket < n_scanners):
+        bits |= scan_chunk(
+            ticket,
+            epoch,
+            req_pool_indices_ptr,
+            prefix_lens_ptr,
+            extend_seq_lens_ptr,
+            write_offsets_ptr,
+            write_num_valid_reqs_ptr,
+            verify_offsets_ptr,
+            row_hints_ptr,
+            verify_num_valid_ptr,
+            verify_enable_ptr,
+            sums_ptr,
+            sums_stride,
+            bs,
+            write_capacity,
+            verify_capacity,
+            window,
+            CHUNK_ROWS,
+            HINT_STRIDE,
+            MAX_POLLS,
+        )
+    else:
+        workers = grid - n_scanners
+        # (A ticket outside [0, grid) only comes from launches of the same buffers at once:
+        # that program does worker 0's share again, in bounds.)
+        worker = tl.where((ticket >= n_scanners) & (ticket < grid), ticket - n_scanners, 0)
+        # Work that needs no scan, done while the scanners run: the seeds and their
+        # status bits, and the offsets' tail (the last scanner zeroes the same indices up
+        # to its chunk's end: same values).
+        for first in range(worker * BLOCK, bs, workers * BLOCK):
+            rows = first + tl.arange(0, BLOCK)
+            in_batch, rp, prefix, active, _vcount, wcount = load_rows(
+                req_pool_indices_ptr,
+                prefix_lens_ptr,
+                extend_seq_lens_ptr,
+                rows,
+                bs,
+                window,
+                bs,  # the verify count is unused here: any capacity
+            )
+            bits |= write_seeds(
+                rows,
+                in_batch,
+                rp,
+                prefix,
+                active,
+                wcount,
+                load_valid_lens(valid_lens_ptr, rows, in_batch, HAS_POOL),
+                req_to_token_ptr,
+                lut_ptr,
+                write_seed_ptr,
+                table_rows,
+                table_cols,
+                lut_len,
+                pool_rows,
+                pool_cols,
+                HAS_LUT,
+                HAS_POOL,
+            )
+        zero_offsets_tail(
+            write_offsets_ptr, bs, write_capacity, (bs + 1) // BLOCK + worker, workers, BLOCK
+        )
+        marks_ptr = sums_ptr + 2 * sums_stride
+        if wait_for_marks(marks_ptr, n_scanners, 2 * epoch + 2, 2 * epoch + 2, MAX_POLLS):
+            enabled = tl.load(verify_enable_ptr) != 0
+            total = tl.where(enabled, tl.load(verify_num_valid_ptr), 0)
+            bits |= write_entry_blocks(
+                worker * BLOCK,
+                workers * BLOCK,
+                total,
+                req_pool_indices_ptr,
+                prefix_lens_ptr,
+                req_to_token_ptr,
+                lut_ptr,
+                token_pool_ptr,
+                valid_lens_ptr,
+                verify_offsets_ptr,
+                row_hints_ptr,
+                slot_ptr,
+                token_ptr,
+                position_ptr,
+                prev_slot_ptr,
+                bs,
+                verify_capacity,
+                window,
+                token_offset,
+                table_rows,
+                table_cols,
+                lut_len,
+                pool_rows,
+                pool_cols,
+                HAS_LUT,
+                HAS_POOL,
+                BLOCK,
+                ROW_WINDOW,
+                HINT_STRIDE,
+            )
+        else:
+            bits |= PLAN_SYNC_LOST_BIT
+    tl.atomic_or(status_ptr, bits, mask=bits != 0, sem="relaxed")
