@@ -326,6 +326,30 @@ def graph_time_us(fn: Callable[[], None], replays: int, plans_per_graph: int = 1
     return gpu_time(fn, replays, plans_per_graph).us
 
 
+def queued_gpu_time(fn: Callable[[], None], calls: int = 20, rounds: int = 15) -> Timing:
+    """GPU time of one eager call of ``fn``, for launches that must not be replayed from a
+    graph (``launch_plan``'s one-launch path numbers every launch): ``calls`` eager calls
+    queued behind a sleeping kernel, so the GPU runs them back to back with no wait for
+    the host, timed with CUDA events around them, divided by ``calls``; the median over
+    ``rounds``. Smoke mode: the wall time, as :func:`gpu_time`."""
+    if not on_gpu():
+        return gpu_time(fn, rounds)
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        # About 10 ms at the H200's clock: far longer than the host takes to queue the calls.
+        torch.cuda._sleep(20_000_000)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return Timing(statistics.median(times), rounds, calls)
+
+
 def eager_wall_us(fn: Callable[[], None], repeats: int, budget_s: float = 2.0) -> Timing:
     """Wall time of one eager call with a sync after it (for implementations that sync
     anyway, such as the torch write reference): the median of up to ``repeats`` calls

@@ -28,6 +28,7 @@ from harness import (
     host_calls_for,
     host_time_stats_us,
     on_gpu,
+    queued_gpu_time,
     value_of,
 )
 from kv_canary_buffers import (
@@ -116,7 +117,7 @@ def bench_cpu(rec: Recorder, repeats: int) -> None:
 
 # --- GPU (or the interpreter in smoke mode) ------------------------------------------
 SMOKE_BATCHES = (5, 1030)
-"""Smoke mode's batches: both paths of launch_plan (1030 rows: the three-launch path)."""
+"""Smoke mode's batches: both paths of launch_plan (1030 rows: the large path, one launch eager)."""
 SMOKE_MEAN_PREFIX = 4
 
 
@@ -134,7 +135,9 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
     100 launches at every batch (SWA on). ``bandwidth``: the run's copy bandwidth (B/s)."""
     from baselines import SGLANG_MAX_BS, sglang_design_plan, torch_plan, traffic_only_plan
     from harness import guarded
+    from kv_canary_buffers.layout import SCAN_BLOCK
     from kv_canary_kernels import launch_plan
+    from kv_canary_kernels.config import DEFAULT_LAUNCH_CONFIG
     from kv_canary_kernels.plan import dispatch_plan
 
     device = ENV.device
@@ -169,6 +172,21 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
                     rec.add("gpu_time", name, "us_per_plan", us, **case)
 
                 guarded(rec, f"plan {name} bs={bs} swa={window}", measure)
+
+            if SCAN_BLOCK <= bs < DEFAULT_LAUNCH_CONFIG.one_launch_max_rows:
+                # An eager launch_plan takes one launch here (a captured one, timed above,
+                # three): timed eagerly, queued behind a sleeping kernel.
+                def eager() -> None:
+                    buffers = PlanBuffers.allocate(
+                        write_req_capacity=bs, verify_capacity=entries, device=device
+                    )
+                    launch_plan(buffers, **kwargs)
+                    if not plans_equal(buffers, ref, bs):
+                        raise AssertionError(f"the one-launch plan differs at bs={bs}")
+                    t = queued_gpu_time(lambda: launch_plan(buffers, **kwargs))
+                    rec.add("gpu_time", "launch_plan_eager", "us_per_plan", t.us, **case)
+
+                guarded(rec, f"plan launch_plan eager bs={bs} swa={window}", eager)
 
             # References: the plan's memory accesses alone, and a memset of its outputs.
             def references() -> None:
@@ -331,6 +349,7 @@ def profile_cases(case: str) -> None:
 # --- plots ------------------------------------------------------------------------
 PLOT_LABELS = {
     "launch_plan": "launch_plan (this library)",
+    "launch_plan_eager": "launch_plan, eager (one launch from 1024 rows)",
     "sglang_design": "SGLang's design (re-implemented here)",
     "torch_only": "torch-only plan",
     "traffic_only": "traffic-only reference",
@@ -412,6 +431,7 @@ def plot(rows: list[dict], out_dir: Path, other_runs: Sequence[list[dict]] = ())
         for ax, swa in zip(axes, sorted({r["swa"] for r in gpu})):
             for impl in (
                 "launch_plan",
+                "launch_plan_eager",
                 "sglang_design",
                 "torch_only",
                 "traffic_only",
