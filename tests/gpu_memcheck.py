@@ -3,8 +3,10 @@
     compute-sanitizer --tool memcheck python tests/gpu_memcheck.py
 
 Every out-of-range kind of tests/test_out_of_range.py, then a large batch whose rows all
-point past the tables. Prints the status word of each and checks it against the oracle;
-memcheck reports any read or write outside a tensor.
+point past the tables (on both large-batch paths: one launch and three), a one-launch
+plan whose ticket counters another launch left taken (PLAN_SYNC_LOST), and int64 edges.
+Prints the status word of each and checks it against the oracle; memcheck reports any
+read or write outside a tensor.
 """
 
 import sys
@@ -14,9 +16,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from conftest import LARGE_PATHS
 from helpers import assert_matches_oracle
 from kv_canary_buffers import PlanBuffers, PlanStatus
 from kv_canary_kernels import launch_plan
+from kv_canary_kernels.config import launch_config
 from oracle import loop_plan
 from test_out_of_range import CASES, base
 
@@ -52,20 +56,35 @@ def main() -> int:
     )
     expected = loop_plan(write_req_capacity=bs, verify_capacity=bs * 16, pad_bad=True, **kwargs)
     kwargs = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    for path, changes in LARGE_PATHS.items():
+        buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=bs * 16, device=dev)
+        with launch_config(**changes):
+            launch_plan(buffers, **kwargs)
+        assert_matches_oracle(buffers, bs, expected)
+        flags = buffers.take_status()
+        assert flags == expected["flags"], (flags, expected["flags"])
+        assert flags == (
+            PlanStatus.REQ_POOL_INDEX_OUT_OF_RANGE
+            | PlanStatus.PREFIX_LEN_OUT_OF_RANGE
+            | PlanStatus.LUT_SLOT_OUT_OF_RANGE
+            | PlanStatus.POOL_ROW_OUT_OF_RANGE
+            | PlanStatus.VALID_LEN_OUT_OF_RANGE
+        )
+        print(f"{'all kinds, bs=5000':20s} {path:22s} status={flags!r}")
+    # Counters left taken: no program of the launch is a scanner; the workers give up.
     buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=bs * 16, device=dev)
-    launch_plan(buffers, **kwargs)
-    assert_matches_oracle(buffers, bs, expected)
+    buffers.launch_sync.fill_(10**6)
+    with launch_config(one_launch_max_polls=1000):
+        launch_plan(buffers, **kwargs)
     flags = buffers.take_status()
-    assert flags == expected["flags"], (flags, expected["flags"])
-    assert flags == (
-        PlanStatus.REQ_POOL_INDEX_OUT_OF_RANGE
-        | PlanStatus.PREFIX_LEN_OUT_OF_RANGE
-        | PlanStatus.LUT_SLOT_OUT_OF_RANGE
-        | PlanStatus.POOL_ROW_OUT_OF_RANGE
-        | PlanStatus.VALID_LEN_OUT_OF_RANGE
-    )
-    print(f"{'all kinds, bs=5000':28s} status={flags!r} entries={int(buffers.verify_num_valid)}")
-    extremes(dev)
+    assert flags & PlanStatus.PLAN_SYNC_LOST, flags
+    launch_plan(buffers, **kwargs)  # sound again
+    assert_matches_oracle(buffers, bs, expected)
+    assert buffers.take_status() == expected["flags"]
+    print(f"{'counters left taken':43s} status={flags!r}, then sound")
+    for changes in LARGE_PATHS.values():
+        with launch_config(**changes):
+            extremes(dev)
     print("gpu_memcheck: all plans matched the padding oracle")
     return 0
 

@@ -141,3 +141,36 @@ def test_marks_left_by_other_launches_are_not_read_as_this_ones(mark):
     launch_plan(out, **kwargs)
     assert out.take_status() == PlanStatus.OK
     assert_buffers_equal(out, ref, bs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_captured_plan_replays_equal_to_the_reference_beside_eager_ones(launches):
+    """On the GPU: a plan captured in a CUDA graph (three launches) replays with refilled
+    inputs equal to the reference, and eager plans (one launch) between the replays on the
+    same buffers stay equal too."""
+    bs = 2 * SCAN_BLOCK + 7
+    first, second = batch(bs, seed=11), batch(bs, seed=12)
+    inputs = {k: v.clone() for k, v in first.items()}
+    out = PlanBuffers.allocate(device=DEVICE, **CAPS)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        launch_plan(out, **inputs)  # compiles outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    launches.clear()
+    with torch.cuda.graph(graph):
+        launch_plan(out, **inputs)
+    assert launches == ["_SUMS", "_OFFSETS", "_ENTRIES"]
+    for kwargs in (first, second, first):
+        for k, v in kwargs.items():
+            inputs[k].copy_(v)
+        poison(out)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_buffers_equal(out, expected_plan(bs, kwargs, CAPS), bs)
+        poison(out)
+        launch_plan(out, **kwargs)  # eager, between replays
+        assert_buffers_equal(out, expected_plan(bs, kwargs, CAPS), bs)
+        assert out.take_status() == PlanStatus.OK
+    assert launches.count("_LARGE") == 3
