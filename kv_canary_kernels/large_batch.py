@@ -231,7 +231,10 @@ def plan_large_batch_kernel(
     grid = tl.num_programs(0)
     ticket = tl.atomic_add(sync_ptr + epoch % 2, 1, sem="relaxed")
     tl.store(sync_ptr + (epoch + 1) % 2, 0)  # the next launch's counter (this one's is done)
-    bits = tl.full([], 0, tl.int32)
+    # A counter that was not 0 at the start (another launch of these buffers ran at the
+    # same time) gives some program a ticket outside [0, grid): some share of the work then
+    # has no owner, so the launch says so.
+    bits = tl.where((ticket < 0) | (ticket >= grid), PLAN_SYNC_LOST_BIT, 0)
     if (ticket >= 0) & (ticket < n_scanners):
         bits |= scan_chunk(
             ticket,
@@ -257,8 +260,7 @@ def plan_large_batch_kernel(
         )
     else:
         workers = grid - n_scanners
-        # (A ticket outside [0, grid) only comes from launches of the same buffers at once:
-        # that program does worker 0's share again, in bounds.)
+        # (A ticket outside [0, grid): worker 0's share again, in bounds.)
         worker = tl.where((ticket >= n_scanners) & (ticket < grid), ticket - n_scanners, 0)
         # Work that needs no scan, done while the scanners run: the seeds and their
         # status bits, and the offsets' tail (the last scanner zeroes the same indices up

@@ -110,10 +110,12 @@ def test_capture_and_large_batches_take_three_launches(launches, monkeypatch):
 @pytest.mark.parametrize("counter", [5, 10**9, -3])
 def test_a_launch_that_finds_the_counters_taken_finishes_in_bounds_and_says_so(counter):
     """Another launch of the same buffers at once would leave the ticket counters taken:
-    no program of this launch is a scanner, so the workers stop waiting and set
-    PLAN_SYNC_LOST; nothing is written outside the outputs, and the next launch, which
-    counts in the word this one zeroed, is sound again."""
-    bs = SCAN_BLOCK + 100  # five scanners: tickets from 5 on are all workers
+    some program's ticket lies outside [0, grid) and some share of the work has no owner
+    (from 5 on, no program is a scanner and the workers stop waiting; from -3, the last
+    workers' shares are missing), so the launch sets PLAN_SYNC_LOST; nothing is written
+    outside the outputs, and the next launch, which counts in the word this one zeroed, is
+    sound again."""
+    bs = SCAN_BLOCK + 100  # five scanners
     kwargs = batch(bs, seed=3)
     ref = expected_plan(bs, kwargs, CAPS)
     out = PlanBuffers.allocate(device=DEVICE, **CAPS)
