@@ -123,14 +123,15 @@ PLAN_FIELDS: tuple[Field, ...] = (
           "rows a block"),
     Field("verify_row_hints", ROW_INDEX_DTYPE, (Extent("Cv", per=ROW_HINT_STRIDE),), "scratch",
           f"scratch: the row of every {ROW_HINT_STRIDE}th verify entry (large-batch path)"),
-    Field("launch_sync", ENTRY_DTYPE, (Extent(None, 2),), "sync",
-          "sync: the one-launch large-batch path's ticket counters (launch `e` counts in "
-          "`[e % 2]` and zeroes the other)"),
+    Field("launch_sync", ENTRY_DTYPE, (Extent(None, 4),), "sync",
+          "sync: the one-launch large-batch path's counters (tickets taken, chunks written), "
+          "a pair per launch parity: launch `e` counts in `[e % 2]` and `[2 + e % 2]` and "
+          "zeroes the other pair"),
     Field("scan_chunk_sums", ENTRY_DTYPE, (Extent(None, 3), Extent("Cw", 1, per=OFFSETS_BLOCK)),
           "sync",
           f"sync: the one-launch large-batch path's (write sum, verify sum, mark) of each "
-          f"{OFFSETS_BLOCK}-row chunk; launch `e` marks `2e + 1` (sums published) and `2e + 2` "
-          "(chunk written)"),
+          f"{OFFSETS_BLOCK}-row chunk; the mark is the number of the launch that published "
+          "the sums"),
     Field("status", COUNTER_DTYPE, _ONE, "status",
           "sticky `PlanStatus` bits, read and cleared by `take_status()`"),
     Field("dummy_int64", ENTRY_DTYPE, _ONE, "scratch",

@@ -8,20 +8,23 @@ are running or done: nothing can deadlock, whatever order the hardware starts pr
 
 - Tickets ``0 .. n_scanners - 1``: scanner ``k`` loads rows ``[k * OFFSETS_BLOCK, (k + 1)
   * OFFSETS_BLOCK)`` (a short chunk: the scanners' registers are the whole kernel's, so a
-  long one would cost the workers occupancy), publishes their (write, verify) sums, waits
-  for the sums of the chunks before its own, then writes its chunk's offsets, row hints
-  and, in the chunk holding index ``bs``, the counters, and marks its chunk written.
+  long one would cost the workers occupancy), publishes their (write, verify) sums and
+  marks them, waits for the marks of the chunks before its own, then writes its chunk's
+  offsets, row hints and, in the chunk holding index ``bs``, the counters, and counts
+  itself in the written count (release).
 - The other tickets are workers: they write the seeds (which need no scan) and zero the
-  offsets' tail, wait until every chunk is marked written, then write the verify entries
-  as the three-launch path's entries kernel does.
+  offsets' tail, wait until the written count reaches ``n_scanners`` (one word polled
+  with acquire loads), then write the verify entries as the three-launch path's entries
+  kernel does.
 
 Every launch has a number of its own (``epoch``, from a process-wide counter on the
 host: this path runs only outside CUDA graph capture, so the number is new at every
-launch). A chunk's marks are ``2 * epoch + 1`` (sums published) and ``2 * epoch + 2``
-(written), in ``PlanBuffers.scan_chunk_sums``: a mark left by an earlier launch is
-smaller, so nothing needs resetting between launches. The tickets count in
-``PlanBuffers.launch_sync[epoch % 2]``, and every program zeroes the other word, which
-the next launch counts in. Two launches on the same buffers at once (two streams, no
+launch). A chunk's mark (``PlanBuffers.scan_chunk_sums[2]``) is the number of the launch
+that published its sums, so a mark left by another launch is never taken for this one's
+and the marks need no reset. The two counters (tickets taken, chunks written) come in
+pairs in ``PlanBuffers.launch_sync``: launch ``e`` counts in ``[e % 2]`` and
+``[2 + e % 2]``, and every program zeroes the other pair, which the next launch counts
+in. Two launches on the same buffers at once (two streams, no
 ordering) are a use error whatever the path: here a program then stops waiting after
 ``MAX_POLLS`` polls and sets ``PlanStatus.PLAN_SYNC_LOST``, so that no such mistake hangs
 the GPU or passes unseen, and the launches after it are sound again.
@@ -79,29 +82,42 @@ def write_capped_row_hints(
 
 
 @triton.jit
-def wait_for_marks(marks_ptr, n, lowest, highest, MAX_POLLS: tl.constexpr):
-    """Wait until the marks of chunks ``0 .. n - 1`` all lie in ``[lowest, highest]``
-    (acquire: what their scanners wrote before marking is visible); whether they did
-    before ``MAX_POLLS`` polls of each group of chunks."""
+def wait_for_marks(marks_ptr, n, epoch, MAX_POLLS: tl.constexpr):
+    """Wait until chunks ``0 .. n - 1`` are all marked with ``epoch`` (acquire: what their
+    scanners wrote before marking is visible); whether they were before ``MAX_POLLS``
+    polls of each group of chunks. Only scanners wait here (few, on few words)."""
     ok = True
     for base in range(0, n, _WAIT_LANES):
         chunks = base + tl.arange(0, _WAIT_LANES)
         mask = chunks < n
         mark = tl.atomic_add(marks_ptr + chunks, 0, mask=mask, sem="acquire")
-        missing = tl.sum((mask & ((mark < lowest) | (mark > highest))).to(tl.int32), 0)
+        missing = tl.sum((mask & (mark != epoch)).to(tl.int32), 0)
         polls = 1
         while (missing > 0) & (polls < MAX_POLLS):
             mark = tl.atomic_add(marks_ptr + chunks, 0, mask=mask, sem="acquire")
-            missing = tl.sum((mask & ((mark < lowest) | (mark > highest))).to(tl.int32), 0)
+            missing = tl.sum((mask & (mark != epoch)).to(tl.int32), 0)
             polls += 1
         ok &= missing == 0
     return ok
 
 
 @triton.jit
+def poll_until(ptr, target, MAX_POLLS: tl.constexpr):
+    """Whether the word at ``ptr`` reached ``target`` within ``MAX_POLLS`` polls (acquire
+    loads: what was released before it got there is visible)."""
+    value = tl.atomic_add(ptr, 0, sem="acquire")
+    polls = 1
+    while (value < target) & (polls < MAX_POLLS):
+        value = tl.atomic_add(ptr, 0, sem="acquire")
+        polls += 1
+    return value >= target
+
+
+@triton.jit
 def scan_chunk(
     chunk,
     epoch,
+    written_ptr,
     req_pool_indices_ptr,
     prefix_lens_ptr,
     extend_seq_lens_ptr,
@@ -139,8 +155,8 @@ def scan_chunk(
     # whoever sees the mark sees the sums.
     tl.store(sums_ptr + chunk, w_sum)
     tl.store(sums_ptr + sums_stride + chunk, v_sum)
-    tl.atomic_xchg(marks_ptr + chunk, 2 * epoch + 1, sem="release")
-    published = wait_for_marks(marks_ptr, chunk, 2 * epoch + 1, 2 * epoch + 2, MAX_POLLS)
+    tl.atomic_xchg(marks_ptr + chunk, epoch, sem="release")
+    published = wait_for_marks(marks_ptr, chunk, epoch, MAX_POLLS)
     bits = tl.where(published, 0, PLAN_SYNC_LOST_BIT)
     w_before = tl.full([], 0, tl.int64)
     v_before = tl.full([], 0, tl.int64)
@@ -174,8 +190,8 @@ def scan_chunk(
         write_capacity,
         verify_capacity,
     )
-    # Release: this chunk's stores are visible to whoever sees the mark.
-    tl.atomic_xchg(marks_ptr + chunk, 2 * epoch + 2, sem="release")
+    # Counted in (release): this chunk's stores are visible to whoever sees the count.
+    tl.atomic_add(written_ptr, 1, sem="release")
     return bits
 
 
@@ -229,8 +245,12 @@ def plan_large_batch_kernel(
 ):
     tl.static_assert(BLOCK % HINT_STRIDE == 0)  # every block starts at a hinted entry
     grid = tl.num_programs(0)
+    # This launch's pair of counters, and the next launch's, which this one zeroes (the
+    # previous launch, which used them, is done).
     ticket = tl.atomic_add(sync_ptr + epoch % 2, 1, sem="relaxed")
-    tl.store(sync_ptr + (epoch + 1) % 2, 0)  # the next launch's counter (this one's is done)
+    written_ptr = sync_ptr + 2 + epoch % 2
+    tl.store(sync_ptr + (epoch + 1) % 2, 0)
+    tl.store(sync_ptr + 2 + (epoch + 1) % 2, 0)
     # A counter that was not 0 at the start (another launch of these buffers ran at the
     # same time) gives some program a ticket outside [0, grid): some share of the work then
     # has no owner, so the launch says so.
@@ -239,6 +259,7 @@ def plan_large_batch_kernel(
         bits |= scan_chunk(
             ticket,
             epoch,
+            written_ptr,
             req_pool_indices_ptr,
             prefix_lens_ptr,
             extend_seq_lens_ptr,
@@ -298,8 +319,7 @@ def plan_large_batch_kernel(
         zero_offsets_tail(
             write_offsets_ptr, bs, write_capacity, (bs + 1) // BLOCK + worker, workers, BLOCK
         )
-        marks_ptr = sums_ptr + 2 * sums_stride
-        if wait_for_marks(marks_ptr, n_scanners, 2 * epoch + 2, 2 * epoch + 2, MAX_POLLS):
+        if poll_until(written_ptr, n_scanners, MAX_POLLS):
             enabled = tl.load(verify_enable_ptr) != 0
             total = tl.where(enabled, tl.load(verify_num_valid_ptr), 0)
             bits |= write_entry_blocks(

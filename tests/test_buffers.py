@@ -31,7 +31,7 @@ def test_allocate_sizes_every_tensor_by_construction():
         "verify_offsets": (i64, (6,)),
         "scan_block_sums": (i64, (2, 1)),
         "verify_row_hints": (i32, (1,)),
-        "launch_sync": (i64, (2,)),
+        "launch_sync": (i64, (4,)),
         "scan_chunk_sums": (i64, (3, 2)),
         "status": (i32, (1,)),
         "dummy_int64": (i64, (1,)),
@@ -67,7 +67,7 @@ def test_allocation_bytes_equals_nbytes(w, v):
     field_bytes = (
         [8 * (w + 1), 8 * w, 4]
         + [8 * v] * 4
-        + [4, 4, 8 * (w + 1), 16 * nb, 4 * nh, 16, 24 * (nb + 1), 4, 8, 4]
+        + [4, 4, 8 * (w + 1), 16 * nb, 4 * nh, 32, 24 * (nb + 1), 4, 8, 4]
     )
     aligned = sum(-(-n // 256) * 256 for n in field_bytes)
     assert PlanBuffers.allocation_bytes(w, v) == aligned
