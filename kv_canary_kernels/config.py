@@ -71,10 +71,12 @@ class LaunchConfig:
         (), "extra Triton options of the plan's entry kernels (the sweep's `maxnreg`, `num_stages`)"
     )
     one_launch_max_rows: int = _constant(
-        8192,
+        6144,
         "large path, eager launches: batches of `SCAN_BLOCK` to this many rows (excluded) "
         "take one launch (scanner and worker programs that wait for each other on the "
-        "device); larger ones, and launches being captured in a CUDA graph, three",
+        "device); larger ones, and launches being captured in a CUDA graph, three. Past "
+        "about 6000 rows the one launch's GPU time exceeds the three launches' host time "
+        "on the H200 (docs/performance.md)",
     )
     one_launch_programs_per_sm: int = _constant(
         4,
