@@ -22,12 +22,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness import configure, gpu_time, host_time_stats_us, queued_gpu_time  # noqa: E402
-from plan_cases import WINDOW, make_batch, verify_entries  # noqa: E402
-
-from kv_canary_buffers import PlanBuffers, plan_reference, plans_equal  # noqa: E402
-from kv_canary_kernels import launch_plan  # noqa: E402
-from kv_canary_kernels.config import launch_config  # noqa: E402
+from harness import configure, gpu_time, host_time_stats_us, queued_gpu_time
+from kv_canary_buffers import PlanBuffers, plan_reference, plans_equal
+from kv_canary_kernels import launch_plan
+from kv_canary_kernels.config import launch_config
+from plan_cases import WINDOW, make_batch, verify_entries
 
 BATCHES = (1024, 2048, 4096, 8191)
 WORKERS_PER_SM = (2, 4, 8)
