@@ -11,9 +11,10 @@ or ``set_()``, and a storage shrunk with ``untyped_storage().resize_()``.
 
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -83,6 +84,13 @@ class Arena:
     loop than five transposed ones)."""
     _names: tuple[str, ...] = attrs.field(init=False, repr=False)
     _subsets: dict[tuple[str, ...], Any] = attrs.field(init=False, repr=False, factory=dict)
+    launches: Iterator[int] = attrs.field(
+        init=False, repr=False, factory=lambda: itertools.count(1)
+    )
+    """Numbers for the launches on this arena that need one, 1, 2, ... (the plan's eager
+    one-launch path: ``kv_canary_kernels/large_batch.py``). Per arena, so a launch's
+    parity alternates on its own buffers; a copy's arena starts again at 1, with its sync
+    words zeroed."""
 
     def __attrs_post_init__(self) -> None:
         index = self.device.index if self.device.type == "cuda" else -1

@@ -27,6 +27,7 @@ from .layout_docs import docstring_with_fields
 from .status import PlanStatus
 
 _FIELD_NAMES = tuple(f.name for f in PLAN_FIELDS)
+_SYNC_FIELDS = tuple(f.name for f in PLAN_FIELDS if f.role == "sync")
 _get_fields = operator.attrgetter(*_FIELD_NAMES)  # one C call for all tensors
 _GETTERS: dict[tuple[str, ...], Any] = {}
 _SEEDS = _FIELD_NAMES.index("write_seed_slot_indices")  # [write_req_capacity]
@@ -239,8 +240,16 @@ class PlanBuffers:
             self.write_req_capacity, self.verify_capacity, self.device, self._generation()
         )
         new.arena.byte_view().copy_(self.arena.byte_view())
+        new._clear_sync()
         memo[id(self)] = new
         return new
+
+    def _clear_sync(self) -> None:
+        """Zero the words the one-launch plan's programs wait on (layout role ``sync``): a
+        copy numbers its launches from 1 again (``Arena.launches``), so it must not keep
+        its original's marks and counters."""
+        for name in _SYNC_FIELDS:
+            getattr(self, name).zero_()
 
     def __reduce__(self) -> Any:
         self.check()
@@ -423,6 +432,7 @@ def _unpickle_plan_buffers(
 ) -> PlanBuffers:
     buffers = PlanBuffers._allocate(write_req_capacity, verify_capacity, device, generation)
     buffers.arena.byte_view().copy_(state)
+    buffers._clear_sync()
     return buffers
 
 

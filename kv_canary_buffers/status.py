@@ -33,11 +33,12 @@ class PlanStatus(enum.IntFlag):
     """An active row's ``req_to_verify_expected_tokens_valid_lens[r]`` exceeds
     ``req_to_verify_expected_tokens.shape[1]``: tokens past the pool's width become ``-1``."""
     PLAN_SYNC_LOST = 1 << 5
-    """Not about data: a program of the one-launch large-batch plan gave up waiting for
-    the program that scans the rows, because two plans ran on the same buffers at once
-    (two streams, no ordering between them). Its verify entries were not written: the
-    plan is unspecified. Run a ``PlanBuffers``' plans one at a time (one stream, or events
-    between streams)."""
+    """Not about data: a program of the eager one-launch large-batch plan (1024 to 6143
+    rows) gave up waiting for another or found the launch's counters taken, because two
+    plans ran on the same buffers at once (two streams, no ordering between them). The
+    plan is unspecified and its ``verify_enable`` set to 0 (best effort). Run a
+    ``PlanBuffers``' plans one at a time (one stream, or events between streams); two
+    overlapping plans are not always caught."""
 
 
 class FailBits(enum.IntFlag):

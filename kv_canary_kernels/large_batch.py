@@ -17,17 +17,22 @@ are running or done: nothing can deadlock, whatever order the hardware starts pr
   with acquire loads), then write the verify entries as the three-launch path's entries
   kernel does.
 
-Every launch has a number of its own (``epoch``, from a process-wide counter on the
-host: this path runs only outside CUDA graph capture, so the number is new at every
-launch). A chunk's mark (``PlanBuffers.scan_chunk_sums[2]``) is the number of the launch
+Every launch has a number of its own (``epoch``, from its buffers' ``Arena.launches`` on
+the host: this path runs only outside CUDA graph capture, so the number is new at every
+launch on these buffers, and a copy of the buffers starts again at 1 with its sync words
+zeroed). A chunk's mark (``PlanBuffers.scan_chunk_sums[2]``) is the number of the launch
 that published its sums, so a mark left by another launch is never taken for this one's
 and the marks need no reset. The two counters (tickets taken, chunks written) come in
 pairs in ``PlanBuffers.launch_sync``: launch ``e`` counts in ``[e % 2]`` and
 ``[2 + e % 2]``, and every program zeroes the other pair, which the next launch counts
 in. Two launches on the same buffers at once (two streams, no
-ordering) are a use error whatever the path: here a program then stops waiting after
-``MAX_POLLS`` polls and sets ``PlanStatus.PLAN_SYNC_LOST``, so that no such mistake hangs
-the GPU or passes unseen, and the launches after it are sound again.
+ordering) are a use error whatever the path (both write the same outputs). Here nothing
+hangs and nothing leaves the buffers: a wait gives up after ``MAX_POLLS`` polls (about a
+second on the H200), and a wait that gave up or a ticket outside ``[0, grid)`` sets
+``PlanStatus.PLAN_SYNC_LOST`` and turns the plan's verify off. The bit is best effort: two
+launches that overlap without disturbing each other's counters finish unflagged with a
+mixed plan, as they would on the three-launch path. The launches after them are sound
+again within two launches (each zeroes the other pair).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from .constants import PLAN_SYNC_LOST_BIT
 from .entries import write_entry_blocks
 
 _RUNTIME_INTS = [
+    "epoch",
     "bs",
     "n_scanners",
     "sums_stride",
@@ -155,6 +161,9 @@ def scan_chunk(
     # whoever sees the mark sees the sums.
     tl.store(sums_ptr + chunk, w_sum)
     tl.store(sums_ptr + sums_stride + chunk, v_sum)
+    # A release covers the issuing thread's stores and those a CTA barrier ordered before
+    # it: the barrier makes every thread's stores part of it, whatever the compiler emits.
+    tl.debug_barrier()
     tl.atomic_xchg(marks_ptr + chunk, epoch, sem="release")
     published = wait_for_marks(marks_ptr, chunk, epoch, MAX_POLLS)
     bits = tl.where(published, 0, PLAN_SYNC_LOST_BIT)
@@ -190,7 +199,9 @@ def scan_chunk(
         write_capacity,
         verify_capacity,
     )
-    # Counted in (release): this chunk's stores are visible to whoever sees the count.
+    # Counted in (release, after a barrier: see above): this chunk's stores are visible
+    # to whoever sees the count.
+    tl.debug_barrier()
     tl.atomic_add(written_ptr, 1, sem="release")
     return bits
 
@@ -355,4 +366,8 @@ def plan_large_batch_kernel(
             )
         else:
             bits |= PLAN_SYNC_LOST_BIT
+    if bits & PLAN_SYNC_LOST_BIT:
+        # The plan is unspecified: turn its verify off (best effort: a scanner of this
+        # launch may still write the counters after this store).
+        tl.store(verify_enable_ptr, 0)
     tl.atomic_or(status_ptr, bits, mask=bits != 0, sem="relaxed")

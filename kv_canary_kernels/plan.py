@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 import triton
 from torch.compiler import is_compiling
@@ -135,10 +133,12 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             else (cfg.entry_block, cfg.entry_warps)
         )
         n_scanners = triton.cdiv(bs + 1, OFFSETS_BLOCK)
-        workers = max(1, min(triton.cdiv(verify_capacity, block), dev.one_launch_programs))
+        # Enough for the entries, the seeds and the offsets' tail, whichever is largest.
+        work = max(verify_capacity, bs, write_capacity - bs)
+        workers = max(1, min(triton.cdiv(work, block), dev.one_launch_programs))
         chunk_sums = buffers.scan_chunk_sums
         large_ints = (bs, n_scanners, chunk_sums.shape[1], *ints[1:])
-        epoch = next(_EPOCHS)
+        epoch = next(buffers.arena.launches)
         _LARGE.launch(
             device,
             (n_scanners + workers, 1, 1),
@@ -267,9 +267,6 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
 
 _SMALL = Launcher(plan_small_batch_kernel)
 _LARGE = Launcher(plan_large_batch_kernel)
-_EPOCHS = itertools.count(1)
-"""Every one-launch large-batch plan's own number (see kv_canary_kernels/large_batch.py):
-process-wide, so a copy of a PlanBuffers never sees a number its original used."""
 _SUMS = Launcher(scan_block_sums_kernel)
 _OFFSETS = Launcher(plan_offsets_kernel)
 _ENTRIES = Launcher(plan_entries_kernel)

@@ -8,6 +8,9 @@ not met at once never is (``MAX_POLLS`` is 1 there)."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 import torch
 
@@ -179,3 +182,39 @@ def test_a_captured_plan_replays_equal_to_the_reference_beside_eager_ones(launch
         assert_buffers_equal(out, expected_plan(bs, kwargs, CAPS), bs)
         assert out.take_status() == PlanStatus.OK
     assert launches.count("_LARGE") == 3
+
+
+def test_two_buffers_objects_planned_in_turn_stay_sound(launches):
+    """Launch numbers belong to the buffers: two objects planned in turn (a draft and a
+    target model, two pools) each alternate their own counter pair. With one process-wide
+    number, each object saw every other number, the same parity every time, and its
+    counters were never zeroed (the review's case: wrong plans from the second step on)."""
+    a = PlanBuffers.allocate(device=DEVICE, **CAPS)
+    b = PlanBuffers.allocate(device=DEVICE, **CAPS)
+    for step in range(3):
+        for k, out in enumerate((a, b)):
+            bs = SCAN_BLOCK + 10 * step + k
+            kwargs = batch(bs, seed=20 + 2 * step + k)
+            poison(out)
+            launch_plan(out, **kwargs)
+            assert out.take_status() == PlanStatus.OK, (step, k)
+            assert_buffers_equal(out, expected_plan(bs, kwargs, CAPS), bs)
+    assert launches == ["_LARGE"] * 6
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_plans_soundly_beside_its_original(how):
+    """A copy numbers its launches from 1 again: its sync words are zeroed, so neither the
+    original's counters nor its marks (numbers the copy will reuse) are read as its own."""
+    out = PlanBuffers.allocate(device=DEVICE, **CAPS)
+    for i in range(3):  # the original's marks reach 3, its counters hold launch 3's
+        launch_plan(out, **batch(2900, seed=30 + i))
+    copy_ = copy.deepcopy(out) if how == "deepcopy" else pickle.loads(pickle.dumps(out))
+    assert not bool(copy_.launch_sync.any()) and not bool(copy_.scan_chunk_sums.any())
+    for i, buffers in enumerate((copy_, out, copy_, copy_, out)):
+        bs = SCAN_BLOCK + 50 * i
+        kwargs = batch(bs, seed=40 + i)
+        poison(buffers)
+        launch_plan(buffers, **kwargs)
+        assert buffers.take_status() == PlanStatus.OK, i
+        assert_buffers_equal(buffers, expected_plan(bs, kwargs, CAPS), bs)
