@@ -46,16 +46,25 @@ def main(argv: list[str] | None = None) -> int:
                 write_req_capacity=bs, verify_capacity=entries, device="cuda"
             )
             plan_reference(ref, **kwargs)
-            buf = PlanBuffers.allocate(
-                write_req_capacity=bs, verify_capacity=entries, device="cuda"
-            )
+            buffers: list[PlanBuffers] = []
+
+            def fresh() -> PlanBuffers:
+                # New (zeroed) buffers per configuration: the check after its first plan
+                # must see that configuration's output, not the previous one's.
+                buffers.append(
+                    PlanBuffers.allocate(
+                        write_req_capacity=bs, verify_capacity=entries, device="cuda"
+                    )
+                )
+                return buffers[-1]
 
             def plan() -> None:
-                launch_plan(buf, **kwargs)
+                launch_plan(buffers[-1], **kwargs)
 
             row: dict[str, object] = {"bs": bs, "swa": window}
             for per_sm in WORKERS_PER_SM:
                 with launch_config(one_launch_programs_per_sm=per_sm, one_launch_max_rows=1 << 30):
+                    buf = fresh()
                     plan()
                     torch.cuda.synchronize()
                     assert plans_equal(buf, ref, bs) and int(buf.take_status()) == 0
@@ -64,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                         host = host_time_stats_us({"one": plan}, 300)["one"]
                         row["one_launch_host_us"] = round(host.median, 1)
             with launch_config(one_launch_max_rows=0):
+                buf = fresh()
                 plan()
                 torch.cuda.synchronize()
                 assert plans_equal(buf, ref, bs)

@@ -44,8 +44,10 @@ MAX_CAPACITY = 2**31 - 1
 """Counters are int32, so no capacity may exceed this."""
 
 SCAN_BLOCK = 1024
-"""Batches of fewer rows take the one-launch path, whose programs each scan all the rows
-in registers; larger ones take the two-level scan."""
+"""Batches of fewer rows take the small-batch path (one launch), whose programs each scan
+all the rows in registers; larger ones take the large-batch paths: one launch of scanners
+and workers when eager and below ``LaunchConfig.one_launch_max_rows``, else the two-level
+scan in three launches."""
 
 OFFSETS_BLOCK = 256
 """Rows per program of the two-level scan and per scanner of the one-launch large path

@@ -1,4 +1,5 @@
-"""The plan's status word: one sticky bit per kind of out-of-range input data.
+"""The plan's status word: one sticky bit per kind of out-of-range input data, and one,
+``PLAN_SYNC_LOST``, for plans of one buffers object that overlapped.
 
 The Triton plan never reads outside a tensor. When the data asks it to, the read is not
 made, the value it would have produced becomes the padding value (slot ``0`` for a slot,
@@ -33,12 +34,13 @@ class PlanStatus(enum.IntFlag):
     """An active row's ``req_to_verify_expected_tokens_valid_lens[r]`` exceeds
     ``req_to_verify_expected_tokens.shape[1]``: tokens past the pool's width become ``-1``."""
     PLAN_SYNC_LOST = 1 << 5
-    """Not about data: a program of the eager one-launch large-batch plan (1024 to 6143
-    rows) gave up waiting for another or found the launch's counters taken, because two
-    plans ran on the same buffers at once (two streams, no ordering between them). The
-    plan is unspecified and its ``verify_enable`` set to 0 (best effort). Run a
-    ``PlanBuffers``' plans one at a time (one stream, or events between streams); two
-    overlapping plans are not always caught."""
+    """Not about data: a program of the eager one-launch large-batch plan (from
+    ``SCAN_BLOCK`` rows to below ``LaunchConfig.one_launch_max_rows``) gave up waiting
+    for another or found the launch's counters taken, because two plans ran on the same
+    buffers at once (two streams, no ordering between them). The plan is unspecified and
+    its ``verify_enable`` set to 0 (best effort). Run a ``PlanBuffers``' plans one at a
+    time (one stream, or events between streams); two overlapping plans are not always
+    caught."""
 
 
 class FailBits(enum.IntFlag):

@@ -250,7 +250,8 @@ def append_violations(
     branch and no shared memory: a clean step (no lane in ``bad``) pays a few predicated-off
     instructions. A step with violations on most lanes serializes its atomics on one
     counter, which is the cost of a badly broken engine, not of a healthy one."""
-    # Every atomic of the kernels is relaxed: Triton's default (acq_rel) compiles to a
+    # Every atomic of the kernels is relaxed (but the one-launch plan's sync words in
+    # large_batch.py, which order its programs): Triton's default (acq_rel) compiles to a
     # MEMBAR.GPU (waiting for every store in flight) and an L1 invalidate around each one,
     # about 0.6 us a decode write on the H200. Nothing orders memory through these words:
     # readers are later kernels or the host after a sync.

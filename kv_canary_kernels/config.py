@@ -75,8 +75,8 @@ class LaunchConfig:
         "large path, eager launches: batches of `SCAN_BLOCK` to this many rows (excluded) "
         "take one launch (scanner and worker programs that wait for each other on the "
         "device); larger ones, and launches being captured in a CUDA graph, three. Past "
-        "about 6000 rows the one launch's GPU time exceeds the three launches' host time "
-        "on the H200 (docs/performance.md)",
+        "about 6000 rows (SWA off) the one launch's GPU time exceeds the three launches' "
+        "host time on the H200 in its faster host mode (docs/performance.md)",
     )
     one_launch_programs_per_sm: int = _constant(
         4,
@@ -143,7 +143,9 @@ class LaunchConfig:
         caps += (self.interpreter_programs, self.one_launch_max_polls)
         rules = {
             "a warp count is not a power of two": not all(map(_power_of_two, warps)),
-            "a programs-per-SM cap or interpreter_programs is below 1": min(caps) < 1,
+            "a programs-per-SM cap, interpreter_programs or one_launch_max_polls is below 1": (
+                min(caps) < 1
+            ),
             "write_rows must be at least 32 * write_warps": self.write_rows < 32 * self.write_warps,
             "a block or tile is not a power of two": not all(map(_power_of_two, arange)),
             "small_row_tiles must ascend below SCAN_BLOCK": list(self.small_row_tiles)
@@ -218,9 +220,9 @@ class DeviceConfig(NamedTuple):
     multiprocessors: int
     """Streaming multiprocessors (a stand-in under the interpreter)."""
     plan_programs: int
-    """Most entry programs of the plan's large path."""
+    """Most entry programs of the plan's three-launch large path."""
     small_plan_programs: int
-    """Most entry programs of the plan's one-launch path."""
+    """Most entry programs of the plan's small-batch path."""
     verify_programs: int
     """Most programs of the persistent verify grid."""
     one_launch_programs: int

@@ -1,4 +1,5 @@
-"""Entries stage of the large-batch path: one verify entry per lane, and the seeds.
+"""Entries stage of the three-launch large-batch path: one verify entry per lane, and the
+seeds. Its entry blocks (:func:`write_entry_blocks`) are the one-launch path's too.
 
 Programs ``0 .. seed_programs - 1`` write the seeds and the rows' status bits of ``BLOCK``
 rows each: they need no scan, so they do not wait for the offsets stage and run beside it.

@@ -1,4 +1,5 @@
-"""The large-batch path in one launch (``SCAN_BLOCK <= bs``, eager): scanners and workers.
+"""The large-batch path in one launch (eager, ``SCAN_BLOCK <= bs < one_launch_max_rows``):
+scanners and workers.
 
 The three-launch path spends three launches' host time (about 40 us on the H200's host)
 on the scan's two grid-wide dependencies; here the programs of one launch wait for each
@@ -14,7 +15,8 @@ are running or done: nothing can deadlock, whatever order the hardware starts pr
   itself in the written count (release).
 - The other tickets are workers: they write the seeds (which need no scan) and zero the
   offsets' tail, wait until the written count reaches ``n_scanners`` (one word polled
-  with acquire loads), then write the verify entries as the three-launch path's entries
+  with scalar acquire loads, ``ld.acquire``; the scanners' waits on the marks are vector
+  acquire atomics that add 0), then write the verify entries as the three-launch path's entries
   kernel does.
 
 Every launch has a number of its own (``epoch``, from its buffers' ``Arena.launches`` on
@@ -90,8 +92,10 @@ def write_capped_row_hints(
 @triton.jit
 def wait_for_marks(marks_ptr, n, epoch, MAX_POLLS: tl.constexpr):
     """Wait until chunks ``0 .. n - 1`` are all marked with ``epoch`` (acquire: what their
-    scanners wrote before marking is visible); whether they were before ``MAX_POLLS``
-    polls of each group of chunks. Only scanners wait here (few, on few words)."""
+    scanners wrote before marking is visible; Triton compiles a masked vector acquire
+    that adds 0 to ``atom.acquire``, not to a load); whether they were before
+    ``MAX_POLLS`` polls of each group of chunks. Only scanners wait here (few, on few
+    words)."""
     ok = True
     for base in range(0, n, _WAIT_LANES):
         chunks = base + tl.arange(0, _WAIT_LANES)
@@ -109,8 +113,9 @@ def wait_for_marks(marks_ptr, n, epoch, MAX_POLLS: tl.constexpr):
 
 @triton.jit
 def poll_until(ptr, target, MAX_POLLS: tl.constexpr):
-    """Whether the word at ``ptr`` reached ``target`` within ``MAX_POLLS`` polls (acquire
-    loads: what was released before it got there is visible)."""
+    """Whether the word at ``ptr`` reached ``target`` within ``MAX_POLLS`` polls (a scalar
+    acquire that adds 0 compiles to ``ld.acquire``: a load, what was released before the
+    word got there is visible)."""
     value = tl.atomic_add(ptr, 0, sem="acquire")
     polls = 1
     while (value < target) & (polls < MAX_POLLS):

@@ -35,9 +35,15 @@ _capturing = getattr(
 )
 
 
-def capturing() -> bool:
-    """Whether the current stream is capturing a CUDA graph (False under the interpreter)."""
-    return not INTERPRETING and _capturing()
+def capturing(device: torch.device) -> bool:
+    """Whether ``device``'s current stream, where a launch for buffers on ``device`` goes,
+    is capturing a CUDA graph (False under the interpreter and off CUDA)."""
+    if INTERPRETING or device.type != "cuda":
+        return False
+    if device.index == _current_device():
+        return bool(_capturing())
+    with torch.cuda.device(device.index):  # rare: buffers on a device that is not current
+        return bool(_capturing())
 
 
 _OUTSIDE_KERNEL = "outside of the scope of a kernel"

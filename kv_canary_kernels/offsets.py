@@ -1,4 +1,5 @@
-"""Offsets stage of the large-batch path (``bs >= SCAN_BLOCK``): a two-level scan.
+"""Offsets stage of the three-launch large-batch path (``bs >= SCAN_BLOCK``, captured or
+from ``one_launch_max_rows`` rows): a two-level scan.
 
 :func:`scan_block_sums_kernel` writes each block's (write, verify) sums into
 ``PlanBuffers.scan_block_sums``; each program of :func:`plan_offsets_kernel` then adds the

@@ -30,7 +30,9 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
 
     ``bs < SCAN_BLOCK``: one launch (:func:`plan_small_batch_kernel`, with the smallest
     row tile of ``LaunchConfig.small_row_tiles`` that holds the batch, else
-    ``SCAN_BLOCK``). Otherwise three: block sums, offsets, entries. The launch constants
+    ``SCAN_BLOCK``). ``SCAN_BLOCK <= bs < LaunchConfig.one_launch_max_rows`` and not
+    being captured in a CUDA graph: one launch (:func:`plan_large_batch_kernel`).
+    Otherwise (captured, or larger) three: block sums, offsets, entries. The launch constants
     are the active :class:`~kv_canary_kernels.config.LaunchConfig`'s. This is the bare
     dispatch that :func:`launch_plan` wraps; benchmarks use it to measure the cost of
     validation. Call :func:`launch_plan`.
@@ -123,7 +125,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         )
         return
 
-    if bs < cfg.one_launch_max_rows and not capturing():
+    if bs < cfg.one_launch_max_rows and not capturing(device):
         # Eager: one launch, whose programs wait for each other on the device (the host
         # time of two launches saved; a captured graph costs none, and replays three
         # launches faster on the GPU).

@@ -143,7 +143,8 @@ def assert_arena_unchanged(obj, before: torch.Tensor) -> None:
 def poison_arena(buffers: PlanBuffers) -> None:
     """Fill every byte of the arena (outputs, scratch, alignment gaps) with the sentinel
     byte, then clear the status word (its bits are sticky, not outputs) and the sync words
-    (state the launches keep, 0 between launches: tests/test_large_batch.py poisons them)."""
+    (what the one-launch plan's programs wait on, zero in fresh buffers:
+    tests/test_large_batch.py sets them itself)."""
     arena_bytes(buffers).fill_(SENTINEL_BYTE)
     buffers.status.zero_()
     for field in PLAN_FIELDS:

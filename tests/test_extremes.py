@@ -204,7 +204,7 @@ def run_both(plan, caps, pad_rows=0, **kwargs):
     return buffers, bs
 
 
-PATHS = pytest.mark.parametrize("pad_rows", [0, SCAN_BLOCK], ids=["one-launch", "three-launch"])
+PATHS = pytest.mark.parametrize("pad_rows", [0, SCAN_BLOCK], ids=["small", "large"])
 
 
 @PATHS

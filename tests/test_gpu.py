@@ -8,6 +8,7 @@ from helpers import assert_buffers_equal, make_rows, make_tables, poison
 from kv_canary_buffers import GraphInputs, PlanBuffers, PlanStatus, plan_reference
 from kv_canary_kernels import launch_plan
 from kv_canary_kernels.entries import plan_entries_kernel
+from kv_canary_kernels.large_batch import plan_large_batch_kernel
 from kv_canary_kernels.offsets import plan_offsets_kernel, scan_block_sums_kernel
 from kv_canary_kernels.small_batch import plan_small_batch_kernel
 
@@ -83,6 +84,7 @@ def _cache_sizes():
         scan_block_sums_kernel,
         plan_offsets_kernel,
         plan_entries_kernel,
+        plan_large_batch_kernel,
     )
     for fn in kernels:
         sizes.append(sum(len(c[0]) for c in fn.device_caches.values()))
@@ -90,15 +92,16 @@ def _cache_sizes():
 
 
 def test_new_batch_sizes_and_capacities_do_not_recompile():
-    buffers = PlanBuffers.allocate(write_req_capacity=5000, verify_capacity=3_000_000, device=DEV)
-    launch_plan(buffers, **engine_batch(1, bs=2000))  # two-level path compiled
+    buffers = PlanBuffers.allocate(write_req_capacity=7000, verify_capacity=5_000_000, device=DEV)
+    launch_plan(buffers, **engine_batch(1, bs=7000))  # the three launches (>= 6144 rows)
+    launch_plan(buffers, **engine_batch(2, bs=2000))  # the eager one-launch large path
     for seed, bs in enumerate([17, 300, 700]):  # one-launch path, each row tile
         launch_plan(buffers, **engine_batch(20 + seed, bs=bs))
     before = _cache_sizes()
     assert all(before), f"a kernel was not compiled by the warm-up: {before}"
     for i, bs in enumerate([0, 1, 16, 32, 256, 257, 512, 513, 1023, 1024, 1025, 4096, 4097]):
         launch_plan(buffers, **engine_batch(10 + i, bs=bs))
-    bigger = buffers.resize(write_req_capacity=7777, verify_capacity=3_000_001)
+    bigger = buffers.resize(write_req_capacity=7777, verify_capacity=5_000_001)
     launch_plan(bigger, **engine_batch(3, bs=7777))
     launch_plan(bigger, **engine_batch(4, bs=1))
     launch_plan(bigger, **engine_batch(5, bs=999))

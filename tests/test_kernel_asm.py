@@ -2,8 +2,10 @@
 
 Triton's atomics default to ``acq_rel``, which compiles to a ``MEMBAR.GPU`` (wait for every
 store in flight) and an L1 invalidate around each atomic: 0.6 us of a 3 us decode write on
-the H200. The kernels' atomics need no ordering, so they are all relaxed; these tests keep
-them so. The compile runs in a subprocess: the test process has the interpreter on.
+the H200. The write and verify kernels' atomics need no ordering, so they are relaxed, as
+are the plan's but the one-launch large-batch kernel's sync words (release/acquire, which
+order its programs); these tests keep them so. The compile runs in a subprocess: the test
+process has the interpreter on.
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ def test_the_kernels_atomics_are_relaxed_with_no_fence(ptx_of):
 
 
 def test_every_atomic_in_the_kernel_sources_names_relaxed():
-    """The plan's kernels too (their atomics run only when a status bit is set)."""
+    """The plan's kernels too; acquire and release only in large_batch.py, whose programs
+    wait for each other through its sync words."""
     calls = 0
     for path in sorted((ROOT / "kv_canary_kernels").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -68,12 +68,12 @@ CAPS = dict(write_req_capacity=3000, verify_capacity=6000)
 
 
 def test_one_buffers_object_plans_batch_after_batch_in_one_launch_each(launches):
-    """Batches of different sizes (and so different grids) on one buffers object: each
+    """Batches of different sizes (different scanner counts) on one buffers object: each
     plan equals the reference, each ran as one launch, and every chunk of each launch is
     marked with that launch's own number."""
     out = PlanBuffers.allocate(device=DEVICE, **CAPS)
     marks = []
-    for i, bs in enumerate([SCAN_BLOCK, 2900, SCAN_BLOCK + 1, 2 * SCAN_BLOCK]):
+    for i, bs in enumerate([SCAN_BLOCK, 2900, 1300, 2 * SCAN_BLOCK]):  # 5, 12, 6, 9 scanners
         kwargs = batch(bs, seed=i)
         poison(out)
         launch_plan(out, **kwargs)
@@ -98,12 +98,12 @@ def test_capture_and_large_batches_take_three_launches(launches, monkeypatch):
     kwargs = batch(bs, seed=7)
     ref = expected_plan(bs, kwargs, CAPS)
     out = PlanBuffers.allocate(device=DEVICE, **CAPS)
-    monkeypatch.setattr(plan_module, "capturing", lambda: True)
+    monkeypatch.setattr(plan_module, "capturing", lambda device: True)
     poison(out)
     launch_plan(out, **kwargs)
     assert_buffers_equal(out, ref, bs)
     assert launches == ["_SUMS", "_OFFSETS", "_ENTRIES"]
-    monkeypatch.setattr(plan_module, "capturing", lambda: False)
+    monkeypatch.setattr(plan_module, "capturing", lambda device: False)
     launches.clear()
     with launch_config(one_launch_max_rows=bs):
         poison(out)
@@ -139,7 +139,9 @@ def test_a_launch_that_finds_the_counters_taken_finishes_in_bounds_and_says_so(c
 @pytest.mark.parametrize("mark", [0, 2**62, -5])
 def test_marks_left_by_other_launches_are_not_read_as_this_ones(mark):
     """Every chunk is marked by its scanner before anyone waits on it, and a wait accepts
-    only this launch's numbers: whatever marks earlier launches left, the plan is sound."""
+    only this launch's numbers: whatever marks earlier launches left, the plan is sound.
+    (Under the interpreter programs run in ticket order, so a stale mark is always
+    overwritten before it is read: only the GPU run can fail here.)"""
     bs = SCAN_BLOCK + 100
     kwargs = batch(bs, seed=4)
     ref = expected_plan(bs, kwargs, CAPS)

@@ -86,7 +86,7 @@ def test_the_config_is_frozen():
         DEFAULT_LAUNCH_CONFIG.entry_block = 512  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("bs", [20, SCAN_BLOCK + 40], ids=["one-launch", "three-launch"])
+@pytest.mark.parametrize("bs", [20, SCAN_BLOCK + 40], ids=["small", "large"])
 @pytest.mark.parametrize("lut", [False, True], ids=["full", "swa"])
 def test_the_plan_under_small_blocks_equals_the_reference(bs, lut, large_path):
     gen = torch.Generator().manual_seed(bs + lut)
