@@ -16,8 +16,8 @@ are running or done: nothing can deadlock, whatever order the hardware starts pr
 - The other tickets are workers: they write the seeds (which need no scan) and zero the
   offsets' tail, wait until the written count reaches ``n_scanners`` (one word polled
   with scalar acquire loads, ``ld.acquire``; the scanners' waits on the marks are vector
-  acquire atomics that add 0), then write the verify entries as the three-launch path's entries
-  kernel does.
+  acquire atomics that add 0), then write the verify entries as the three-launch path's
+  entries kernel does.
 
 Every launch has a number of its own (``epoch``, from its buffers' ``Arena.launches`` on
 the host: this path runs only outside CUDA graph capture, so the number is new at every
@@ -27,14 +27,16 @@ that published its sums, so a mark left by another launch is never taken for thi
 and the marks need no reset. The two counters (tickets taken, chunks written) come in
 pairs in ``PlanBuffers.launch_sync``: launch ``e`` counts in ``[e % 2]`` and
 ``[2 + e % 2]``, and every program zeroes the other pair, which the next launch counts
-in. Two launches on the same buffers at once (two streams, no
-ordering) are a use error whatever the path (both write the same outputs). Here nothing
-hangs and nothing leaves the buffers: a wait gives up after ``MAX_POLLS`` polls (about a
-second on the H200), and a wait that gave up or a ticket outside ``[0, grid)`` sets
-``PlanStatus.PLAN_SYNC_LOST`` and turns the plan's verify off. The bit is best effort: two
-launches that overlap without disturbing each other's counters finish unflagged with a
-mixed plan, as they would on the three-launch path. The launches after them are sound
-again within two launches (each zeroes the other pair).
+in.
+
+Two launches on the same buffers at once (two streams, no ordering) are a use error
+whatever the path (both write the same outputs). Here nothing hangs and nothing leaves the
+buffers: a wait gives up after ``MAX_POLLS`` polls (about a second on the H200), and a wait
+that gave up or a ticket outside ``[0, grid)`` sets ``PlanStatus.PLAN_SYNC_LOST`` and turns
+the plan's verify off. The bit is best effort: two launches that overlap without disturbing
+each other's counters finish unflagged with a mixed plan, as they would on the three-launch
+path. The launches after them are sound again within two launches (each zeroes the other
+pair).
 """
 
 from __future__ import annotations
