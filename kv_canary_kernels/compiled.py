@@ -450,6 +450,10 @@ class _Fields:
 
     def __init__(self, obj: PlanBuffers | CanaryStore, tensor: torch.Tensor):
         self.device = obj.device
+        # The object's own arena, for its launch numbers (Arena.launches: the plan's eager
+        # one-launch path): the copy holds the object's bytes and is copied back to it,
+        # so its launches continue the object's sequence. No field is read from it.
+        self.arena = obj.arena
         if isinstance(obj, PlanBuffers):
             self.write_req_capacity = obj.write_req_capacity
             self.verify_capacity = obj.verify_capacity

@@ -265,3 +265,36 @@ def test_arena_handles_are_never_shared():
     del other
     gc.collect()
     assert _owner(plan.arena.handle, PlanBuffers, "buffers") is plan
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_large_batch_plans_equal_the_reference(backend):
+    """Batches of 1024 rows and more (the eager one-launch path, whose launches are
+    numbered by the buffers' arena) in a compiled function, twice on the same buffers:
+    each plan equals the reference, with aot_eager's copies of the arena and with
+    inductor's in-place writes."""
+    from helpers import assert_buffers_equal, poison
+
+    g = torch.Generator().manual_seed(5)
+    rows, cols = 40, 24
+    table = torch.randint(0, 900, (rows, cols), generator=g).to(torch.int32)
+    plan = PlanBuffers.allocate(write_req_capacity=1400, verify_capacity=4000, device=DEV)
+
+    def step(rp, P, E):
+        launch_plan(plan, req_pool_indices=rp, prefix_lens=P, extend_seq_lens=E, req_to_token=table)
+
+    fn = torch.compile(step, backend=backend, fullgraph=True)
+    for bs in (1100, 1300, 1100):
+        rp = torch.randint(1, rows, (bs,), generator=g)
+        rp[torch.rand(bs, generator=g) < 0.9] = 0
+        P = torch.randint(0, cols + 1, (bs,), generator=g)
+        E = torch.randint(0, 4, (bs,), generator=g)
+        ref = PlanBuffers.allocate(write_req_capacity=1400, verify_capacity=4000, device=DEV)
+        poison(ref)
+        plan_reference(
+            ref, req_pool_indices=rp, prefix_lens=P, extend_seq_lens=E, req_to_token=table
+        )
+        poison(plan)
+        fn(rp, P, E)
+        assert plan.take_status() == 0
+        assert_buffers_equal(plan, ref, bs)
