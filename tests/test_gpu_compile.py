@@ -172,3 +172,35 @@ def test_rejected_input_raises_inside_the_compiled_step_and_writes_nothing():
     torch.cuda.synchronize()
     assert torch.equal(plan.arena.tensor, plan_before)
     assert torch.equal(store.arena.tensor, store_before)
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_compiled_large_batch_plans_equal_the_reference(mode):
+    """Plans of 1100 to 5000 rows compiled with inductor: eager one-launch plans
+    (``default``) and, with ``reduce-overhead``, CUDA graph trees whose warm-up runs the
+    one launch and whose capture takes the three; every call equals the reference."""
+    from helpers import assert_buffers_equal, poison
+    from kv_canary_buffers import plan_reference
+
+    g = torch.Generator().manual_seed(6)
+    rows, cols = 64, 600
+    table = torch.randint(0, 40000, (rows, cols), generator=g).to(torch.int32).to(DEV)
+    plan = PlanBuffers.allocate(write_req_capacity=5000, verify_capacity=3_000_000, device=DEV)
+
+    def step(rp, P, E):
+        launch_plan(plan, req_pool_indices=rp, prefix_lens=P, extend_seq_lens=E, req_to_token=table)
+
+    fn = torch.compile(step, mode=mode, fullgraph=True)
+    for bs in (1100, 1100, 5000, 1100, 5000):  # each size again: replays in reduce-overhead
+        rp = torch.randint(1, rows, (bs,), generator=g).to(DEV)
+        P = torch.randint(0, cols + 1, (bs,), generator=g).to(DEV)
+        E = torch.randint(0, 4, (bs,), generator=g).to(DEV)
+        ref = PlanBuffers.allocate(write_req_capacity=5000, verify_capacity=3_000_000, device=DEV)
+        plan_reference(
+            ref, req_pool_indices=rp, prefix_lens=P, extend_seq_lens=E, req_to_token=table
+        )
+        poison(plan)
+        fn(rp, P, E)
+        torch.cuda.synchronize()
+        assert plan.take_status() == 0
+        assert_buffers_equal(plan, ref, bs)
