@@ -213,6 +213,58 @@ def write_seeds(
 
 
 @triton.jit
+def write_seed_block(
+    rows,
+    req_pool_indices_ptr,
+    prefix_lens_ptr,
+    extend_seq_lens_ptr,
+    valid_lens_ptr,
+    req_to_token_ptr,
+    lut_ptr,
+    write_seed_ptr,
+    bs,
+    window,
+    table_rows,
+    table_cols,
+    lut_len,
+    pool_rows,
+    pool_cols,
+    HAS_LUT: tl.constexpr,
+    HAS_POOL: tl.constexpr,
+):
+    """:func:`write_seeds` of a block of ``rows``, from their inputs loaded here (the
+    large-batch paths' seed blocks need no scan); returns the rows' status bits."""
+    in_batch, rp, prefix, active, _vcount, wcount = load_rows(
+        req_pool_indices_ptr,
+        prefix_lens_ptr,
+        extend_seq_lens_ptr,
+        rows,
+        bs,
+        window,
+        bs,  # the verify count is unused here: any capacity
+    )
+    return write_seeds(
+        rows,
+        in_batch,
+        rp,
+        prefix,
+        active,
+        wcount,
+        load_valid_lens(valid_lens_ptr, rows, in_batch, HAS_POOL),
+        req_to_token_ptr,
+        lut_ptr,
+        write_seed_ptr,
+        table_rows,
+        table_cols,
+        lut_len,
+        pool_rows,
+        pool_cols,
+        HAS_LUT,
+        HAS_POOL,
+    )
+
+
+@triton.jit
 def zero_offsets_tail(
     write_offsets_ptr, bs, write_capacity, first_block, step, BLOCK: tl.constexpr
 ):

@@ -21,11 +21,10 @@ from triton.language.extra.cuda import gdc_wait
 
 from .common import (
     find_rows,
-    load_rows,
     load_valid_lens,
     window_start,
     write_entries,
-    write_seeds,
+    write_seed_block,
 )
 from .constants import PADDING_ROW
 
@@ -190,26 +189,17 @@ def plan_entries_kernel(
     pid = tl.program_id(0)
     if pid < seed_programs:
         rows = pid * BLOCK + tl.arange(0, BLOCK)
-        in_batch, rp, prefix, active, _vcount, wcount = load_rows(
+        bits = write_seed_block(
+            rows,
             req_pool_indices_ptr,
             prefix_lens_ptr,
             extend_seq_lens_ptr,
-            rows,
-            bs,
-            window,
-            bs,  # the verify count is unused here: any capacity
-        )
-        bits = write_seeds(
-            rows,
-            in_batch,
-            rp,
-            prefix,
-            active,
-            wcount,
-            load_valid_lens(valid_lens_ptr, rows, in_batch, HAS_POOL),
+            valid_lens_ptr,
             req_to_token_ptr,
             lut_ptr,
             write_seed_ptr,
+            bs,
+            window,
             table_rows,
             table_cols,
             lut_len,

@@ -46,9 +46,8 @@ import triton.language as tl
 
 from .common import (
     load_rows,
-    load_valid_lens,
     write_offsets_and_counters,
-    write_seeds,
+    write_seed_block,
     zero_offsets_tail,
 )
 from .constants import PLAN_SYNC_LOST_BIT
@@ -306,26 +305,17 @@ def plan_large_batch_kernel(
         # to its chunk's end: same values).
         for first in range(worker * BLOCK, bs, workers * BLOCK):
             rows = first + tl.arange(0, BLOCK)
-            in_batch, rp, prefix, active, _vcount, wcount = load_rows(
+            bits |= write_seed_block(
+                rows,
                 req_pool_indices_ptr,
                 prefix_lens_ptr,
                 extend_seq_lens_ptr,
-                rows,
-                bs,
-                window,
-                bs,  # the verify count is unused here: any capacity
-            )
-            bits |= write_seeds(
-                rows,
-                in_batch,
-                rp,
-                prefix,
-                active,
-                wcount,
-                load_valid_lens(valid_lens_ptr, rows, in_batch, HAS_POOL),
+                valid_lens_ptr,
                 req_to_token_ptr,
                 lut_ptr,
                 write_seed_ptr,
+                bs,
+                window,
                 table_rows,
                 table_cols,
                 lut_len,
