@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import markdown_table
 from kv_canary_buffers import CanaryStore, PlanBuffers
 from kv_canary_kernels import launch_plan, launch_verify, launch_write
-from kv_canary_kernels.launcher import _current_device
+from kv_canary_kernels.launcher import current_device
 
 BS = 8
 COLS = 64
@@ -101,7 +101,7 @@ def launch_table(calls: int, rounds: int) -> str:
         for stage in ("plan", "verify", "write")
     ]
     torch.cuda.set_device(0)
-    check = statistics.median(timeit.repeat(_current_device, number=100_000, repeat=rounds)) * 10
+    check = statistics.median(timeit.repeat(current_device, number=100_000, repeat=rounds)) * 10
     table = markdown_table(["launcher (host us per eager call)", *setups], rows)
     return f"{table}\n\nThe device check alone (`_cuda_getDevice`): {check * 1000:.0f} ns per call."
 

@@ -10,11 +10,22 @@ interpreter every launch goes through Triton.
 
 The launch also runs on the device the buffers live on, whatever the current device is
 (a process that touches two GPUs), on that device's current stream.
+
+Two more host costs are avoidable. Triton's launcher turns each tensor argument into its
+address with a ``data_ptr()`` call and a ``cuPointerGetAttribute`` driver query (0.25 us a
+tensor on the H200 host, 16 to 19 tensors a launch), and accepts a plain ``int`` as an
+address instead. And the Python that assembles a launch's arguments costs about as much
+as the launch itself. So each stage keeps a :class:`FastPath`: after the first launch of
+a (store, plan buffers, real-KV sources, config) combination, which goes the whole way,
+every argument that combination fixes is kept as a tuple of ints (the addresses the
+validation re-proves at each call), and later calls hand the compiled kernel that tuple
+and the few values of their own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import inspect
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -28,8 +39,8 @@ def _raw_stream(index: int) -> int:
 
 # The raw calls Triton itself uses, where this torch build has them (CUDA builds): a
 # fraction of a microsecond instead of a Stream object or a device query through Python.
-_stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", _raw_stream)
-_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", _raw_stream)
+current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 _capturing = getattr(
     torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing
 )
@@ -40,7 +51,7 @@ def capturing(device: torch.device) -> bool:
     is capturing a CUDA graph (False under the interpreter and off CUDA)."""
     if INTERPRETING or device.type != "cuda":
         return False
-    if device.index == _current_device():
+    if device.index == current_device():
         return bool(_capturing())
     with torch.cuda.device(device.index):  # rare: buffers on a device that is not current
         return bool(_capturing())
@@ -60,6 +71,77 @@ INTERPRETER_TOO_LATE = (
 )
 
 
+Go = Callable[..., None]
+"""``go(programs, stream, *args)``: launch one compiled variant on a grid of ``programs``
+(one axis); ``args`` are its runtime arguments in order (addresses as ints or tensors),
+its constexprs are bound."""
+
+_LAUNCHER_CALL = ("self", "gridX", "gridY", "gridZ", "stream", "function", "args")
+"""The parameters of Triton 3.6's ``CudaLauncher.__call__``, whose C ``launch`` it calls
+with the same arguments in a known order after allocating scratch memory (none for these
+kernels). Other Triton versions lay the call out differently: they go through ``run``."""
+
+
+def _calls_c_launch_directly(run: Any) -> bool:
+    try:
+        params = tuple(inspect.signature(type(run).__call__).parameters)
+        return (
+            params == _LAUNCHER_CALL
+            and callable(run.launch)
+            and run.global_scratch_size == 0
+            and run.profile_scratch_size == 0
+            and isinstance(run.launch_cooperative_grid, (bool, int))
+            and isinstance(run.launch_pdl, (bool, int))
+        )
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
+def direct(kernel: Any, constexprs: tuple[Any, ...]) -> Go:
+    """The cheapest call that launches compiled ``kernel``: its C launcher itself where
+    this Triton's is known (:data:`_LAUNCHER_CALL`), else ``kernel.run``. Launch hooks
+    (Triton's profiling knobs) are not called, as before."""
+    run = kernel.run
+    function, metadata = kernel.function, kernel.packed_metadata
+    if _calls_c_launch_directly(run):
+        launch = run.launch
+        coop, pdl = run.launch_cooperative_grid, run.launch_pdl
+
+        def go(programs: int, stream: int, *args: Any) -> None:
+            launch(
+                programs, 1, 1, stream, function, coop, pdl, None, None,
+                metadata, None, None, None, *args, *constexprs,
+            )  # fmt: skip
+
+        return go
+
+    def go_run(programs: int, stream: int, *args: Any) -> None:
+        run(programs, 1, 1, stream, function, metadata, None, None, None, *args, *constexprs)
+
+    return go_run
+
+
+def addresses(args: Sequence[Any]) -> tuple[Any, ...]:
+    """``args`` with each tensor replaced by its address (what Triton's launcher would
+    compute at every call)."""
+    return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+class FastPath(dict[Hashable, Any]):
+    """A stage's launches ready to repeat, keyed by what fixes their arguments (the
+    handles of the arenas and sources involved, never reused in a process, and the
+    config's number). Entries hold ints and compiled kernels, never a tensor: a cached
+    launch keeps no memory alive. Emptied when it reaches :attr:`LIMIT` entries (those
+    of objects since freed are never looked up again)."""
+
+    LIMIT = 256
+
+    def remember(self, key: Hashable, value: Any) -> None:
+        if len(self) >= self.LIMIT:
+            self.clear()
+        self[key] = value
+
+
 class Launcher:
     """A cache of compiled variants of one ``@triton.jit`` function.
 
@@ -67,11 +149,15 @@ class Launcher:
     runtime arguments in order, ``constexprs`` its ``tl.constexpr`` keywords, ``options``
     Triton's launch options (``num_warps`` ...). ``key`` must identify the compiled variant
     together with :func:`alignment_key` of the tensor arguments (the caller passes it so
-    that it computes no more than it needs)."""
+    that it computes no more than it needs). Grids have one axis. Returns the variant's
+    :data:`Go` after its first launch (None under the interpreter and at that first launch),
+    for the caller's :class:`FastPath`."""
 
     def __init__(self, fn: Any):
         self.fn = fn
         self.variants: dict[Hashable, Any] = {}
+        self.direct: dict[Hashable, Go] = {}
+        self.fixed = FastPath()
 
     def launch(
         self,
@@ -81,7 +167,7 @@ class Launcher:
         args: Sequence[Any],
         constexprs: dict[str, Any],
         options: dict[str, Any],
-    ) -> None:
+    ) -> Go | None:
         if INTERPRETING:
             try:
                 self.fn[grid](*args, **constexprs, **options)
@@ -89,7 +175,7 @@ class Launcher:
                 if _OUTSIDE_KERNEL in str(err):
                     raise RuntimeError(INTERPRETER_TOO_LATE) from err
                 raise
-            return
+            return None
         if device.type != "cuda":
             raise RuntimeError(
                 f"kv-canary: the Triton kernels need a CUDA device, got buffers on {device}; on "
@@ -98,7 +184,7 @@ class Launcher:
                 "imported to run the kernels in Triton's interpreter"
             )
         index = device.index
-        current = _current_device()
+        current = current_device()
         if current != index:
             if _capturing():
                 # The launch would go to the buffers' device's own stream, outside the graph
@@ -113,9 +199,36 @@ class Launcher:
                     "first used torch.cuda.graph)"
                 )
             with torch.cuda.device(index):
-                self._launch(index, grid, key, args, constexprs, options)
-            return
-        self._launch(index, grid, key, args, constexprs, options)
+                return self._launch(index, grid, key, args, constexprs, options)
+        return self._launch(index, grid, key, args, constexprs, options)
+
+    def launch_fixed(
+        self,
+        owner: object,
+        device: torch.device,
+        grid: tuple[int, int, int],
+        key: Hashable,
+        args: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]],
+        constexprs: dict[str, Any],
+        options: dict[str, Any],
+    ) -> None:
+        """:meth:`launch` with the runtime arguments ``(*head, *fixed, *tail)`` given as
+        ``args = (head, fixed, tail)``, where ``fixed`` are tensors of ``owner`` (a
+        ``PlanBuffers`` or ``CanaryStore``, or None when there is no such object) that
+        every launch of this variant for ``owner`` passes alike: after the first such
+        launch they go as the addresses the caller's validation re-proves at each call."""
+        head, fixed, tail = args
+        fast_key = None if owner is None else (owner.arena.handle, key)  # type: ignore[attr-defined]
+        if fast_key is not None:
+            hit = self.fixed.get(fast_key)
+            if hit is not None:
+                index, go, addrs = hit
+                if index == current_device():
+                    go(grid[0], stream_of(index), *head, *addrs, *tail)
+                    return
+        go = self.launch(device, grid, key, (*head, *fixed, *tail), constexprs, options)
+        if go is not None and fast_key is not None:
+            self.fixed.remember(fast_key, (device.index, go, addresses(fixed)))
 
     def _launch(
         self,
@@ -125,26 +238,18 @@ class Launcher:
         args: Sequence[Any],
         constexprs: dict[str, Any],
         options: dict[str, Any],
-    ) -> None:
+    ) -> Go | None:
         full_key = (index, key)
-        kernel = self.variants.get(full_key)
-        if kernel is None:
-            # First launch of this variant: Triton binds, compiles and launches it.
-            self.variants[full_key] = self.fn[grid](*args, **constexprs, **options)
-            return
-        kernel.run(
-            grid[0],
-            grid[1],
-            grid[2],
-            _stream_of(index),
-            kernel.function,
-            kernel.packed_metadata,
-            None,
-            None,
-            None,
-            *args,
-            *constexprs.values(),
-        )
+        go = self.direct.get(full_key)
+        if go is None:
+            kernel = self.variants.get(full_key)
+            if kernel is None:
+                # First launch of this variant: Triton binds, compiles and launches it.
+                self.variants[full_key] = self.fn[grid](*args, **constexprs, **options)
+                return None
+            go = self.direct[full_key] = direct(kernel, tuple(constexprs.values()))
+        go(grid[0], stream_of(index), *args)
+        return go
 
 
 def alignment_key(tensors: Sequence[torch.Tensor]) -> tuple[bool, ...]:

@@ -50,6 +50,9 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             "the kernels in Triton's interpreter"
         ) from None
     cfg = dev.launch
+    # The buffers' own fields go as addresses after a variant's first launch
+    # (Launcher.launch_fixed); a torch.compile copy's fields (compiled._Fields) as tensors.
+    owner = buffers if type(buffers) is PlanBuffers else None
     write_capacity, verify_capacity = buffers.write_req_capacity, buffers.verify_capacity
     bs = args.bs
     table = args.req_to_token
@@ -102,23 +105,26 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
                 break
         block = cfg.small_entry_block
         entry_grid = min(triton.cdiv(verify_capacity, block), dev.small_plan_programs)
-        _SMALL.launch(
+        _SMALL.launch_fixed(
+            owner,
             device,
             (1 + entry_grid, 1, 1),
             (common_key, rows),
             (
-                *inputs,
-                buffers.write_offsets,
-                buffers.write_seed_slot_indices,
-                buffers.write_num_valid_reqs,
-                buffers.verify_slot_indices,
-                buffers.verify_expected_tokens,
-                buffers.verify_expected_positions,
-                buffers.verify_prev_slot_indices,
-                buffers.verify_num_valid,
-                buffers.verify_enable,
-                buffers.status,
-                *ints,
+                inputs,
+                (
+                    buffers.write_offsets,
+                    buffers.write_seed_slot_indices,
+                    buffers.write_num_valid_reqs,
+                    buffers.verify_slot_indices,
+                    buffers.verify_expected_tokens,
+                    buffers.verify_expected_positions,
+                    buffers.verify_prev_slot_indices,
+                    buffers.verify_num_valid,
+                    buffers.verify_enable,
+                    buffers.status,
+                ),
+                ints,
             ),
             {"HAS_LUT": has_lut, "HAS_POOL": has_pool, "ROWS": rows, "BLOCK": block},
             {"num_warps": cfg.small_entry_warps, **dev.entries_options},
@@ -141,28 +147,30 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         chunk_sums = buffers.scan_chunk_sums
         large_ints = (bs, n_scanners, chunk_sums.shape[1], *ints[1:])
         epoch = next(buffers.arena.launches)
-        _LARGE.launch(
+        _LARGE.launch_fixed(
+            owner,
             device,
             (n_scanners + workers, 1, 1),
             (dev.variant, has_lut, has_pool, common_key[3], int_classes(large_ints)),
             (
-                *inputs,
-                buffers.write_offsets,
-                buffers.write_seed_slot_indices,
-                buffers.write_num_valid_reqs,
-                buffers.verify_slot_indices,
-                buffers.verify_expected_tokens,
-                buffers.verify_expected_positions,
-                buffers.verify_prev_slot_indices,
-                buffers.verify_num_valid,
-                buffers.verify_enable,
-                buffers.status,
-                buffers.verify_offsets,
-                buffers.verify_row_hints,
-                buffers.launch_sync,
-                chunk_sums,
-                epoch,
-                *large_ints,
+                inputs,
+                (
+                    buffers.write_offsets,
+                    buffers.write_seed_slot_indices,
+                    buffers.write_num_valid_reqs,
+                    buffers.verify_slot_indices,
+                    buffers.verify_expected_tokens,
+                    buffers.verify_expected_positions,
+                    buffers.verify_prev_slot_indices,
+                    buffers.verify_num_valid,
+                    buffers.verify_enable,
+                    buffers.status,
+                    buffers.verify_offsets,
+                    buffers.verify_row_hints,
+                    buffers.launch_sync,
+                    chunk_sums,
+                ),
+                (epoch, *large_ints),
             ),
             {
                 "HAS_LUT": has_lut,
@@ -182,31 +190,33 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     sums = buffers.scan_block_sums
     n_sum_blocks = triton.cdiv(bs, OFFSETS_BLOCK)
     sums_ints = (bs, window, sums.shape[1], verify_capacity)
-    _SUMS.launch(
+    _SUMS.launch_fixed(
+        owner,
         device,
         (n_sum_blocks, 1, 1),
         (dev.variant, common_key[3], int_classes(sums_ints)),
-        (args.req_pool_indices, args.prefix_lens, args.extend_seq_lens, sums, *sums_ints),
+        (inputs[:3], (sums,), sums_ints),
         {"BLOCK": OFFSETS_BLOCK, "USE_PDL": dev.use_pdl},
         {"num_warps": cfg.scan_warps},
     )
     offsets_ints = (bs, n_sum_blocks, sums.shape[1], write_capacity, verify_capacity, window)
-    _OFFSETS.launch(
+    _OFFSETS.launch_fixed(
+        owner,
         device,
         (triton.cdiv(bs + 1, OFFSETS_BLOCK), 1, 1),
         (dev.variant, common_key[3], int_classes(offsets_ints)),
         (
-            args.req_pool_indices,
-            args.prefix_lens,
-            args.extend_seq_lens,
-            sums,
-            buffers.write_offsets,
-            buffers.write_num_valid_reqs,
-            buffers.verify_offsets,
-            buffers.verify_row_hints,
-            buffers.verify_num_valid,
-            buffers.verify_enable,
-            *offsets_ints,
+            inputs[:3],
+            (
+                sums,
+                buffers.write_offsets,
+                buffers.write_num_valid_reqs,
+                buffers.verify_offsets,
+                buffers.verify_row_hints,
+                buffers.verify_num_valid,
+                buffers.verify_enable,
+            ),
+            offsets_ints,
         ),
         {
             "BLOCK": OFFSETS_BLOCK,
@@ -234,26 +244,26 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         pool_rows,
         pool_cols,
     )
-    _ENTRIES.launch(
+    _ENTRIES.launch_fixed(
+        owner,
         device,
         (seed_programs + entry_grid, 1, 1),
         (common_key, int_classes(entries_ints)),
         (
-            *inputs[:4],
-            lut_t,
-            pool_t,
-            valid_t,
-            buffers.verify_offsets,
-            buffers.verify_row_hints,
-            buffers.verify_num_valid,
-            buffers.verify_enable,
-            buffers.write_seed_slot_indices,
-            buffers.verify_slot_indices,
-            buffers.verify_expected_tokens,
-            buffers.verify_expected_positions,
-            buffers.verify_prev_slot_indices,
-            buffers.status,
-            *entries_ints,
+            inputs,
+            (
+                buffers.verify_offsets,
+                buffers.verify_row_hints,
+                buffers.verify_num_valid,
+                buffers.verify_enable,
+                buffers.write_seed_slot_indices,
+                buffers.verify_slot_indices,
+                buffers.verify_expected_tokens,
+                buffers.verify_expected_positions,
+                buffers.verify_prev_slot_indices,
+                buffers.status,
+            ),
+            entries_ints,
         ),
         {
             "HAS_LUT": has_lut,

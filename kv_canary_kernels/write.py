@@ -20,6 +20,7 @@ from kv_canary_buffers.validation import WriteArgs, validate_write_args
 
 from . import compiled, config
 from .canary_common import append_violations, i64, mix3, raise_status, real_kv_or_zero
+from .config import INTERPRETING
 from .constants import (
     ANCHOR,
     NO_SLOT,
@@ -35,7 +36,7 @@ from .constants import (
     WRITE_SLOT_BAD,
     WRITE_TOKEN_BIT,
 )
-from .launcher import Launcher, alignment_key
+from .launcher import FastPath, Launcher, addresses, alignment_key, current_device, stream_of
 from .sources import source_args
 
 _RUNTIME_INTS = [
@@ -254,7 +255,6 @@ def canary_write_kernel(
 def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
     """Launch the write kernel on validated arguments (no check at all)."""
     variant, cfg = config.active
-    src = source_args(args.real_kv, store.records)
     has_expected = args.expected_input_ids is not None
     # (validation: both expected tensors are given, or neither)
     exp_ids = args.input_ids if args.expected_input_ids is None else args.expected_input_ids
@@ -262,41 +262,53 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
     inputs = (args.input_ids, args.positions, args.out_cache_loc, exp_ids, exp_pos)
     # The plan's, the store's and the sources' tensors are 16-byte aligned by
     # construction; only the caller's inputs may not be.
-    key = (
-        variant,
-        has_expected,
-        src.num_sources,
-        src.mode,
-        src.dtypes,
-        True if args.aligned else alignment_key(inputs),
+    aligned = True if args.aligned else alignment_key(inputs)
+    fast_key = None
+    if not INTERPRETING and type(store) is CanaryStore and type(buffers) is PlanBuffers:
+        # Only the inputs, their count and the tag change from call to call
+        # (launcher.FastPath); the validation re-proved the fixed addresses.
+        kv = args.real_kv
+        fast_key = (
+            store.arena.handle,
+            buffers.arena.handle,
+            variant,
+            has_expected,
+            0 if kv is None else kv._handle,
+            aligned,
+        )
+        fast = _FAST.get(fast_key)
+        if fast is not None:
+            index, programs, go, fixed, sizes, tail = fast
+            if index == current_device():
+                go(
+                    programs, stream_of(index), *inputs, *fixed, args.n, *sizes,
+                    args.launch_tag, *tail,
+                )  # fmt: skip
+                return
+    src = source_args(args.real_kv, store.records)
+    key = (variant, has_expected, src.num_sources, src.mode, src.dtypes, aligned)
+    fixed = (
+        buffers.write_offsets,
+        buffers.write_seed_slot_indices,
+        buffers.write_num_valid_reqs,
+        store.records,
+        store.violations,
+        store.violation_count,
+        store.kernel_runs,
+        store.slots_processed,
+        store.chain_position_check,
+        store.status,
+        *src.tensors,
+        *src.ints,
     )
-    _WRITE.launch(
+    sizes = (buffers.write_req_capacity, store.num_slots, store.violation_capacity)
+    tail = (src.page_size, src.bpt_words, src.kv_words)
+    programs = triton.cdiv(buffers.write_req_capacity, cfg.write_rows)
+    go = _WRITE.launch(
         store.device,
-        (triton.cdiv(buffers.write_req_capacity, cfg.write_rows), 1, 1),
+        (programs, 1, 1),
         key,
-        (
-            *inputs,
-            buffers.write_offsets,
-            buffers.write_seed_slot_indices,
-            buffers.write_num_valid_reqs,
-            store.records,
-            store.violations,
-            store.violation_count,
-            store.kernel_runs,
-            store.slots_processed,
-            store.chain_position_check,
-            store.status,
-            *src.tensors,
-            *src.ints,
-            args.n,
-            buffers.write_req_capacity,
-            store.num_slots,
-            store.violation_capacity,
-            args.launch_tag,
-            src.page_size,
-            src.bpt_words,
-            src.kv_words,
-        ),
+        (*inputs, *fixed, args.n, *sizes, args.launch_tag, *tail),
         {
             "HAS_EXPECTED": has_expected,
             "NUM_SOURCES": src.num_sources,
@@ -306,8 +318,11 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
         },
         {"num_warps": cfg.write_warps},
     )
+    if go is not None and fast_key is not None:
+        _FAST.remember(fast_key, (store.device.index, programs, go, addresses(fixed), sizes, tail))
 
 
+_FAST = FastPath()
 _WRITE = Launcher(canary_write_kernel)
 
 

@@ -1,0 +1,148 @@
+"""The launchers' host fast path (kv_canary_kernels/launcher.py), the parts a CPU can check:
+how a compiled variant is called (Triton 3.6's C launcher directly, any other Triton
+through ``run``), the bounded cache of prepared launches, and that the interpreter never
+takes the fast path. The GPU side (repeated launches equal to the references, the cache
+actually hit, a tampered object still refused) is tests/test_gpu_fast_path.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kv_canary_buffers import CanaryStore, PlanBuffers
+from kv_canary_kernels import launch_verify, launch_write
+from kv_canary_kernels import verify as verify_module
+from kv_canary_kernels import write as write_module
+from kv_canary_kernels.config import INTERPRETING
+from kv_canary_kernels.launcher import FastPath, addresses, direct
+
+GRID_ARGS = ("gridX", "gridY", "gridZ", "stream", "function")
+
+
+class Triton36Launcher:
+    """The shape of Triton 3.6's ``CudaLauncher``: ``__call__`` allocates scratch memory
+    (none here) and calls ``launch`` with the cooperative and PDL flags inserted."""
+
+    global_scratch_size = 0
+    profile_scratch_size = 0
+    launch_cooperative_grid = False
+    launch_pdl = True
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.launch = lambda *args: self.calls.append(("launch", *args))
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+        self.calls.append(("__call__", gridX, gridY, gridZ, stream, function, *args))
+
+
+class OtherLauncher(Triton36Launcher):
+    """Another Triton's layout (3.9 names the metadata and hooks in ``__call__``)."""
+
+    def __call__(
+        self, gridX, gridY, gridZ, stream, function, kernel_metadata, launch_metadata, *args
+    ):
+        self.calls.append(("__call__", gridX, gridY, gridZ, stream, function))
+
+
+class Kernel:
+    function = 1234
+    packed_metadata = (4, 1, 0)
+
+    def __init__(self, run) -> None:
+        self.run = run
+
+
+def test_direct_calls_triton_36s_c_launcher_with_its_argument_layout():
+    run = Triton36Launcher()
+    go = direct(Kernel(run), constexprs=("C1", "C2"))
+    go(7, 99, "a", 5)
+    # what Triton 3.6's CudaLauncher.__call__ passes to launch: grid, stream, function,
+    # cooperative and PDL flags, two scratch pointers (None), kernel metadata, launch
+    # metadata and the two hooks (None), then the kernel's arguments and constexprs
+    assert run.calls == [
+        ("launch", 7, 1, 1, 99, 1234, False, True, None, None, (4, 1, 0), None, None, None)
+        + ("a", 5, "C1", "C2")
+    ]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "other layout",
+        "global scratch",
+        "profile scratch",
+        "no launch",
+    ],
+)
+def test_direct_goes_through_run_where_the_launcher_is_not_triton_36s(change):
+    run = OtherLauncher() if change == "other layout" else Triton36Launcher()
+    if change == "global scratch":
+        run.global_scratch_size = 128  # __call__ would allocate it: it must run
+    elif change == "profile scratch":
+        run.profile_scratch_size = 64
+    elif change == "no launch":
+        run.launch = None
+    go = direct(Kernel(run), constexprs=("C",))
+    go(3, 11, "x")
+    assert run.calls and run.calls[0][:6] == ("__call__", 3, 1, 1, 11, 1234)
+    assert all(c[0] == "__call__" for c in run.calls)
+
+
+def test_the_installed_tritons_launcher_is_recognised_where_it_is_36():
+    """On the Triton this project is measured with (3.6), the C launcher is called
+    directly; the test reads the real class, so an upgrade that changes the layout turns
+    the fast call off (and this test tells) instead of passing arguments in a wrong order."""
+    import triton
+
+    from kv_canary_kernels.launcher import _LAUNCHER_CALL, _calls_c_launch_directly
+
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+    except ImportError:  # pragma: no cover - a Triton without the NVIDIA backend
+        pytest.skip("no NVIDIA backend in this Triton")
+    import inspect
+
+    params = tuple(inspect.signature(CudaLauncher.__call__).parameters)
+    if triton.__version__.startswith("3.6."):
+        assert params == _LAUNCHER_CALL
+    fake = CudaLauncher.__new__(CudaLauncher)
+    fake.launch = lambda *a: None
+    fake.global_scratch_size = fake.profile_scratch_size = 0
+    fake.launch_cooperative_grid = fake.launch_pdl = False
+    assert _calls_c_launch_directly(fake) == (params == _LAUNCHER_CALL)
+
+
+def test_fast_path_cache_is_bounded_and_holds_no_tensor():
+    cache = FastPath()
+    for i in range(FastPath.LIMIT):
+        cache.remember(i, (i,))
+    assert len(cache) == FastPath.LIMIT
+    cache.remember("one more", (0,))
+    assert list(cache) == ["one more"]
+    t = torch.arange(4)
+    assert addresses((t, 3, None)) == (t.data_ptr(), 3, None)
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="the kernels run on the GPU here, not interpreted")
+def test_the_interpreter_never_takes_the_fast_path(make_store_and_plan):
+    """Under the interpreter every launch goes through Triton with tensors (the fast path
+    passes addresses, which the interpreter cannot read): no entry is ever cached."""
+    store, plan = make_store_and_plan
+    n = 3
+    step = dict(
+        input_ids=torch.arange(n),
+        positions=torch.arange(n),
+        out_cache_loc=torch.arange(1, n + 1),
+    )
+    for _ in range(2):
+        launch_write(store, plan, **step)
+        launch_verify(store, plan)
+    assert len(verify_module._FAST) == 0 and len(write_module._FAST) == 0
+
+
+@pytest.fixture
+def make_store_and_plan():
+    store = CanaryStore.allocate(num_slots=16, violation_capacity=8, device="cpu")
+    plan = PlanBuffers.allocate(write_req_capacity=2, verify_capacity=4, device="cpu")
+    return store, plan
