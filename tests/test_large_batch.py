@@ -46,13 +46,13 @@ def launches(monkeypatch):
     seen: list[str] = []
     for name in ("_SMALL", "_SUMS", "_OFFSETS", "_ENTRIES", "_LARGE"):
         launcher = getattr(plan_module, name)
-        original = launcher.launch
+        original = launcher.launch_fixed  # what dispatch_plan calls for every launch
 
         def spy(*args, _name=name, _original=original, **kwargs):
             seen.append(_name)
             return _original(*args, **kwargs)
 
-        monkeypatch.setattr(launcher, "launch", spy)
+        monkeypatch.setattr(launcher, "launch_fixed", spy)
     return seen
 
 
