@@ -83,6 +83,8 @@ class Arena:
     more than one element), computed once (one tuple a field unpacks faster in the hot
     loop than five transposed ones)."""
     _names: tuple[str, ...] = attrs.field(init=False, repr=False)
+    address: dict[str, int] = attrs.field(init=False, repr=False)
+    """Each field's data pointer (the arena's base plus the field's offset)."""
     _subsets: dict[tuple[str, ...], Any] = attrs.field(init=False, repr=False, factory=dict)
     launches: Iterator[int] = attrs.field(
         init=False, repr=False, factory=lambda: itertools.count(1)
@@ -105,6 +107,7 @@ class Arena:
             ),
         )
         object.__setattr__(self, "_names", tuple(f.name for f in self.fields))
+        object.__setattr__(self, "address", {f.name: self.base + f.offset for f in self.fields})
         object.__setattr__(self, "handle", next_handle())
         register_arena(self)
 

@@ -52,6 +52,10 @@ class PlanArgs(NamedTuple):
     req_to_verify_expected_tokens: torch.Tensor | None
     req_to_verify_expected_tokens_valid_lens: torch.Tensor | None
     kv_token_id_vs_position_offset: int
+    addresses: tuple[int | None, ...]
+    """The data pointers of the seven tensor inputs above, in that order (None for an
+    input not given), read once by the checks: the kernels' launch passes them instead
+    of the tensors."""
 
 
 def check_buffers(buffers: object) -> PlanBuffers:
@@ -234,22 +238,34 @@ def validate_plan_args(
     start = arena.base
     end = start + arena.nbytes
     row_bytes = 8 * bs
+    inputs = (rp, P, E, table, lut, pool, valid_lens)
+    rows = (rp, P, E) if valid_lens is None else (rp, P, E, valid_lens)
     linked = False
-    for t in (rp, P, E, valid_lens):
-        if t is not None:
-            ptr = t.data_ptr()
-            if ptr < end and ptr + row_bytes > start:
-                _refuse_shared_memory(arena, _named_inputs(rp, P, E, table, lut, pool, valid_lens))
-            if getattr(t, STAGING_LINK_ATTR, None) is not None:  # a linked staging tensor
-                linked = True
+    for t in rows:
+        ptr = t.data_ptr()
+        if ptr < end and ptr + row_bytes > start:
+            _refuse_shared_memory(arena, _named_inputs(*inputs))
+        if getattr(t, STAGING_LINK_ATTR, None) is not None:  # a linked staging tensor
+            linked = True
     for t in (table, lut, pool):
         if t is not None:
             ptr = t.data_ptr()
             if ptr < end and ptr + t.nbytes > start:
-                _refuse_shared_memory(arena, _named_inputs(rp, P, E, table, lut, pool, valid_lens))
-    if linked:  # after every aliasing test, as before
-        _refuse_foreign_staging(bufs, _named_inputs(rp, P, E, table, lut, pool, valid_lens))
-    return _new_tuple(PlanArgs, (bs, rp, P, E, table, window, lut, pool, valid_lens, offset))
+                _refuse_shared_memory(arena, _named_inputs(*inputs))
+    addresses = (
+        rp.data_ptr(),
+        P.data_ptr(),
+        E.data_ptr(),
+        table.data_ptr(),
+        None if lut is None else lut.data_ptr(),
+        None if pool is None else pool.data_ptr(),
+        None if valid_lens is None else valid_lens.data_ptr(),
+    )
+    if linked:  # after every aliasing test
+        _refuse_foreign_staging(bufs, _named_inputs(*inputs))
+    return _new_tuple(
+        PlanArgs, (bs, rp, P, E, table, window, lut, pool, valid_lens, offset, addresses)
+    )
 
 
 _new_tuple = tuple.__new__
@@ -288,6 +304,10 @@ class WriteArgs(NamedTuple):
     """None when no real-KV hash is taken (no object, mode NONE or no sources)."""
     aligned: bool
     """Whether every per-token input starts 16-byte aligned (the kernels' fast variant)."""
+    addresses: tuple[int, ...]
+    """The data pointers of input_ids, positions, out_cache_loc, then of the expected
+    inputs or (without them) of input_ids and positions again, read once by the checks:
+    the kernel's launch passes them instead of the tensors."""
 
 
 class VerifyArgs(NamedTuple):
@@ -422,6 +442,7 @@ def validate_write_args(
     n = out_cache_loc.shape[0] if isinstance(out_cache_loc, torch.Tensor) else -1
     shape = (n,)
     aligned = True
+    pointers = []
     for t in inputs:
         if not (
             isinstance(t, torch.Tensor)
@@ -435,6 +456,9 @@ def validate_write_args(
         if ptr < end and start < ptr + 8 * n:
             _raise_write_input_error(st, inputs)
         aligned = aligned and ptr % 16 == 0
+        pointers.append(ptr)
+    if not has_expected:
+        pointers += pointers[:2]
     tag = (
         launch_tag
         if type(launch_tag) is int and INT64_MIN <= launch_tag <= INT64_MAX
@@ -453,6 +477,7 @@ def validate_write_args(
             expected_positions,
             kv,
             aligned,
+            tuple(pointers),
         ),
     )
 

@@ -211,12 +211,15 @@ class Launcher:
         args: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]],
         constexprs: dict[str, Any],
         options: dict[str, Any],
+        head_addresses: tuple[int, ...] | None = None,
     ) -> None:
         """:meth:`launch` with the runtime arguments ``(*head, *fixed, *tail)`` given as
         ``args = (head, fixed, tail)``, where ``fixed`` are tensors of ``owner`` (a
         ``PlanBuffers`` or ``CanaryStore``, or None when there is no such object) that
         every launch of this variant for ``owner`` passes alike: after the first such
-        launch they go as the addresses the caller's validation re-proves at each call."""
+        launch they go as the addresses the caller's validation re-proves at each call.
+        ``head_addresses``, when given, are the addresses of the tensors in ``head``
+        (read by the validation), which such a launch passes in their place."""
         head, fixed, tail = args
         fast_key = None if owner is None else (owner.arena.handle, key)  # type: ignore[attr-defined]
         if fast_key is not None:
@@ -224,7 +227,7 @@ class Launcher:
             if hit is not None:
                 index, go, addrs = hit
                 if index == current_device():
-                    go(grid[0], stream_of(index), *head, *addrs, *tail)
+                    go(grid[0], stream_of(index), *(head_addresses or head), *addrs, *tail)
                     return
         go = self.launch(device, grid, key, (*head, *fixed, *tail), constexprs, options)
         if go is not None and fast_key is not None:

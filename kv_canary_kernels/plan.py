@@ -94,7 +94,21 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         pool_rows,
         pool_cols,
     )
-    common_key = (dev.variant, has_lut, has_pool, alignment_key(inputs), int_classes(ints))
+    if owner is not None:
+        # The addresses the validation read, the buffers' own dummies where an input is
+        # not given: passed in place of the tensors (Launcher.launch_fixed).
+        a, dummy = args.addresses, buffers.arena.address
+        d64 = dummy["dummy_int64"]
+        head_addresses: tuple[int, ...] | None = (
+            *a[:4],  # type: ignore[arg-type]
+            d64 if a[4] is None else a[4],
+            dummy["dummy_int32"] if a[5] is None else a[5],
+            d64 if a[6] is None else a[6],
+        )
+        aligned = tuple(p % 16 == 0 for p in head_addresses)  # type: ignore[union-attr]
+    else:
+        head_addresses, aligned = None, alignment_key(inputs)
+    common_key = (dev.variant, has_lut, has_pool, aligned, int_classes(ints))
 
     if bs < SCAN_BLOCK:
         # program 0 writes the write plan, programs 1.. the verify entries
@@ -128,6 +142,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             ),
             {"HAS_LUT": has_lut, "HAS_POOL": has_pool, "ROWS": rows, "BLOCK": block},
             {"num_warps": cfg.small_entry_warps, **dev.entries_options},
+            head_addresses,
         )
         return
 
@@ -184,10 +199,12 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
                 "MAX_POLLS": 1 if INTERPRETING else cfg.one_launch_max_polls,
             },
             {"num_warps": warps, **dev.entries_options},
+            head_addresses,
         )
         return
 
     sums = buffers.scan_block_sums
+    rows_addresses = None if head_addresses is None else head_addresses[:3]
     n_sum_blocks = triton.cdiv(bs, OFFSETS_BLOCK)
     sums_ints = (bs, window, sums.shape[1], verify_capacity)
     _SUMS.launch_fixed(
@@ -198,6 +215,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         (inputs[:3], (sums,), sums_ints),
         {"BLOCK": OFFSETS_BLOCK, "USE_PDL": dev.use_pdl},
         {"num_warps": cfg.scan_warps},
+        rows_addresses,
     )
     offsets_ints = (bs, n_sum_blocks, sums.shape[1], write_capacity, verify_capacity, window)
     _OFFSETS.launch_fixed(
@@ -225,6 +243,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             "USE_PDL": dev.use_pdl,
         },
         {"num_warps": cfg.scan_warps, **dev.pdl_options},
+        rows_addresses,
     )
     if has_lut:
         block, warps = cfg.lut_entry_block, cfg.lut_entry_warps
@@ -274,6 +293,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             "USE_PDL": dev.use_pdl,
         },
         {"num_warps": warps, **dev.pdl_options, **dev.entries_options},
+        head_addresses,
     )
 
 

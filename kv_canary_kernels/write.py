@@ -265,8 +265,9 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
     aligned = True if args.aligned else alignment_key(inputs)
     fast_key = None
     if not INTERPRETING and type(store) is CanaryStore and type(buffers) is PlanBuffers:
-        # Only the inputs, their count and the tag change from call to call
-        # (launcher.FastPath); the validation re-proved the fixed addresses.
+        # Only the inputs (their addresses, read by the validation), their count and
+        # the tag change from call to call (launcher.FastPath); the validation
+        # re-proved the fixed addresses.
         kv = args.real_kv
         fast_key = (
             store.arena.handle,
@@ -281,7 +282,7 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
             index, programs, go, fixed, sizes, tail = fast
             if index == current_device():
                 go(
-                    programs, stream_of(index), *inputs, *fixed, args.n, *sizes,
+                    programs, stream_of(index), *args.addresses, *fixed, args.n, *sizes,
                     args.launch_tag, *tail,
                 )  # fmt: skip
                 return

@@ -13,7 +13,7 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 L=$OUT/run.log
 { date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
 echo "== GPU tests $(date -u +%T)" >> $L
-timeout 300 python -m pytest -q tests/test_gpu.py tests/test_gpu_canary.py tests/test_multi_gpu.py tests/test_end_to_end.py tests/test_demo.py tests/test_large_batch.py tests/test_property.py tests/test_out_of_range.py -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
+timeout 300 python -m pytest -q tests/test_gpu.py tests/test_gpu_canary.py tests/test_gpu_fast_path.py tests/test_fast_launch.py tests/test_multi_gpu.py tests/test_end_to_end.py tests/test_demo.py tests/test_large_batch.py tests/test_property.py tests/test_out_of_range.py -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
 echo "== memcheck $(date -u +%T)" >> $L
 M=$OUT/memcheck-h200.log
 timeout 100 compute-sanitizer --tool memcheck python tests/gpu_memcheck_canary.py > $M 2>&1; echo "memcheck canary rc=$?" >> $L
