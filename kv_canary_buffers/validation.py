@@ -247,10 +247,10 @@ def validate_plan_args(
             _refuse_shared_memory(arena, _named_inputs(*inputs))
         if getattr(t, STAGING_LINK_ATTR, None) is not None:  # a linked staging tensor
             linked = True
-    for t in (table, lut, pool):
-        if t is not None:
-            ptr = t.data_ptr()
-            if ptr < end and ptr + t.nbytes > start:
+    for table_t in (table, lut, pool):
+        if table_t is not None:
+            ptr = table_t.data_ptr()
+            if ptr < end and ptr + table_t.nbytes > start:
                 _refuse_shared_memory(arena, _named_inputs(*inputs))
     addresses = (
         rp.data_ptr(),

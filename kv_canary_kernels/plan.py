@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import triton
 from torch.compiler import is_compiling
 
 from kv_canary_buffers.buffers import PlanBuffers
@@ -20,7 +19,7 @@ from . import compiled
 from .config import INTERPRETING, device_config
 from .entries import plan_entries_kernel
 from .large_batch import plan_large_batch_kernel
-from .launcher import Launcher, alignment_key, capturing
+from .launcher import Launcher, alignment_key, capturing, cdiv
 from .offsets import plan_offsets_kernel, scan_block_sums_kernel
 from .small_batch import plan_small_batch_kernel
 
@@ -99,15 +98,21 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         # not given: passed in place of the tensors (Launcher.launch_fixed).
         a, dummy = args.addresses, buffers.arena.address
         d64 = dummy["dummy_int64"]
-        head_addresses: tuple[int, ...] | None = (
+        h: tuple[int, ...] = (
             *a[:4],  # type: ignore[arg-type]
             d64 if a[4] is None else a[4],
             dummy["dummy_int32"] if a[5] is None else a[5],
             d64 if a[6] is None else a[6],
         )
-        aligned = tuple(p % 16 == 0 for p in head_addresses)  # type: ignore[union-attr]
+        head_addresses: tuple[int, ...] | None = h
+        aligned: bool | tuple[bool, ...] = (
+            True  # every input 16-byte aligned, the common case
+            if not (h[0] | h[1] | h[2] | h[3] | h[4] | h[5] | h[6]) & 15
+            else tuple(p % 16 == 0 for p in h)
+        )
     else:
-        head_addresses, aligned = None, alignment_key(inputs)
+        head_addresses = None
+        aligned = alignment_key(inputs)
     common_key = (dev.variant, has_lut, has_pool, aligned, int_classes(ints))
 
     if bs < SCAN_BLOCK:
@@ -118,7 +123,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
                 rows = tile
                 break
         block = cfg.small_entry_block
-        entry_grid = min(triton.cdiv(verify_capacity, block), dev.small_plan_programs)
+        entry_grid = min(cdiv(verify_capacity, block), dev.small_plan_programs)
         _SMALL.launch_fixed(
             owner,
             device,
@@ -155,10 +160,10 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             if has_lut
             else (cfg.entry_block, cfg.entry_warps)
         )
-        n_scanners = triton.cdiv(bs + 1, OFFSETS_BLOCK)
+        n_scanners = cdiv(bs + 1, OFFSETS_BLOCK)
         # Enough for the entries, the seeds and the offsets' tail, whichever is largest.
         work = max(verify_capacity, bs, write_capacity - bs)
-        workers = max(1, min(triton.cdiv(work, block), dev.one_launch_programs))
+        workers = max(1, min(cdiv(work, block), dev.one_launch_programs))
         chunk_sums = buffers.scan_chunk_sums
         large_ints = (bs, n_scanners, chunk_sums.shape[1], *ints[1:])
         epoch = next(buffers.arena.launches)
@@ -205,7 +210,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
 
     sums = buffers.scan_block_sums
     rows_addresses = None if head_addresses is None else head_addresses[:3]
-    n_sum_blocks = triton.cdiv(bs, OFFSETS_BLOCK)
+    n_sum_blocks = cdiv(bs, OFFSETS_BLOCK)
     sums_ints = (bs, window, sums.shape[1], verify_capacity)
     _SUMS.launch_fixed(
         owner,
@@ -221,7 +226,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     _OFFSETS.launch_fixed(
         owner,
         device,
-        (triton.cdiv(bs + 1, OFFSETS_BLOCK), 1, 1),
+        (cdiv(bs + 1, OFFSETS_BLOCK), 1, 1),
         (dev.variant, common_key[3], int_classes(offsets_ints)),
         (
             inputs[:3],
@@ -249,8 +254,8 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         block, warps = cfg.lut_entry_block, cfg.lut_entry_warps
     else:
         block, warps = cfg.entry_block, cfg.entry_warps
-    seed_programs = triton.cdiv(bs, block)
-    entry_grid = min(triton.cdiv(verify_capacity, block), dev.plan_programs)
+    seed_programs = cdiv(bs, block)
+    entry_grid = min(cdiv(verify_capacity, block), dev.plan_programs)
     entries_ints = (
         bs,
         seed_programs,
@@ -307,6 +312,8 @@ _ENTRIES = Launcher(plan_entries_kernel)
 def int_classes(values: tuple[int, ...]) -> int:
     """A bit per runtime int: set when it does not fit in int32 (Triton then types it
     int64, a different compiled variant)."""
+    if INT32_MIN <= min(values) and max(values) <= INT32_MAX:
+        return 0  # the common case, in two C calls
     bits = 0
     for i, v in enumerate(values):
         if not INT32_MIN <= v <= INT32_MAX:

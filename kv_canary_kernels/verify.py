@@ -39,7 +39,7 @@ from .constants import (
     VERIFY_SLOT_BAD,
     VERIFY_TOKEN_BIT,
 )
-from .launcher import FastPath, Launcher, addresses, current_device, stream_of
+from .launcher import FastPath, Launcher, addresses, cdiv, current_device, stream_of
 from .sources import source_args
 
 _RUNTIME_INTS = [
@@ -227,7 +227,7 @@ def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) 
     dev = device_config(device)
     block = dev.launch.verify_block
     src = source_args(args.real_kv, store.records)
-    grid = min(triton.cdiv(buffers.verify_capacity, block), dev.verify_programs)
+    grid = min(cdiv(buffers.verify_capacity, block), dev.verify_programs)
     # Every tensor is 16-byte aligned by construction: the key needs no alignment part.
     key = (dev.variant, args.check_expected_tokens, src.num_sources, src.mode, src.dtypes)
     before = (

@@ -36,7 +36,7 @@ from .constants import (
     WRITE_SLOT_BAD,
     WRITE_TOKEN_BIT,
 )
-from .launcher import FastPath, Launcher, addresses, alignment_key, current_device, stream_of
+from .launcher import FastPath, Launcher, addresses, alignment_key, cdiv, current_device, stream_of
 from .sources import source_args
 
 _RUNTIME_INTS = [
@@ -304,7 +304,7 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
     )
     sizes = (buffers.write_req_capacity, store.num_slots, store.violation_capacity)
     tail = (src.page_size, src.bpt_words, src.kv_words)
-    programs = triton.cdiv(buffers.write_req_capacity, cfg.write_rows)
+    programs = cdiv(buffers.write_req_capacity, cfg.write_rows)
     go = _WRITE.launch(
         store.device,
         (programs, 1, 1),
