@@ -239,19 +239,6 @@ def validate_plan_args(
     end = start + arena.nbytes
     row_bytes = 8 * bs
     inputs = (rp, P, E, table, lut, pool, valid_lens)
-    rows = (rp, P, E) if valid_lens is None else (rp, P, E, valid_lens)
-    linked = False
-    for t in rows:
-        ptr = t.data_ptr()
-        if ptr < end and ptr + row_bytes > start:
-            _refuse_shared_memory(arena, _named_inputs(*inputs))
-        if getattr(t, STAGING_LINK_ATTR, None) is not None:  # a linked staging tensor
-            linked = True
-    for table_t in (table, lut, pool):
-        if table_t is not None:
-            ptr = table_t.data_ptr()
-            if ptr < end and ptr + table_t.nbytes > start:
-                _refuse_shared_memory(arena, _named_inputs(*inputs))
     addresses = (
         rp.data_ptr(),
         P.data_ptr(),
@@ -261,6 +248,18 @@ def validate_plan_args(
         None if pool is None else pool.data_ptr(),
         None if valid_lens is None else valid_lens.data_ptr(),
     )
+    linked = False
+    for i in (0, 1, 2, 6):
+        ptr = addresses[i]
+        if ptr is not None:
+            if ptr < end and ptr + row_bytes > start:
+                _refuse_shared_memory(arena, _named_inputs(*inputs))
+            if getattr(inputs[i], STAGING_LINK_ATTR, None) is not None:  # linked staging
+                linked = True
+    for i in (3, 4, 5):
+        ptr = addresses[i]
+        if ptr is not None and ptr < end and ptr + inputs[i].nbytes > start:  # type: ignore[union-attr]
+            _refuse_shared_memory(arena, _named_inputs(*inputs))
     if linked:  # after every aliasing test
         _refuse_foreign_staging(bufs, _named_inputs(*inputs))
     return _new_tuple(
