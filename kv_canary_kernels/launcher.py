@@ -242,6 +242,7 @@ class Launcher:
         constexprs: dict[str, Any],
         options: dict[str, Any],
     ) -> Go | None:
+        assert grid[1] == 1 and grid[2] == 1, grid  # Go launches one axis
         full_key = (index, key)
         go = self.direct.get(full_key)
         if go is None:

@@ -205,11 +205,17 @@ def canary_verify_kernel(
 def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) -> None:
     """Launch the verify kernel on validated arguments (no check at all)."""
     fast_key = None
-    if not INTERPRETING and type(store) is CanaryStore and type(buffers) is PlanBuffers:
+    kv = args.real_kv
+    if (
+        not INTERPRETING
+        and type(store) is CanaryStore
+        and type(buffers) is PlanBuffers
+        # a torch.compile copy of the sources (compiled._SourcesOver) lies elsewhere
+        and (kv is None or type(kv) is RealKV)
+    ):
         # Everything but the launch tag is fixed by the store, the plan buffers, the
         # sources and the config (launcher.FastPath); the validation that ran before
         # re-proved their addresses.
-        kv = args.real_kv
         fast_key = (
             store.arena.handle,
             buffers.arena.handle,

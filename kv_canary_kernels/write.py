@@ -264,11 +264,17 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
     # construction; only the caller's inputs may not be.
     aligned = True if args.aligned else alignment_key(inputs)
     fast_key = None
-    if not INTERPRETING and type(store) is CanaryStore and type(buffers) is PlanBuffers:
+    kv = args.real_kv
+    if (
+        not INTERPRETING
+        and type(store) is CanaryStore
+        and type(buffers) is PlanBuffers
+        # a torch.compile copy of the sources (compiled._SourcesOver) lies elsewhere
+        and (kv is None or type(kv) is RealKV)
+    ):
         # Only the inputs (their addresses, read by the validation), their count and
         # the tag change from call to call (launcher.FastPath); the validation
         # re-proved the fixed addresses.
-        kv = args.real_kv
         fast_key = (
             store.arena.handle,
             buffers.arena.handle,

@@ -146,3 +146,52 @@ def make_store_and_plan():
     store = CanaryStore.allocate(num_slots=16, violation_capacity=8, device="cpu")
     plan = PlanBuffers.allocate(write_req_capacity=2, verify_capacity=4, device="cpu")
     return store, plan
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="CPU tensors: the kernels run interpreted")
+@pytest.mark.parametrize("stage", ["write", "verify"])
+@pytest.mark.parametrize("fast", [False, True])
+def test_compiled_op_with_copied_sources_takes_the_full_path(monkeypatch, stage, fast):
+    """A torch.compile operator given the store's and the plan's arenas in place but a
+    functionalization copy of the KV sources (inductor, when the KV write before the
+    launch cannot be done in place) hands the dispatch a stand-in for the RealKV, which
+    must take the full path (the copy lies elsewhere than the RealKV's cached addresses).
+    ``fast`` turns the stages' fast-path code on as on a GPU (the launch itself still
+    runs in the interpreter). Found by review: the fast-path key read the stand-in's
+    missing handle."""
+    from kv_canary_buffers import RealKV, RealKVMode
+    from kv_canary_kernels import compiled, launch_plan
+
+    if fast:
+        monkeypatch.setattr(write_module, "INTERPRETING", False)
+        monkeypatch.setattr(verify_module, "INTERPRETING", False)
+    plan = PlanBuffers.allocate(write_req_capacity=2, verify_capacity=16, device="cpu")
+    store = CanaryStore.allocate(num_slots=64, violation_capacity=8, device="cpu")
+    table = torch.arange(1, 49, dtype=torch.int32).reshape(6, 8)
+    launch_plan(
+        plan,
+        req_pool_indices=torch.tensor([1, 2]),
+        prefix_lens=torch.tensor([1, 2]),
+        extend_seq_lens=torch.tensor([1, 1]),
+        req_to_token=table,
+    )
+    src = torch.zeros(64, 16, dtype=torch.int64)
+    kv = RealKV(mode=RealKVMode.PARTIAL, sources=(src,), page_size=1, bytes_per_token=16)
+    copy = src.clone()
+    copy[4] = 9  # what the copy holds differs from the source: the hash must read it
+    if stage == "write":
+        compiled._write_impl(
+            store.arena.tensor, plan.arena.tensor, store.arena.handle, plan.arena.handle,
+            torch.tensor([7, 8]), torch.tensor([1, 2]), torch.tensor([3, 4]), 5, None, None,
+            kv._handle, [copy],
+        )  # fmt: skip
+        assert int(store.kernel_runs[0]) == 1
+        # slot 4's record hashes the copy's bytes (nonzero), slot 3's the zeros
+        assert int(store.records[4, 3]) != int(store.records[3, 3])
+    else:
+        compiled._verify_impl(
+            store.arena.tensor, plan.arena.tensor, store.arena.handle, plan.arena.handle,
+            5, True, kv._handle, [copy],
+        )  # fmt: skip
+        assert int(store.kernel_runs[0]) == 1
+    assert len(verify_module._FAST) == 0 and len(write_module._FAST) == 0
