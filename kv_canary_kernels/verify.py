@@ -137,26 +137,15 @@ def canary_verify_kernel(
         tl.atomic_add(runs_ptr, 1, sem="relaxed")  # relaxed: see append_violations
         if n > 0:
             tl.atomic_add(processed_ptr, n, sem="relaxed")
-    # Each warp checks 31 entries; its lane 0 takes the entry before them, only to hash
-    # its record for lane 1 (the predecessor is almost always the previous entry's slot):
-    # the predecessor's own record is then loaded and hashed only at a row's start or a
-    # window's, and a block without one skips that work (one branch for the block).
-    STEP: tl.constexpr = BLOCK - BLOCK // 32
-    lane = lanes % 32
-    mine = lane != 0
-    for start in range(pid * STEP, n, nprog * STEP):
-        entry = start + (lanes // 32) * 31 + lane - 1
-        in_range = (entry >= 0) & (entry < n)
+    for start in range(pid * BLOCK, n, nprog * BLOCK):
+        entry = start + lanes
+        in_range = entry < n
         # The predecessor is loaded beside the slot, masked by the count only (a mask
         # that waited for the slot would put a round trip before the records' loads).
         slot = tl.load(slot_ptr + entry, mask=in_range, other=DUMMY_SLOT)
-        prev = tl.load(prev_ptr + entry, mask=in_range & mine, other=DUMMY_SLOT)
+        prev = tl.load(prev_ptr + entry, mask=in_range, other=DUMMY_SLOT)
         looked = in_range & (slot != DUMMY_SLOT)
         slot_bad = looked & ((slot < 0) | (slot >= num_slots))
-        # lane 0 reads its record for its hash only; its entry is another lane's to check
-        held = looked & ~slot_bad
-        looked &= mine
-        slot_bad &= mine
         prev_bad = looked & ~slot_bad & (prev >= num_slots)
         ok = looked & ~slot_bad & ~prev_bad
         flags |= tl.where(slot_bad, VERIFY_SLOT_BAD, 0) | tl.where(prev_bad, PREV_SLOT_BAD, 0)
@@ -166,9 +155,7 @@ def canary_verify_kernel(
             rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
         )  # fmt: skip
         # The record in one 32-byte read (two 16-byte loads), split into its columns.
-        r_token, r_position, r_prev, r_kv = load_records(
-            records_ptr, slot, ok | (held & ~mine), BLOCK
-        )
+        r_token, r_position, r_prev, r_kv = load_records(records_ptr, slot, ok, BLOCK)
         # Loaded here rather than beside the slot: fewer registers live across the
         # records' and the KV bytes' loads (measured faster on the H200 with real-KV).
         want_position = tl.load(position_ptr + entry, mask=ok, other=0)
@@ -179,17 +166,14 @@ def canary_verify_kernel(
         # hash_of(slot) of every lane; the lane to the right may need it as its prev's.
         own = i64(mix3(r_prev.to(tl.uint64, bitcast=True), r_token, r_position))
         from_left = (
-            mine
-            & (from_left_lane((ok | (held & ~mine)).to(tl.int32), BLOCK) != 0)
+            (lanes % 32 != 0)
+            & (from_left_lane(ok.to(tl.int32), BLOCK) != 0)
             & (from_left_lane(slot, BLOCK) == prev)
         )
         reachable = prev != DUMMY_SLOT
         load_prev = ok & (prev > 0) & ~from_left
-        if tl.max(load_prev.to(tl.int32), 0) != 0:
-            p_token, p_position, p_prev, _p_kv = load_records(records_ptr, prev, load_prev, BLOCK)
-            loaded = i64(mix3(p_prev.to(tl.uint64, bitcast=True), p_token, p_position))
-        else:
-            loaded = tl.zeros([BLOCK], tl.int64)
+        p_token, p_position, p_prev, _p_kv = load_records(records_ptr, prev, load_prev, BLOCK)
+        loaded = i64(mix3(p_prev.to(tl.uint64, bitcast=True), p_token, p_position))
         chain = tl.where(from_left, from_left_lane(own, BLOCK), loaded)
         chain = tl.where(prev < 0, i64(tl.full([BLOCK], ANCHOR, tl.uint64)), chain)
         expected_chain = tl.where(reachable, chain, r_prev)
@@ -249,8 +233,7 @@ def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) 
     dev = device_config(device)
     block = dev.launch.verify_block
     src = source_args(args.real_kv, store.records)
-    # a block checks block - block // 32 entries (lane 0 of each warp hashes the one before)
-    grid = min(cdiv(buffers.verify_capacity, block - block // 32), dev.verify_programs)
+    grid = min(cdiv(buffers.verify_capacity, block), dev.verify_programs)
     # Every tensor is 16-byte aligned by construction: the key needs no alignment part.
     key = (dev.variant, args.check_expected_tokens, src.num_sources, src.mode, src.dtypes)
     before = (
