@@ -30,6 +30,10 @@ from typing import Any
 
 import torch
 
+from kv_canary_buffers.buffers import PlanBuffers
+from kv_canary_buffers.real_kv import RealKV
+from kv_canary_buffers.store import CanaryStore
+
 from .config import INTERPRETING
 
 
@@ -125,6 +129,33 @@ def addresses(args: Sequence[Any]) -> tuple[Any, ...]:
     """``args`` with each tensor replaced by its address (what Triton's launcher would
     compute at every call)."""
     return tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+FAST_PATH = not INTERPRETING
+"""Whether launches may take the fast path: never under the interpreter, which reads
+tensors, not addresses (a test turns it on to run the fast-path code on the CPU)."""
+
+
+def stage_key(
+    store: object, buffers: object, real_kv: object, *flags: Hashable
+) -> tuple[Hashable, ...] | None:
+    """The :class:`FastPath` key of a write or verify launch: the arenas' and the
+    sources' handles and ``flags``; None where the full path must run (under the
+    interpreter; a ``torch.compile`` copy of an arena or of the sources, whose addresses
+    are not the objects')."""
+    if (
+        not FAST_PATH
+        or type(store) is not CanaryStore
+        or type(buffers) is not PlanBuffers
+        or not (real_kv is None or type(real_kv) is RealKV)
+    ):
+        return None
+    return (
+        store.arena.handle,
+        buffers.arena.handle,
+        0 if real_kv is None else real_kv._handle,
+        *flags,
+    )
 
 
 class FastPath(dict[Hashable, Any]):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch.compiler import is_compiling
 
@@ -131,18 +133,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             (common_key, rows),
             (
                 inputs,
-                (
-                    buffers.write_offsets,
-                    buffers.write_seed_slot_indices,
-                    buffers.write_num_valid_reqs,
-                    buffers.verify_slot_indices,
-                    buffers.verify_expected_tokens,
-                    buffers.verify_expected_positions,
-                    buffers.verify_prev_slot_indices,
-                    buffers.verify_num_valid,
-                    buffers.verify_enable,
-                    buffers.status,
-                ),
+                _outputs(buffers),
                 ints,
             ),
             {"HAS_LUT": has_lut, "HAS_POOL": has_pool, "ROWS": rows, "BLOCK": block},
@@ -175,16 +166,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             (
                 inputs,
                 (
-                    buffers.write_offsets,
-                    buffers.write_seed_slot_indices,
-                    buffers.write_num_valid_reqs,
-                    buffers.verify_slot_indices,
-                    buffers.verify_expected_tokens,
-                    buffers.verify_expected_positions,
-                    buffers.verify_prev_slot_indices,
-                    buffers.verify_num_valid,
-                    buffers.verify_enable,
-                    buffers.status,
+                    *_outputs(buffers),
                     buffers.verify_offsets,
                     buffers.verify_row_hints,
                     buffers.launch_sync,
@@ -301,6 +283,20 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         head_addresses,
     )
 
+
+_outputs = operator.attrgetter(
+    "write_offsets",
+    "write_seed_slot_indices",
+    "write_num_valid_reqs",
+    "verify_slot_indices",
+    "verify_expected_tokens",
+    "verify_expected_positions",
+    "verify_prev_slot_indices",
+    "verify_num_valid",
+    "verify_enable",
+    "status",
+)
+"""The plan's output fields, in the order the one-launch kernels take them."""
 
 _SMALL = Launcher(plan_small_batch_kernel)
 _LARGE = Launcher(plan_large_batch_kernel)

@@ -21,7 +21,7 @@ from kv_canary_buffers.validation import VerifyArgs, validate_verify_args
 
 from . import compiled, config
 from .canary_common import append_violations, i64, mix3, raise_status, real_kv_or_zero
-from .config import INTERPRETING, device_config
+from .config import device_config
 from .constants import (
     ANCHOR,
     CHAIN_BIT,
@@ -39,7 +39,7 @@ from .constants import (
     VERIFY_SLOT_BAD,
     VERIFY_TOKEN_BIT,
 )
-from .launcher import FastPath, Launcher, addresses, cdiv, current_device, stream_of
+from .launcher import FastPath, Launcher, addresses, cdiv, current_device, stage_key, stream_of
 from .sources import source_args
 
 _RUNTIME_INTS = [
@@ -204,25 +204,13 @@ def canary_verify_kernel(
 
 def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) -> None:
     """Launch the verify kernel on validated arguments (no check at all)."""
-    fast_key = None
-    kv = args.real_kv
-    if (
-        not INTERPRETING
-        and type(store) is CanaryStore
-        and type(buffers) is PlanBuffers
-        # a torch.compile copy of the sources (compiled._SourcesOver) lies elsewhere
-        and (kv is None or type(kv) is RealKV)
-    ):
-        # Everything but the launch tag is fixed by the store, the plan buffers, the
-        # sources and the config (launcher.FastPath); the validation that ran before
-        # re-proved their addresses.
-        fast_key = (
-            store.arena.handle,
-            buffers.arena.handle,
-            config.active.variant,
-            args.check_expected_tokens,
-            0 if kv is None else kv._handle,
-        )
+    # Everything but the launch tag is fixed by the store, the plan buffers, the sources
+    # and the config (launcher.FastPath); the validation that ran before re-proved their
+    # addresses.
+    fast_key = stage_key(
+        store, buffers, args.real_kv, config.active.variant, args.check_expected_tokens
+    )
+    if fast_key is not None:
         fast = _FAST.get(fast_key)
         if fast is not None:
             index, programs, go, before, after = fast

@@ -20,7 +20,6 @@ from kv_canary_buffers.validation import WriteArgs, validate_write_args
 
 from . import compiled, config
 from .canary_common import append_violations, i64, mix3, raise_status, real_kv_or_zero
-from .config import INTERPRETING
 from .constants import (
     ANCHOR,
     NO_SLOT,
@@ -36,7 +35,16 @@ from .constants import (
     WRITE_SLOT_BAD,
     WRITE_TOKEN_BIT,
 )
-from .launcher import FastPath, Launcher, addresses, alignment_key, cdiv, current_device, stream_of
+from .launcher import (
+    FastPath,
+    Launcher,
+    addresses,
+    alignment_key,
+    cdiv,
+    current_device,
+    stage_key,
+    stream_of,
+)
 from .sources import source_args
 
 _RUNTIME_INTS = [
@@ -263,26 +271,11 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
     # The plan's, the store's and the sources' tensors are 16-byte aligned by
     # construction; only the caller's inputs may not be.
     aligned = True if args.aligned else alignment_key(inputs)
-    fast_key = None
-    kv = args.real_kv
-    if (
-        not INTERPRETING
-        and type(store) is CanaryStore
-        and type(buffers) is PlanBuffers
-        # a torch.compile copy of the sources (compiled._SourcesOver) lies elsewhere
-        and (kv is None or type(kv) is RealKV)
-    ):
-        # Only the inputs (their addresses, read by the validation), their count and
-        # the tag change from call to call (launcher.FastPath); the validation
-        # re-proved the fixed addresses.
-        fast_key = (
-            store.arena.handle,
-            buffers.arena.handle,
-            variant,
-            has_expected,
-            0 if kv is None else kv._handle,
-            aligned,
-        )
+    # Only the inputs (their addresses, read by the validation), their count and the tag
+    # change from call to call (launcher.FastPath); the validation re-proved the fixed
+    # addresses.
+    fast_key = stage_key(store, buffers, args.real_kv, variant, has_expected, aligned)
+    if fast_key is not None:
         fast = _FAST.get(fast_key)
         if fast is not None:
             index, programs, go, fixed, sizes, tail = fast

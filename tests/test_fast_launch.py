@@ -160,11 +160,18 @@ def test_compiled_op_with_copied_sources_takes_the_full_path(monkeypatch, stage,
     runs in the interpreter). Found by review: the fast-path key read the stand-in's
     missing handle."""
     from kv_canary_buffers import RealKV, RealKVMode
-    from kv_canary_kernels import compiled, launch_plan
+    from kv_canary_kernels import compiled, launch_plan, launcher
 
-    if fast:
-        monkeypatch.setattr(write_module, "INTERPRETING", False)
-        monkeypatch.setattr(verify_module, "INTERPRETING", False)
+    monkeypatch.setattr(launcher, "FAST_PATH", fast)
+    keys = []
+    real_stage_key = launcher.stage_key
+
+    def spy(*args):
+        keys.append(real_stage_key(*args))
+        return keys[-1]
+
+    monkeypatch.setattr(write_module, "stage_key", spy)
+    monkeypatch.setattr(verify_module, "stage_key", spy)
     plan = PlanBuffers.allocate(write_req_capacity=2, verify_capacity=16, device="cpu")
     store = CanaryStore.allocate(num_slots=64, violation_capacity=8, device="cpu")
     table = torch.arange(1, 49, dtype=torch.int32).reshape(6, 8)
@@ -194,4 +201,9 @@ def test_compiled_op_with_copied_sources_takes_the_full_path(monkeypatch, stage,
             5, True, kv._handle, [copy],
         )  # fmt: skip
         assert int(store.kernel_runs[0]) == 1
+    assert keys == [None]  # the stand-in for the sources: the full path
     assert len(verify_module._FAST) == 0 and len(write_module._FAST) == 0
+    if fast:  # the same objects with the genuine RealKV would take the fast path
+        assert real_stage_key(store, plan, kv, 0) == (
+            store.arena.handle, plan.arena.handle, kv._handle, 0
+        )  # fmt: skip
