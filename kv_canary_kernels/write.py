@@ -39,7 +39,6 @@ from .launcher import (
     FastPath,
     Launcher,
     addresses,
-    alignment_key,
     cdiv,
     current_device,
     stage_key,
@@ -264,13 +263,10 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
     """Launch the write kernel on validated arguments (no check at all)."""
     variant, cfg = config.active
     has_expected = args.expected_input_ids is not None
-    # (validation: both expected tensors are given, or neither)
-    exp_ids = args.input_ids if args.expected_input_ids is None else args.expected_input_ids
-    exp_pos = args.positions if args.expected_positions is None else args.expected_positions
-    inputs = (args.input_ids, args.positions, args.out_cache_loc, exp_ids, exp_pos)
     # The plan's, the store's and the sources' tensors are 16-byte aligned by
-    # construction; only the caller's inputs may not be.
-    aligned = True if args.aligned else alignment_key(inputs)
+    # construction; only the caller's inputs may not be (their addresses, in the
+    # kernel's order, as the validation read them).
+    aligned = True if args.aligned else tuple(p % 16 == 0 for p in args.addresses)
     # Only the inputs (their addresses, read by the validation), their count and the tag
     # change from call to call (launcher.FastPath); the validation re-proved the fixed
     # addresses.
@@ -285,6 +281,10 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
                     args.launch_tag, *tail,
                 )  # fmt: skip
                 return
+    # (validation: both expected tensors are given, or neither)
+    exp_ids = args.input_ids if args.expected_input_ids is None else args.expected_input_ids
+    exp_pos = args.positions if args.expected_positions is None else args.expected_positions
+    inputs = (args.input_ids, args.positions, args.out_cache_loc, exp_ids, exp_pos)
     src = source_args(args.real_kv, store.records)
     key = (variant, has_expected, src.num_sources, src.mode, src.dtypes, aligned)
     fixed = (
