@@ -239,19 +239,20 @@ class Launcher:
         device: torch.device,
         grid: tuple[int, int, int],
         key: Hashable,
-        args: tuple[tuple[Any, ...], tuple[Any, ...], tuple[Any, ...]],
-        constexprs: dict[str, Any],
-        options: dict[str, Any],
-        head_addresses: tuple[int, ...] | None = None,
+        head: tuple[Any, ...],
+        head_addresses: tuple[int, ...] | None,
+        tail: tuple[Any, ...],
+        build: Callable[[], tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]],
     ) -> None:
-        """:meth:`launch` with the runtime arguments ``(*head, *fixed, *tail)`` given as
-        ``args = (head, fixed, tail)``, where ``fixed`` are tensors of ``owner`` (a
-        ``PlanBuffers`` or ``CanaryStore``, or None when there is no such object) that
-        every launch of this variant for ``owner`` passes alike: after the first such
-        launch they go as the addresses the caller's validation re-proves at each call.
-        ``head_addresses``, when given, are the addresses of the tensors in ``head``
-        (read by the validation), which such a launch passes in their place."""
-        head, fixed, tail = args
+        """:meth:`launch` with the runtime arguments ``(*head, *fixed, *tail)``, where
+        ``fixed`` are tensors of ``owner`` (a ``PlanBuffers`` or ``CanaryStore``, or None
+        when there is no such object) that every launch of this variant for ``owner``
+        passes alike: after the first such launch they go as the addresses the caller's
+        validation re-proves at each call. ``head_addresses``, when given, are the
+        addresses of the tensors in ``head`` (read by the validation), which such a launch
+        passes in their place. ``build()`` returns ``(fixed, constexprs, options)``; it is
+        called only when the launch is not repeated from the cache, so that a repeated
+        launch spends nothing on the arguments it does not pass."""
         fast_key = None if owner is None else (owner.arena.handle, key)  # type: ignore[attr-defined]
         if fast_key is not None:
             hit = self.fixed.get(fast_key)
@@ -260,6 +261,7 @@ class Launcher:
                 if index == current_device():
                     go(grid[0], stream_of(index), *(head_addresses or head), *addrs, *tail)
                     return
+        fixed, constexprs, options = build()
         go = self.launch(device, grid, key, (*head, *fixed, *tail), constexprs, options)
         if go is not None and fast_key is not None:
             self.fixed.remember(fast_key, (device.index, go, addresses(fixed)))

@@ -18,7 +18,7 @@ from kv_canary_buffers.layout import (
 from kv_canary_buffers.validation import PlanArgs, validate_plan_args
 
 from . import compiled
-from .config import INTERPRETING, device_config
+from .config import INTERPRETING, DeviceConfig, device_config
 from .entries import plan_entries_kernel
 from .large_batch import plan_large_batch_kernel
 from .launcher import Launcher, alignment_key, capturing, cdiv
@@ -53,6 +53,8 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     cfg = dev.launch
     # The buffers' own fields go as addresses after a variant's first launch
     # (Launcher.launch_fixed); a torch.compile copy's fields (compiled._Fields) as tensors.
+    # What only a first launch needs (the output tensors, the constexprs, Triton's
+    # options) is built in the `build` closures, which a repeated launch never calls.
     owner = buffers if type(buffers) is PlanBuffers else None
     write_capacity, verify_capacity = buffers.write_req_capacity, buffers.verify_capacity
     bs = args.bs
@@ -62,10 +64,6 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     valid_lens: torch.Tensor | None = args.req_to_verify_expected_tokens_valid_lens
     has_lut = lut is not None
     has_pool = pool is not None
-    lut_t = lut if lut is not None else buffers.dummy_int64
-    pool_t = pool if pool is not None else buffers.dummy_int32
-    valid_t = valid_lens if valid_lens is not None else buffers.dummy_int64
-    lut_len = lut.shape[0] if lut is not None else 0
     pool_rows, pool_cols = pool.shape if pool is not None else (0, 0)
     table_rows, table_cols = table.shape
     window = args.swa_window_size
@@ -78,9 +76,9 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         args.prefix_lens,
         args.extend_seq_lens,
         table,
-        lut_t,
-        pool_t,
-        valid_t,
+        lut if lut is not None else buffers.dummy_int64,
+        pool if pool is not None else buffers.dummy_int32,
+        valid_lens if valid_lens is not None else buffers.dummy_int64,
     )
     offset = args.kv_token_id_vs_position_offset
     ints = (
@@ -91,7 +89,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         offset,
         table_rows,
         table_cols,
-        lut_len,
+        lut.shape[0] if lut is not None else 0,
         pool_rows,
         pool_cols,
     )
@@ -115,7 +113,6 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     else:
         head_addresses = None
         aligned = alignment_key(inputs)
-    common_key = (dev.variant, has_lut, has_pool, aligned, int_classes(ints))
 
     if bs < SCAN_BLOCK:
         # program 0 writes the write plan, programs 1.. the verify entries
@@ -130,15 +127,15 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             owner,
             device,
             (1 + entry_grid, 1, 1),
-            (common_key, rows),
-            (
-                inputs,
-                _outputs(buffers),
-                ints,
-            ),
-            {"HAS_LUT": has_lut, "HAS_POOL": has_pool, "ROWS": rows, "BLOCK": block},
-            {"num_warps": cfg.small_entry_warps, **dev.entries_options},
+            (dev.variant, has_lut, has_pool, aligned, int_classes(ints), rows),
+            inputs,
             head_addresses,
+            ints,
+            lambda: (
+                _outputs(buffers),
+                {"HAS_LUT": has_lut, "HAS_POOL": has_pool, "ROWS": rows, "BLOCK": block},
+                {"num_warps": cfg.small_entry_warps, **dev.entries_options},
+            ),
         )
         return
 
@@ -157,14 +154,15 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         workers = max(1, min(cdiv(work, block), dev.one_launch_programs))
         chunk_sums = buffers.scan_chunk_sums
         large_ints = (bs, n_scanners, chunk_sums.shape[1], *ints[1:])
-        epoch = next(buffers.arena.launches)
         _LARGE.launch_fixed(
             owner,
             device,
             (n_scanners + workers, 1, 1),
-            (dev.variant, has_lut, has_pool, common_key[3], int_classes(large_ints)),
-            (
-                inputs,
+            (dev.variant, has_lut, has_pool, aligned, int_classes(large_ints)),
+            inputs,
+            head_addresses,
+            (next(buffers.arena.launches), *large_ints),
+            lambda: (
                 (
                     *_outputs(buffers),
                     buffers.verify_offsets,
@@ -172,24 +170,41 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
                     buffers.launch_sync,
                     chunk_sums,
                 ),
-                (epoch, *large_ints),
+                {
+                    "HAS_LUT": has_lut,
+                    "HAS_POOL": has_pool,
+                    "BLOCK": block,
+                    "CHUNK_ROWS": OFFSETS_BLOCK,
+                    "ROW_WINDOW": cfg.row_window,
+                    "HINT_STRIDE": ROW_HINT_STRIDE,
+                    # The interpreter runs programs one after another: a wait not met at
+                    # once never is.
+                    "MAX_POLLS": 1 if INTERPRETING else cfg.one_launch_max_polls,
+                },
+                {"num_warps": warps, **dev.entries_options},
             ),
-            {
-                "HAS_LUT": has_lut,
-                "HAS_POOL": has_pool,
-                "BLOCK": block,
-                "CHUNK_ROWS": OFFSETS_BLOCK,
-                "ROW_WINDOW": cfg.row_window,
-                "HINT_STRIDE": ROW_HINT_STRIDE,
-                # The interpreter runs programs one after another: a wait not met at once
-                # never is.
-                "MAX_POLLS": 1 if INTERPRETING else cfg.one_launch_max_polls,
-            },
-            {"num_warps": warps, **dev.entries_options},
-            head_addresses,
         )
         return
 
+    _three_launches(buffers, owner, dev, inputs, head_addresses, aligned, has_lut, has_pool, ints)
+
+
+def _three_launches(
+    buffers: PlanBuffers,
+    owner: PlanBuffers | None,
+    dev: DeviceConfig,
+    inputs: tuple[torch.Tensor, ...],
+    head_addresses: tuple[int, ...] | None,
+    aligned: bool | tuple[bool, ...],
+    has_lut: bool,
+    has_pool: bool,
+    ints: tuple[int, ...],
+) -> None:
+    """The large path's three launches (block sums, offsets, entries): a capture, or
+    ``LaunchConfig.one_launch_max_rows`` rows and more. ``ints`` are
+    :func:`dispatch_plan`'s runtime ints, in its order."""
+    device, cfg = buffers.device, dev.launch
+    bs, write_capacity, verify_capacity, window = ints[:4]
     sums = buffers.scan_block_sums
     rows_addresses = None if head_addresses is None else head_addresses[:3]
     n_sum_blocks = cdiv(bs, OFFSETS_BLOCK)
@@ -198,20 +213,26 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         owner,
         device,
         (n_sum_blocks, 1, 1),
-        (dev.variant, common_key[3], int_classes(sums_ints)),
-        (inputs[:3], (sums,), sums_ints),
-        {"BLOCK": OFFSETS_BLOCK, "USE_PDL": dev.use_pdl},
-        {"num_warps": cfg.scan_warps},
+        (dev.variant, aligned, int_classes(sums_ints)),
+        inputs[:3],
         rows_addresses,
+        sums_ints,
+        lambda: (
+            (sums,),
+            {"BLOCK": OFFSETS_BLOCK, "USE_PDL": dev.use_pdl},
+            {"num_warps": cfg.scan_warps},
+        ),
     )
     offsets_ints = (bs, n_sum_blocks, sums.shape[1], write_capacity, verify_capacity, window)
     _OFFSETS.launch_fixed(
         owner,
         device,
         (cdiv(bs + 1, OFFSETS_BLOCK), 1, 1),
-        (dev.variant, common_key[3], int_classes(offsets_ints)),
-        (
-            inputs[:3],
+        (dev.variant, aligned, int_classes(offsets_ints)),
+        inputs[:3],
+        rows_addresses,
+        offsets_ints,
+        lambda: (
             (
                 sums,
                 buffers.write_offsets,
@@ -221,16 +242,14 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
                 buffers.verify_num_valid,
                 buffers.verify_enable,
             ),
-            offsets_ints,
+            {
+                "BLOCK": OFFSETS_BLOCK,
+                "SUM_CHUNK": cfg.sum_chunk,
+                "HINT_STRIDE": ROW_HINT_STRIDE,
+                "USE_PDL": dev.use_pdl,
+            },
+            {"num_warps": cfg.scan_warps, **dev.pdl_options},
         ),
-        {
-            "BLOCK": OFFSETS_BLOCK,
-            "SUM_CHUNK": cfg.sum_chunk,
-            "HINT_STRIDE": ROW_HINT_STRIDE,
-            "USE_PDL": dev.use_pdl,
-        },
-        {"num_warps": cfg.scan_warps, **dev.pdl_options},
-        rows_addresses,
     )
     if has_lut:
         block, warps = cfg.lut_entry_block, cfg.lut_entry_warps
@@ -238,25 +257,16 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         block, warps = cfg.entry_block, cfg.entry_warps
     seed_programs = cdiv(bs, block)
     entry_grid = min(cdiv(verify_capacity, block), dev.plan_programs)
-    entries_ints = (
-        bs,
-        seed_programs,
-        verify_capacity,
-        window,
-        offset,
-        table_rows,
-        table_cols,
-        lut_len,
-        pool_rows,
-        pool_cols,
-    )
+    entries_ints = (bs, seed_programs, *ints[2:])
     _ENTRIES.launch_fixed(
         owner,
         device,
         (seed_programs + entry_grid, 1, 1),
-        (common_key, int_classes(entries_ints)),
-        (
-            inputs,
+        (dev.variant, has_lut, has_pool, aligned, int_classes(ints), int_classes(entries_ints)),
+        inputs,
+        head_addresses,
+        entries_ints,
+        lambda: (
             (
                 buffers.verify_offsets,
                 buffers.verify_row_hints,
@@ -269,18 +279,16 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
                 buffers.verify_prev_slot_indices,
                 buffers.status,
             ),
-            entries_ints,
+            {
+                "HAS_LUT": has_lut,
+                "HAS_POOL": has_pool,
+                "BLOCK": block,
+                "ROW_WINDOW": cfg.row_window,
+                "HINT_STRIDE": ROW_HINT_STRIDE,
+                "USE_PDL": dev.use_pdl,
+            },
+            {"num_warps": warps, **dev.pdl_options, **dev.entries_options},
         ),
-        {
-            "HAS_LUT": has_lut,
-            "HAS_POOL": has_pool,
-            "BLOCK": block,
-            "ROW_WINDOW": cfg.row_window,
-            "HINT_STRIDE": ROW_HINT_STRIDE,
-            "USE_PDL": dev.use_pdl,
-        },
-        {"num_warps": warps, **dev.pdl_options, **dev.entries_options},
-        head_addresses,
     )
 
 

@@ -207,3 +207,79 @@ def test_compiled_op_with_copied_sources_takes_the_full_path(monkeypatch, stage,
         assert real_stage_key(store, plan, kv, 0) == (
             store.arena.handle, plan.arena.handle, kv._handle, 0
         )  # fmt: skip
+
+
+def _plan_batch(bs: int, *, swa: bool, pool: bool) -> dict:
+    g = torch.Generator().manual_seed(bs)
+    rows, cols = 12, 20
+    kwargs: dict = dict(
+        req_pool_indices=torch.randint(0, rows, (bs,), generator=g),
+        prefix_lens=torch.randint(0, cols, (bs,), generator=g),
+        extend_seq_lens=torch.randint(0, 3, (bs,), generator=g),
+        req_to_token=torch.randint(0, 500, (rows, cols), generator=g).to(torch.int32),
+    )
+    if swa:
+        kwargs.update(swa_window_size=4, full_to_swa_index_mapping=torch.arange(600))
+    if pool:
+        kwargs.update(
+            req_to_verify_expected_tokens=torch.zeros(rows, cols, dtype=torch.int32),
+            req_to_verify_expected_tokens_valid_lens=torch.full((bs,), 3),
+        )
+    return kwargs
+
+
+@pytest.mark.parametrize(
+    ("bs", "one_launch_max_rows", "kernels"),
+    [
+        (5, None, ["plan_small_batch_kernel"]),
+        (1030, None, ["plan_large_batch_kernel"]),
+        (1030, 1030, ["scan_block_sums_kernel", "plan_offsets_kernel", "plan_entries_kernel"]),
+    ],
+)
+@pytest.mark.parametrize(("swa", "pool"), [(False, False), (True, True)])
+def test_a_repeated_plan_launch_passes_the_first_launchs_arguments(
+    monkeypatch, bs, one_launch_max_rows, kernels, swa, pool
+):
+    """The plan's fast path (Launcher.launch_fixed) against its full path, on each of the
+    three dispatch paths: the second launch of the same batch on the same buffers calls
+    the variant the first compiled, on the same grid, with the same arguments as
+    addresses (the one-launch path's launch number one higher, the only argument that
+    changes), and builds none of the first launch's constexprs or options."""
+    from kv_canary_kernels import launch_plan, launcher
+    from kv_canary_kernels import plan as plan_module
+    from kv_canary_kernels.config import launch_config
+
+    calls: list[tuple] = []
+
+    def full_launch(self, device, grid, key, args, constexprs, options):
+        calls.append(("full", self.fn.__name__, grid[0], addresses(args)))
+
+        def go(programs, stream, *args):
+            calls.append(("fast", self.fn.__name__, programs, args))
+
+        return go
+
+    monkeypatch.setattr(launcher.Launcher, "launch", full_launch)
+    monkeypatch.setattr(launcher, "current_device", lambda: None)  # a CPU device's index
+    monkeypatch.setattr(launcher, "stream_of", lambda index: 0)
+    for name in ("_SMALL", "_LARGE", "_SUMS", "_OFFSETS", "_ENTRIES"):
+        monkeypatch.setattr(getattr(plan_module, name), "fixed", FastPath())
+    kwargs = _plan_batch(bs, swa=swa, pool=pool)
+    buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=64, device="cpu")
+    changes = {} if one_launch_max_rows is None else {"one_launch_max_rows": one_launch_max_rows}
+    with launch_config(**changes):
+        launch_plan(buffers, **kwargs)
+        first = list(calls)
+        calls.clear()
+        launch_plan(buffers, **kwargs)
+    assert [(kind, name) for kind, name, *_ in first] == [("full", k) for k in kernels]
+    assert [(kind, name) for kind, name, *_ in calls] == [("fast", k) for k in kernels]
+    for (_, name, grid, want), (_, _, programs, got) in zip(first, calls):
+        assert programs == grid
+        assert all(type(a) is int for a in got), name  # addresses, no tensor
+        differ = [i for i, (a, b) in enumerate(zip(want, got)) if a != b]
+        assert len(got) == len(want)
+        if name == "plan_large_batch_kernel":
+            assert len(differ) == 1 and got[differ[0]] == want[differ[0]] + 1
+        else:
+            assert differ == []
