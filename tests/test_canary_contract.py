@@ -415,6 +415,43 @@ def test_persistent_verify_loop_reaches_every_block(canary):
     )
 
 
+@pytest.mark.parametrize("count", [0, 1, "two blocks"])
+def test_entries_past_the_count_are_not_checked_in_any_block(canary, count):
+    """Entries past the count hold what would be violations, status bits or
+    out-of-range reads if checked (slots and predecessors past the store, negative, a
+    record that does not match): nothing of them shows, in the count's own block of the
+    kernel, in later blocks of the programs that have entries and in the blocks of those
+    that have none."""
+    from kv_canary_kernels.config import device_config
+
+    store = new_store(num_slots=32)
+    block = device_config(store.device).launch.verify_block
+    capacity = 6 * block + 5
+    n = 2 * block + 3 if count == "two blocks" else count
+    plan = new_plan(verify_capacity=capacity)
+    hostile = torch.tensor([10**12, -5, 31, 3, 33, -(2**62)], dtype=torch.int64, device=store.device)
+    plan.verify_slot_indices.copy_(hostile.repeat(capacity // 6 + 1)[:capacity])
+    plan.verify_prev_slot_indices.copy_(hostile.flip(0).repeat(capacity // 6 + 1)[:capacity])
+    plan.verify_expected_positions.fill_(-1)
+    plan.verify_expected_tokens.fill_(12345)
+    # the first n entries: the head of one clean chain per slot
+    store.records[3] = i64([30, 0, H0_SIGNED, 0])
+    plan.verify_slot_indices[:n] = 3
+    plan.verify_prev_slot_indices[:n] = -1
+    plan.verify_expected_positions[:n] = 0
+    plan.verify_expected_tokens[:n] = 30
+    plan.verify_num_valid.fill_(n)
+    plan.verify_enable.fill_(1)
+    before = snapshot_store(store)
+    canary.verify(store, plan, launch_tag=1)
+    assert_no_rows(store)
+    assert counters(store) == (0, 1, n, 0)
+    assert torch.equal(store.records, before["records"])
+    plan.verify_enable.fill_(0)  # an overflowed plan: not one entry checked
+    canary.verify(store, plan, launch_tag=2)
+    assert counters(store) == (0, 2, n, 0)
+
+
 @pytest.mark.parametrize("check", [True, False])
 def test_token_check_on_and_off(canary, check):
     store, plan = new_store(), new_plan()
