@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import DEVICE
 from kv_canary_buffers import CanaryStore, PlanBuffers
 from kv_canary_kernels import launch_verify, launch_write
 from kv_canary_kernels import verify as verify_module
@@ -259,13 +260,16 @@ def test_a_repeated_plan_launch_passes_the_first_launchs_arguments(
 
         return go
 
-    monkeypatch.setattr(launcher.Launcher, "launch", full_launch)
-    monkeypatch.setattr(launcher, "current_device", lambda: None)  # a CPU device's index
+    kwargs = {
+        k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v
+        for k, v in _plan_batch(bs, swa=swa, pool=pool).items()
+    }
+    buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=64, device=DEVICE)
+    monkeypatch.setattr(launcher.Launcher, "launch", full_launch)  # nothing runs
+    monkeypatch.setattr(launcher, "current_device", lambda: buffers.device.index)
     monkeypatch.setattr(launcher, "stream_of", lambda index: 0)
     for name in ("_SMALL", "_LARGE", "_SUMS", "_OFFSETS", "_ENTRIES"):
         monkeypatch.setattr(getattr(plan_module, name), "fixed", FastPath())
-    kwargs = _plan_batch(bs, swa=swa, pool=pool)
-    buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=64, device="cpu")
     changes = {} if one_launch_max_rows is None else {"one_launch_max_rows": one_launch_max_rows}
     with launch_config(**changes):
         launch_plan(buffers, **kwargs)
