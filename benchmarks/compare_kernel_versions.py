@@ -14,7 +14,8 @@ the repository's history is not at hand: ``git archive REV kv_canary_kernels | t
 
 Cases: write decode 4096 x 1 and 256 x 1, mixed prefill 16 x 2048; verify after decode
 plans of 64, 256 and 4096 rows (prefix uniform in [1, 1023]), real-KV NONE and PARTIAL
-(two sources, 1 KB a token, page size 1). Needs CUDA and git. An exported revision's
+(two sources, K and V, 1 KB a token each, page size 1; runs before 2026-11-30T21:00 passed
+one tensor as both sources). Needs CUDA and git. An exported revision's
 ``compiled.py`` (which registers the ``kv_canary::*`` operators at import, once per
 process) is replaced by a stand-in, so any revision can be compared.
 """
@@ -119,8 +120,9 @@ def verify_case(bs: int, mode: RealKVMode):
     store = CanaryStore.allocate(num_slots=num_slots, violation_capacity=1024, device=DEV)
     real_kv = None
     if mode != RealKVMode.NONE:
-        kv = torch.randint(-9, 9, (num_slots, 512), device=DEV).to(torch.bfloat16)
-        real_kv = RealKV(mode=mode, sources=(kv, kv), page_size=1, bytes_per_token=1024)
+        # K and V: two tensors (one tensor twice would read each slot's sector once)
+        k, v = (torch.randint(-9, 9, (num_slots, 512), device=DEV).to(torch.bfloat16) for _ in "kv")
+        real_kv = RealKV(mode=mode, sources=(k, v), page_size=1, bytes_per_token=1024)
     wplan = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=1, device=DEV)
     plan_reference(
         wplan,
