@@ -429,7 +429,9 @@ def test_entries_past_the_count_are_not_checked_in_any_block(canary, count):
     capacity = 6 * block + 5
     n = 2 * block + 3 if count == "two blocks" else count
     plan = new_plan(verify_capacity=capacity)
-    hostile = torch.tensor([10**12, -5, 31, 3, 33, -(2**62)], dtype=torch.int64, device=store.device)
+    hostile = torch.tensor(
+        [10**12, -5, 31, 3, 33, -(2**62)], dtype=torch.int64, device=store.device
+    )
     plan.verify_slot_indices.copy_(hostile.repeat(capacity // 6 + 1)[:capacity])
     plan.verify_prev_slot_indices.copy_(hostile.flip(0).repeat(capacity // 6 + 1)[:capacity])
     plan.verify_expected_positions.fill_(-1)
