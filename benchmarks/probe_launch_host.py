@@ -72,42 +72,9 @@ def replays(recorded):
         k = launcher.variants[(index, key)]
         ints = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
         cv = tuple(constexprs.values())
-        kinds["A"].append(
-            (
-                k.run,
-                (
-                    grid[0],
-                    grid[1],
-                    grid[2],
-                    stream,
-                    k.function,
-                    k.packed_metadata,
-                    None,
-                    None,
-                    None,
-                    *args,
-                    *cv,
-                ),
-            )
-        )
-        kinds["B"].append(
-            (
-                k.run,
-                (
-                    grid[0],
-                    grid[1],
-                    grid[2],
-                    stream,
-                    k.function,
-                    k.packed_metadata,
-                    None,
-                    None,
-                    None,
-                    *ints,
-                    *cv,
-                ),
-            )
-        )
+        head = (*grid, stream, k.function, k.packed_metadata, None, None, None)
+        kinds["A"].append((k.run, (*head, *args, *cv)))  # tensors
+        kinds["B"].append((k.run, (*head, *ints, *cv)))  # addresses
         r = k.run
         ok = (
             getattr(r, "global_scratch_size", 1) == 0 and getattr(r, "profile_scratch_size", 1) == 0

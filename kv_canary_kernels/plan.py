@@ -262,7 +262,7 @@ def _three_launches(
         owner,
         device,
         (seed_programs + entry_grid, 1, 1),
-        (dev.variant, has_lut, has_pool, aligned, int_classes(ints), int_classes(entries_ints)),
+        (dev.variant, has_lut, has_pool, aligned, int_classes(entries_ints)),
         inputs,
         head_addresses,
         entries_ints,
@@ -342,12 +342,13 @@ def launch_plan(
     :func:`kv_canary_buffers.plan_reference` (same arguments, shapes and dtypes).
 
     Runs the shared host-side validation and ``buffers.check()`` first, so a rejected
-    call writes nothing; then one kernel launch (``bs < 1024``) or three on the current
-    stream. It
-    never allocates device memory, never syncs and is safe to capture in a CUDA graph
-    (see :class:`kv_canary_buffers.GraphInputs`). Input data outside the tables is not
-    read: the affected values become padding values and a :class:`PlanStatus` bit is set
-    in ``buffers.status`` (read it with ``buffers.take_status()``).
+    call writes nothing; then one kernel launch on the current stream (``bs < 1024``, and
+    eager batches below ``LaunchConfig.one_launch_max_rows``) or three (in a CUDA graph
+    capture, and larger batches). It never allocates device memory, never syncs and is
+    safe to capture in a CUDA graph (see :class:`kv_canary_buffers.GraphInputs`). Input
+    data outside the tables is not read: the affected values become padding values and a
+    :class:`PlanStatus` bit is set in ``buffers.status`` (read it with
+    ``buffers.take_status()``).
 
     Raises:
         TypeError: ``buffers`` is not a :class:`PlanBuffers`, or an argument has the
