@@ -277,13 +277,10 @@ def append_violations(
 
 
 @triton.jit
-def bitwise_or(a, b):
-    return a | b
-
-
-@triton.jit
 def raise_status(status_ptr, flags):
-    """OR the lanes' status bits (int32) into the store's status word, if any."""
-    bits = tl.reduce(flags, 0, bitwise_or)
-    if bits != 0:
-        tl.atomic_or(status_ptr, bits, sem="relaxed")
+    """OR the lanes' status bits (int32) into the store's status word: one predicated
+    atomic per lane that has bits, none on a clean step. A reduction across the block
+    first would cost every program a shared-memory round and two barriers at its end
+    (measured on the H200: 0.1 to 0.3 us a verify launch); lanes with bits are the rare
+    case of out-of-range data."""
+    tl.atomic_or(status_ptr + tl.zeros_like(flags), flags, mask=flags != 0, sem="relaxed")

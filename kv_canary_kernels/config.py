@@ -96,7 +96,9 @@ class LaunchConfig:
     verify_block: int = _constant(128, "verify entries per block, one per lane (a multiple of 32)")
     verify_warps: int = _constant(4, "warps per verify program")
     verify_programs_per_sm: int = _constant(
-        16, "persistent verify grid: at most this many programs per multiprocessor, each looping"
+        16,
+        "persistent verify grid: at most this many programs per multiprocessor, and no more "
+        "than it holds at once (the compiled variant's registers), each looping",
     )
     real_kv_chunk: int = _constant(
         16,

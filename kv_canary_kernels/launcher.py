@@ -29,6 +29,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
+from triton.runtime import driver
 
 from kv_canary_buffers.buffers import PlanBuffers
 from kv_canary_buffers.real_kv import RealKV
@@ -189,6 +190,34 @@ class Launcher:
         self.variants: dict[Hashable, Any] = {}
         self.direct: dict[Hashable, Go] = {}
         self.fixed = FastPath()
+        self.resident: dict[Hashable, int] = {}
+
+    def programs_per_sm(
+        self,
+        device: torch.device,
+        key: Hashable,
+        args: Sequence[Any],
+        constexprs: dict[str, Any],
+        options: dict[str, Any],
+    ) -> int | None:
+        """How many programs of this variant one multiprocessor of ``device`` runs at once
+        (its registers, shared memory and warps), for a persistent grid of one wave;
+        compiles the variant first where it is not yet compiled (its first launch then
+        goes straight to the compiled kernel). None under the interpreter. Arguments as
+        :meth:`launch`'s; ``device`` a CUDA device."""
+        if INTERPRETING:
+            return None
+        full_key = (device.index, key)
+        fits = self.resident.get(full_key)
+        if fits is None:
+            with torch.cuda.device(device.index):
+                kernel = self.variants.get(full_key)
+                if kernel is None:
+                    kernel = self.fn.warmup(*args, grid=(1,), **constexprs, **options)
+                    self.variants[full_key] = kernel
+                kernel._init_handles()  # loads the binary: its register count
+                fits = self.resident[full_key] = resident_programs(kernel, device.index)
+        return fits
 
     def launch(
         self,
@@ -287,6 +316,20 @@ class Launcher:
             go = self.direct[full_key] = direct(kernel, tuple(constexprs.values()))
         go(grid[0], stream_of(index), *args)
         return go
+
+
+def resident_programs(kernel: Any, index: int) -> int:
+    """Programs of compiled ``kernel`` that one multiprocessor of CUDA device ``index``
+    holds at once: the occupancy calculator's rule (registers are given to a warp in
+    units of 256) over the register file, the shared memory and the resident threads."""
+    props = driver.active.utils.get_device_properties(index)
+    warps = kernel.metadata.num_warps
+    warp_regs = -(-kernel.n_regs * 32 // 256) * 256
+    by_regs = props["max_num_regs"] // max(warp_regs, 1) // warps
+    shared = kernel.metadata.shared
+    by_shared = props["max_shared_mem"] // shared if shared else by_regs
+    threads = torch.cuda.get_device_properties(index).max_threads_per_multi_processor
+    return int(max(1, min(by_regs, by_shared, threads // (32 * warps))))
 
 
 def cdiv(a: int, b: int) -> int:

@@ -4,8 +4,10 @@ Entry-parallel: each lane checks one plan entry against its slot's record. A
 predecessor is almost always the previous entry's slot, whose record the lane to the left
 already loaded and hashed, so a lane takes its expected chain hash from that lane (a
 ``tl.gather`` within each warp's 32 lanes) and loads the predecessor's record only when it
-is another slot (a row's first entry, or a warp's first lane). A persistent grid walks blocks below
-``verify_num_valid``, read on the device: no sync, and no grid that depends on data.
+is another slot (a row's first entry, or a warp's first lane), in the same gather as its
+own. A persistent grid of one wave (no more programs than the multiprocessors hold at
+once) walks blocks below ``verify_num_valid``, read on the device: no sync, and no grid
+that depends on data.
 """
 
 from __future__ import annotations
@@ -71,14 +73,15 @@ def from_left_lane(x, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def load_records(records_ptr, slot, mask, BLOCK: tl.constexpr):
-    """Token, position, prev hash and real-KV hash of each lane's record (zeros where not
-    ``mask``): two 16-byte loads a lane, each split into its two columns in registers."""
+def load_records(records_ptr, slots, mask):
+    """Token, position, prev hash and real-KV hash of the records of ``slots`` (``[BLOCK,
+    2]``: each lane's slot and predecessor; zeros where not ``mask``): two 16-byte loads a
+    record, each split into its two columns in registers."""
     tl.static_assert((REC_POSITION == REC_TOKEN + 1) & (REC_REAL_KV == REC_PREV_HASH + 1))
-    pair = tl.arange(0, 2)[None, :]
-    base = records_ptr + slot[:, None] * REC_W + pair
-    token, position = tl.split(tl.load(base + REC_TOKEN, mask=mask[:, None], other=0))
-    prev_hash, real_kv = tl.split(tl.load(base + REC_PREV_HASH, mask=mask[:, None], other=0))
+    pair = tl.arange(0, 2)[None, None, :]
+    base = records_ptr + slots[:, :, None] * REC_W + pair
+    token, position = tl.split(tl.load(base + REC_TOKEN, mask=mask[:, :, None], other=0))
+    prev_hash, real_kv = tl.split(tl.load(base + REC_PREV_HASH, mask=mask[:, :, None], other=0))
     return token, position, prev_hash, real_kv
 
 
@@ -139,43 +142,53 @@ def canary_verify_kernel(
             tl.atomic_add(processed_ptr, n, sem="relaxed")
     for start in range(pid * BLOCK, n, nprog * BLOCK):
         entry = start + lanes
+        # Every load of the entry columns is masked by the count only, so that all four
+        # leave in the first round trip (a mask that waited for the slot would add one).
         in_range = entry < n
-        # The predecessor is loaded beside the slot, masked by the count only (a mask
-        # that waited for the slot would put a round trip before the records' loads).
         slot = tl.load(slot_ptr + entry, mask=in_range, other=DUMMY_SLOT)
         prev = tl.load(prev_ptr + entry, mask=in_range, other=DUMMY_SLOT)
+        want_position = tl.load(position_ptr + entry, mask=in_range, other=0)
+        if CHECK_TOKENS:
+            want_token = tl.load(token_ptr + entry, mask=in_range, other=UNCHECKED_TOKEN)
+        else:
+            want_token = tl.full([BLOCK], UNCHECKED_TOKEN, tl.int64)
         looked = in_range & (slot != DUMMY_SLOT)
         slot_bad = looked & ((slot < 0) | (slot >= num_slots))
         prev_bad = looked & ~slot_bad & (prev >= num_slots)
         ok = looked & ~slot_bad & ~prev_bad
         flags |= tl.where(slot_bad, VERIFY_SLOT_BAD, 0) | tl.where(prev_bad, PREV_SLOT_BAD, 0)
-        kv, ok, flags = real_kv_or_zero(
-            slot, ok, flags, page_size, bpt_words, kv_words,
-            src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-            rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
-        )  # fmt: skip
-        # The record in one 32-byte read (two 16-byte loads), split into its columns.
-        r_token, r_position, r_prev, r_kv = load_records(records_ptr, slot, ok, BLOCK)
-        # Loaded here rather than beside the slot: fewer registers live across the
-        # records' and the KV bytes' loads (measured faster on the H200 with real-KV).
-        want_position = tl.load(position_ptr + entry, mask=ok, other=0)
-        if CHECK_TOKENS:
-            want_token = tl.load(token_ptr + entry, mask=ok, other=UNCHECKED_TOKEN)
-        else:
-            want_token = tl.full([BLOCK], UNCHECKED_TOKEN, tl.int64)
-        # hash_of(slot) of every lane; the lane to the right may need it as its prev's.
-        own = i64(mix3(r_prev.to(tl.uint64, bitcast=True), r_token, r_position))
+        # The predecessor's hash comes from the lane to the left where that lane holds the
+        # predecessor's slot (its record is read below in any case); other lanes read the
+        # predecessor's record beside their own.
         from_left = (
             (lanes % 32 != 0)
             & (from_left_lane(ok.to(tl.int32), BLOCK) != 0)
             & (from_left_lane(slot, BLOCK) == prev)
         )
-        reachable = prev != DUMMY_SLOT
         load_prev = ok & (prev > 0) & ~from_left
-        p_token, p_position, p_prev, _p_kv = load_records(records_ptr, prev, load_prev, BLOCK)
-        loaded = i64(mix3(p_prev.to(tl.uint64, bitcast=True), p_token, p_position))
+        # Both records as one [BLOCK, 2] gather, hashed below as one [BLOCK, 2] chain, and
+        # before the KV bytes: ptxas moves each load down to just before its first use, so
+        # records first used after the KV hash would be read only after the KV bytes came
+        # back. Here the records' and the KV bytes' loads share one round trip (SASS for
+        # sm_90: every load of an entry issued before its first hash).
+        token2, position2, prev2, kv2 = load_records(
+            records_ptr, tl.join(slot, prev), tl.join(ok, load_prev)
+        )
+        r_token, _ = tl.split(token2)
+        r_position, _ = tl.split(position2)
+        r_prev, _ = tl.split(prev2)
+        r_kv, _ = tl.split(kv2)
+        kv, ok, flags = real_kv_or_zero(
+            slot, ok, flags, page_size, bpt_words, kv_words,
+            src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+            rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
+        )  # fmt: skip
+        # hash_of(slot) and hash_of(prev) of every lane; the lane to the right may need
+        # the first as its predecessor's.
+        own, loaded = tl.split(i64(mix3(prev2.to(tl.uint64, bitcast=True), token2, position2)))
         chain = tl.where(from_left, from_left_lane(own, BLOCK), loaded)
         chain = tl.where(prev < 0, i64(tl.full([BLOCK], ANCHOR, tl.uint64)), chain)
+        reachable = prev != DUMMY_SLOT
         expected_chain = tl.where(reachable, chain, r_prev)
         bits = (
             tl.where(reachable & (r_prev != expected_chain), CHAIN_BIT, 0)
@@ -221,7 +234,6 @@ def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) 
     dev = device_config(device)
     block = dev.launch.verify_block
     src = source_args(args.real_kv, store.records)
-    grid = min(cdiv(buffers.verify_capacity, block), dev.verify_programs)
     # Every tensor is 16-byte aligned by construction: the key needs no alignment part.
     key = (dev.variant, args.check_expected_tokens, src.num_sources, src.mode, src.dtypes)
     before = (
@@ -244,20 +256,24 @@ def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) 
         store.violation_capacity,
     )
     after = (src.page_size, src.bpt_words, src.kv_words)
-    go = _VERIFY.launch(
-        device,
-        (grid, 1, 1),
-        key,
-        (*before, args.launch_tag, *after),
-        {
-            "CHECK_TOKENS": args.check_expected_tokens,
-            "NUM_SOURCES": src.num_sources,
-            "MODE": src.mode,
-            "BLOCK": block,
-            "CHUNK": dev.launch.real_kv_chunk,
-        },
-        {"num_warps": dev.launch.verify_warps},
-    )
+    kernel_args = (*before, args.launch_tag, *after)
+    constexprs = {
+        "CHECK_TOKENS": args.check_expected_tokens,
+        "NUM_SOURCES": src.num_sources,
+        "MODE": src.mode,
+        "BLOCK": block,
+        "CHUNK": dev.launch.real_kv_chunk,
+    }
+    options = {"num_warps": dev.launch.verify_warps}
+    # One wave: no more programs than the multiprocessors hold at once (a program of a
+    # second wave would start only when one of the first ends, and double the time of
+    # the blocks it takes; the real-KV variants hold more registers).
+    fits = _VERIFY.programs_per_sm(device, key, kernel_args, constexprs, options)
+    programs = dev.verify_programs
+    if fits is not None:
+        programs = dev.multiprocessors * min(fits, dev.launch.verify_programs_per_sm)
+    grid = min(cdiv(buffers.verify_capacity, block), programs)
+    go = _VERIFY.launch(device, (grid, 1, 1), key, kernel_args, constexprs, options)
     if go is not None and fast_key is not None:
         _FAST.remember(fast_key, (device.index, grid, go, addresses(before), after))
 
