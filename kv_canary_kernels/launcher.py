@@ -322,14 +322,20 @@ def resident_programs(kernel: Any, index: int) -> int:
     """Programs of compiled ``kernel`` that one multiprocessor of CUDA device ``index``
     holds at once: the occupancy calculator's rule (registers are given to a warp in
     units of 256) over the register file, the shared memory and the resident threads."""
+    registers, shared_bytes, threads = device_limits(index)
+    warps, shared = int(kernel.metadata.num_warps), int(kernel.metadata.shared)
+    warp_regs = -(-int(kernel.n_regs) * 32 // 256) * 256
+    by_regs = registers // max(warp_regs, 1) // warps
+    by_shared = shared_bytes // shared if shared else by_regs
+    return max(1, min(by_regs, by_shared, threads // (32 * warps)))
+
+
+def device_limits(index: int) -> tuple[int, int, int]:
+    """The registers, shared memory (bytes) and threads of one multiprocessor of CUDA
+    device ``index`` (a block may use the whole register file on NVIDIA GPUs)."""
     props = driver.active.utils.get_device_properties(index)
-    warps = kernel.metadata.num_warps
-    warp_regs = -(-kernel.n_regs * 32 // 256) * 256
-    by_regs = props["max_num_regs"] // max(warp_regs, 1) // warps
-    shared = kernel.metadata.shared
-    by_shared = props["max_shared_mem"] // shared if shared else by_regs
     threads = torch.cuda.get_device_properties(index).max_threads_per_multi_processor
-    return int(max(1, min(by_regs, by_shared, threads // (32 * warps))))
+    return int(props["max_num_regs"]), int(props["max_shared_mem"]), int(threads)
 
 
 def cdiv(a: int, b: int) -> int:

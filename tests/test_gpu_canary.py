@@ -351,3 +351,38 @@ def test_no_allocation_and_no_recompile_across_sizes():
     launch_verify(bigger, plan.resize(verify_capacity=500_001), check_expected_tokens=False)
     torch.cuda.synchronize()
     assert _cache_sizes() == sizes
+
+
+@pytest.mark.parametrize("mode", [RealKVMode.NONE, RealKVMode.PARTIAL, RealKVMode.ALL])
+def test_verify_grid_is_one_wave(monkeypatch, mode):
+    """The persistent verify grid holds no more programs than the multiprocessors run at
+    once (the compiled variant's registers decide), and at most verify_programs_per_sm
+    each: a program of a second wave would wait for one of the first to end."""
+    from kv_canary_kernels import verify as verify_module
+    from kv_canary_kernels.config import device_config
+
+    g, num_slots, _, _ = pool(11, bs=4, max_prefix=8, extend=1)
+    store = CanaryStore.allocate(num_slots=num_slots, violation_capacity=8, device=DEV)
+    plan = PlanBuffers.allocate(write_req_capacity=4, verify_capacity=10**7, device=DEV)
+    real_kv = None if mode == RealKVMode.NONE else make_real_kv(mode, num_slots, g)
+    launches = []
+    launcher = verify_module._VERIFY
+    real_launch = launcher.launch
+    monkeypatch.setattr(
+        launcher, "launch", lambda *a: launches.append(a) or real_launch(*a), raising=False
+    )
+    launch_verify(store, plan, real_kv=real_kv)  # a new store and plan: not a cached launch
+    torch.cuda.synchronize()
+    ((device, grid, key, *_),) = launches
+    kernel = launcher.variants[(device.index, key)]
+    dev = device_config(device)
+    warps = kernel.metadata.num_warps
+    per_sm = grid[0] // dev.multiprocessors
+    assert grid[0] == per_sm * dev.multiprocessors  # the capacity asks for more programs
+    assert 1 <= per_sm <= dev.launch.verify_programs_per_sm
+    regs_per_warp = -(-kernel.n_regs * 32 // 256) * 256
+    assert per_sm * warps * regs_per_warp <= 65536, (kernel.n_regs, per_sm)
+    assert (per_sm + 1) * warps * regs_per_warp > 65536 or per_sm == min(
+        dev.launch.verify_programs_per_sm, 64 // warps
+    ), (kernel.n_regs, per_sm)
+    assert int(store.kernel_runs) == 1 and int(store.status) == 0
