@@ -173,12 +173,15 @@ def print_report(rec: Recorder, smoke: bool) -> None:
             "launch_verify",
             "torch_only",
             "traffic_only",
+            "traffic_device_count",
             "traffic_both_records",
             "bandwidth_floor",
         ]
         out.append(
-            "\n## verify: GPU time per call (us); traffic_both_records also reads the "
-            "predecessor's record (as SGLang's verify does)\n"
+            "\n## verify: GPU time per call (us); traffic_device_count first reads the "
+            "plan's count on the device (as a verify that needs no sync must); "
+            "traffic_both_records also reads the predecessor's record (as SGLang's verify "
+            "does)\n"
         )
         out.append(
             markdown_table(
@@ -338,6 +341,7 @@ CANARY_LABELS = {
     "torch_only": "torch-only",
     "write_reference_eager": "write_reference (torch, eager)",
     "traffic_only": "traffic-only reference",
+    "traffic_device_count": "traffic-only, count read on the device (no sync)",
     "traffic_both_records": "traffic-only, both records read (as SGLang's verify does)",
     "bandwidth_floor": "bandwidth floor",
 }
@@ -367,6 +371,7 @@ def plot_canary(rows: list[dict], out_dir: Path, other_runs: Sequence[list[dict]
                 "launch_verify",
                 "torch_only",
                 "traffic_only",
+                "traffic_device_count",
                 "traffic_both_records",
                 "bandwidth_floor",
             ],

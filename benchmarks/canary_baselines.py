@@ -154,6 +154,7 @@ def _verify_traffic_kernel(
     src0,
     src1,
     sink_ptr,
+    count_ptr,
     n,
     page_size,
     bpt_words,
@@ -162,10 +163,13 @@ def _verify_traffic_kernel(
     NUM_SOURCES: tl.constexpr,
     WORDS: tl.constexpr,
     BOTH_RECORDS: tl.constexpr,
+    COUNT_ON_DEVICE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
     idx = pid * BLOCK + tl.arange(0, BLOCK)
+    if COUNT_ON_DEVICE:
+        n = tl.minimum(tl.load(count_ptr).to(tl.int64), n)
     m = idx < n
     slot = tl.load(slot_ptr + idx, mask=m, other=0)
     prev = tl.load(prev_ptr + idx, mask=m, other=0)
@@ -216,14 +220,17 @@ def verify_traffic(
     *,
     real_kv: RealKV | None = None,
     both_records: bool = False,
+    count_on_device: bool = False,
 ) -> None:
     """The verify stage's memory accesses for the first ``entries`` entries of a plan: the
     four entry columns it reads (slot, expected position, predecessor, expected token), the
     slot's 32-byte record, the hashed bytes of each real-KV source (16 bytes in PARTIAL,
     ``read_bytes`` in ALL, as one contiguous row per slot) and, with ``both_records``, the
-    predecessor's record too (SGLang's verify reads both). At most 2 sources; the hashed
-    words per source must be a power of two. ``sink``: int64, at least
-    :func:`verify_traffic_grid` words."""
+    predecessor's record too (SGLang's verify reads both). With ``count_on_device``, each
+    program first reads the plan's ``verify_num_valid`` (at most ``entries`` are used), as
+    a kernel must that runs with no sync and replays in a CUDA graph with refilled inputs:
+    the entry columns wait for that read. At most 2 sources; the hashed words per source
+    must be a power of two. ``sink``: int64, at least :func:`verify_traffic_grid` words."""
     words, kv_words, bpt_words, page_size = _source_words(real_kv)
     assert len(words) <= 2 and (kv_words & (kv_words - 1)) == 0
     grid = verify_traffic_grid(entries, real_kv)
@@ -241,6 +248,7 @@ def verify_traffic(
         src[0],
         src[1],
         sink,
+        buffers.verify_num_valid,
         entries,
         page_size,
         bpt_words,
@@ -249,6 +257,7 @@ def verify_traffic(
         NUM_SOURCES=len(words),
         WORDS=max(kv_words, 1),
         BOTH_RECORDS=both_records,
+        COUNT_ON_DEVICE=count_on_device,
         BLOCK=block,
         num_warps=VERIFY_TRAFFIC_WARPS,
     )

@@ -417,10 +417,22 @@ def verify_case(
     guarded(rec, f"verify torch_only {case['case']}", lambda: timed("torch_only", torch_verify))
 
     sink = torch.zeros(verify_traffic_grid(entries, real_kv), dtype=torch.int64, device=ENV.device)
-    for name, both in (("traffic_only", False), ("traffic_both_records", True)):
+    for name, both, on_device in (
+        ("traffic_only", False, False),
+        ("traffic_device_count", False, True),
+        ("traffic_both_records", True, False),
+    ):
 
-        def traffic(both=both) -> None:
-            verify_traffic(store, buffers, entries, sink, real_kv=real_kv, both_records=both)
+        def traffic(both=both, on_device=on_device) -> None:
+            verify_traffic(
+                store,
+                buffers,
+                entries,
+                sink,
+                real_kv=real_kv,
+                both_records=both,
+                count_on_device=on_device,
+            )
 
         def run_traffic(name=name, both=both, traffic=traffic) -> None:
             traffic()
