@@ -8,6 +8,7 @@ of a CUDA graph of ``--calls`` back-to-back launches timed with CUDA events (med
 ``--replays`` replays). Records written by every revision are checked equal.
 
     PYTHONPATH=. python benchmarks/compare_kernel_versions.py REV [REV ...] [--rounds 3]
+        [--geometry own|bench]
 
 A REV may also be a directory holding a copy of a revision's ``kv_canary_kernels`` (where
 the repository's history is not at hand: ``git archive REV kv_canary_kernels | tar -x``).
@@ -149,6 +150,19 @@ def verify_case(bs: int, mode: RealKVMode):
     return store, plan, args
 
 
+def bench_verify_case(bs: int, mode: RealKVMode):
+    """The benchmark's own verify case (``canary_cases.World``, seed ``bs``, SWA off):
+    capacity equal to the entries, expected tokens checked, K and V of 256 bytes a slot."""
+    from canary_cases import GPU_SIZES, World
+
+    world = World(bs, GPU_SIZES.prefix, 1, 0, "cuda", seed=bs)
+    plan = world.plan()
+    real_kv = world.sources(mode.name, GPU_SIZES, seed=bs)
+    store = world.new_store(real_kv)
+    args = validate_verify_args(store, plan, check_expected_tokens=True, real_kv=real_kv)
+    return store, plan, args
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -157,6 +171,14 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument(
+        "--geometry",
+        choices=("own", "bench"),
+        default="own",
+        help="verify cases: this script's own (capacity 1024 a row, tokens not checked, "
+        "1 KB a slot) or bench.py's (capacity equal to the entries, tokens checked, 256 B a "
+        "slot); bench also skips the write cases",
+    )
     args = parser.parse_args(argv)
     configure("cuda", smoke=False)
     import kv_canary_kernels.verify as head_verify
@@ -166,11 +188,13 @@ def main(argv=None) -> int:
         versions = {rev: export(rev, Path(tmp)) for rev in args.revs}
         versions["HEAD"] = (head_write, head_verify)
         cases = []
-        for rows, length in [(4096, 1), (256, 1), (16, 2048)]:
-            cases.append((f"write {rows} x {length}", "write", write_case(rows, length)))
+        if args.geometry == "own":
+            for rows, length in [(4096, 1), (256, 1), (16, 2048)]:
+                cases.append((f"write {rows} x {length}", "write", write_case(rows, length)))
+        verify_of = verify_case if args.geometry == "own" else bench_verify_case
         for bs in (64, 256, 4096):
             for mode in (RealKVMode.NONE, RealKVMode.PARTIAL):
-                cases.append((f"verify bs={bs} {mode.name}", "verify", verify_case(bs, mode)))
+                cases.append((f"verify bs={bs} {mode.name}", "verify", verify_of(bs, mode)))
         print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
         print("| case | " + " | ".join(versions) + " |")
         print("|---" * (len(versions) + 1) + "|")
