@@ -51,10 +51,11 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             "the kernels in Triton's interpreter"
         ) from None
     cfg = dev.launch
-    # The buffers' own fields go as addresses after a variant's first launch
-    # (Launcher.launch_fixed); a torch.compile copy's fields (compiled._Fields) as tensors.
-    # What only a first launch needs (the output tensors, the constexprs, Triton's
-    # options) is built in the `build` closures, which a repeated launch never calls.
+    # The buffers' own fields go as addresses once a variant has launched for these
+    # buffers (Launcher.launch_fixed); a torch.compile copy's fields (compiled._Fields) as
+    # tensors. What only a launch not repeated from that cache needs (the output tensors,
+    # the constexprs, Triton's options) is built in the `build` closures, which a
+    # repeated launch never calls.
     owner = buffers if type(buffers) is PlanBuffers else None
     write_capacity, verify_capacity = buffers.write_req_capacity, buffers.verify_capacity
     bs = args.bs

@@ -6,6 +6,8 @@ actually hit, a tampered object still refused) is tests/test_gpu_fast_path.py.""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -251,8 +253,20 @@ def test_a_repeated_plan_launch_passes_the_first_launchs_arguments(
     from kv_canary_kernels.config import launch_config
 
     calls: list[tuple] = []
+    builds: list[str] = []
+    real_launch_fixed = launcher.Launcher.launch_fixed
 
     def full_launch(self, device, grid, key, args, constexprs, options):
+        # What `build` made fits the kernel: every runtime parameter once, in order, and
+        # the constexprs by name (those left out have defaults).
+        params = inspect.signature(self.fn.fn).parameters
+        const = {n for n, p in params.items() if "constexpr" in str(p.annotation)}
+        assert set(constexprs) <= const, self.fn.__name__
+        assert all(
+            params[n].default is not inspect.Parameter.empty for n in const - set(constexprs)
+        )
+        assert len(args) == len(params) - len(const), self.fn.__name__
+        assert options.get("num_warps", 4) >= 1
         calls.append(("full", self.fn.__name__, grid[0], addresses(args)))
 
         def go(programs, stream, *args):
@@ -265,7 +279,16 @@ def test_a_repeated_plan_launch_passes_the_first_launchs_arguments(
         for k, v in _plan_batch(bs, swa=swa, pool=pool).items()
     }
     buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=64, device=DEVICE)
+
+    def spied_launch_fixed(self, owner, device, grid, key, head, head_addresses, tail, build):
+        def counted_build():
+            builds.append(self.fn.__name__)
+            return build()
+
+        real_launch_fixed(self, owner, device, grid, key, head, head_addresses, tail, counted_build)
+
     monkeypatch.setattr(launcher.Launcher, "launch", full_launch)  # nothing runs
+    monkeypatch.setattr(launcher.Launcher, "launch_fixed", spied_launch_fixed)
     monkeypatch.setattr(launcher, "current_device", lambda: buffers.device.index)
     monkeypatch.setattr(launcher, "stream_of", lambda index: 0)
     for name in ("_SMALL", "_LARGE", "_SUMS", "_OFFSETS", "_ENTRIES"):
@@ -273,9 +296,12 @@ def test_a_repeated_plan_launch_passes_the_first_launchs_arguments(
     changes = {} if one_launch_max_rows is None else {"one_launch_max_rows": one_launch_max_rows}
     with launch_config(**changes):
         launch_plan(buffers, **kwargs)
-        first = list(calls)
+        first, first_builds = list(calls), list(builds)
         calls.clear()
+        builds.clear()
         launch_plan(buffers, **kwargs)
+    assert first_builds == kernels  # each first launch built its arguments once
+    assert builds == []  # a repeated launch built nothing
     assert [(kind, name) for kind, name, *_ in first] == [("full", k) for k in kernels]
     assert [(kind, name) for kind, name, *_ in calls] == [("fast", k) for k in kernels]
     for (_, name, grid, want), (_, _, programs, got) in zip(first, calls):
