@@ -4,9 +4,10 @@ Triton's ``kernel[grid](...)`` binds and specializes every argument, hashes a ca
 and checks globals at each call: tens of microseconds per launch on a serving host, where
 the launchers' budget is 30 us. The launchers here know what a compiled variant depends on
 (their constexprs, each pointer's dtype and 16-byte alignment; every runtime integer is
-annotated ``tl.int64`` and not specialized), so after the first launch of a variant, which
-goes through Triton and compiles it, they call the compiled kernel directly. Under the
-interpreter every launch goes through Triton.
+annotated ``tl.int64`` and not specialized), so after a variant is compiled (by its first
+launch through Triton, or by :meth:`Launcher.programs_per_sm`, which the verify stage
+calls to size its grid) they call the compiled kernel directly. Under the interpreter
+every launch goes through Triton.
 
 The launch also runs on the device the buffers live on, whatever the current device is
 (a process that touches two GPUs), on that device's current stream.
@@ -182,8 +183,8 @@ class Launcher:
     Triton's launch options (``num_warps`` ...). ``key`` must identify the compiled variant
     together with :func:`alignment_key` of the tensor arguments (the caller passes it so
     that it computes no more than it needs). Grids have one axis. Returns the variant's
-    :data:`Go` after its first launch (None under the interpreter and at that first launch),
-    for the caller's :class:`FastPath`."""
+    :data:`Go` once the variant is compiled (None under the interpreter and at a first
+    launch that goes through Triton to compile it), for the caller's :class:`FastPath`."""
 
     def __init__(self, fn: Any):
         self.fn = fn
@@ -214,6 +215,10 @@ class Launcher:
                 kernel = self.variants.get(full_key)
                 if kernel is None:
                     kernel = self.fn.warmup(*args, grid=(1,), **constexprs, **options)
+                    if not hasattr(kernel, "_init_handles"):
+                        # No compiled kernel back (a Triton compile hook took it): the
+                        # first launch compiles it, and the config's bound applies.
+                        return None
                     self.variants[full_key] = kernel
                 kernel._init_handles()  # loads the binary: its register count
                 fits = self.resident[full_key] = resident_programs(kernel, device.index)

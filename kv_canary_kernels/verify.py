@@ -159,7 +159,9 @@ def canary_verify_kernel(
         flags |= tl.where(slot_bad, VERIFY_SLOT_BAD, 0) | tl.where(prev_bad, PREV_SLOT_BAD, 0)
         # The predecessor's hash comes from the lane to the left where that lane holds the
         # predecessor's slot (its record is read below in any case); other lanes read the
-        # predecessor's record beside their own.
+        # predecessor's record beside their own. `ok` here is before the real-KV row
+        # check: a lane dropped for its KV row still has an in-range slot whose record is
+        # read, so its hash is exactly hash_of(prev) for the lane to its right.
         from_left = (
             (lanes % 32 != 0)
             & (from_left_lane(ok.to(tl.int32), BLOCK) != 0)

@@ -8,7 +8,7 @@ import pytest
 from kv_canary_kernels import launcher
 
 H200 = (65536, 232448, 2048)
-"""Registers, shared memory bytes and threads of one H200 multiprocessor."""
+"""Registers, shared memory bytes (a block's opt-in maximum) and threads of an H200."""
 
 
 @pytest.fixture
