@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import gpu_time
-from kv_canary_kernels.canary_common import ANCHOR, mix3
+from kv_canary_kernels.canary_common import mix3
+from kv_canary_kernels.constants import ANCHOR
 
 
 @triton.jit

@@ -48,3 +48,13 @@ def test_plot_from_csv(tmp_path):
         "canary_gpu_time.png",
         "canary_host_time.png",
     }
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "benchmarks").glob("*.py")), ids=lambda p: p.stem)
+def test_benchmark_modules_import(path):
+    """Every benchmark script imports against the packages as they are now (a renamed
+    constant once broke ``chain_floor.py`` without any test noticing)."""
+    import importlib
+
+    module = importlib.import_module(path.stem)
+    assert module.__file__ is not None and Path(module.__file__).resolve() == path.resolve()
