@@ -11,6 +11,7 @@ from .constants import (
     MODE_PARTIAL,
     MUL1,
     MUL2,
+    PTX_PRODUCTS,
     REAL_KV_ROW_BAD,
     SHIFT1,
     SHIFT2,
@@ -30,12 +31,64 @@ from .constants import (
 @triton.jit
 def sm(x):
     """The contract's ``sm`` on uint64 lanes (shifts are logical, products wrap)."""
-    x ^= x >> SHIFT1
-    x *= MUL1
-    x ^= x >> SHIFT2
-    x *= MUL2
-    x ^= x >> SHIFT3
+    if PTX_PRODUCTS:
+        lo = x.to(tl.uint32)
+        hi = (x >> 32).to(tl.uint32)
+        lo, hi = _xorshift_halves(lo, hi, SHIFT1)
+        lo, hi = _product_halves(lo, hi, MUL1)
+        lo, hi = _xorshift_halves(lo, hi, SHIFT2)
+        lo, hi = _product_halves(lo, hi, MUL2)
+        lo, hi = _xorshift_halves(lo, hi, SHIFT3)
+        x = lo.to(tl.uint64) | (hi.to(tl.uint64) << 32)
+    else:
+        x ^= x >> SHIFT1
+        x *= MUL1
+        x ^= x >> SHIFT2
+        x *= MUL2
+        x ^= x >> SHIFT3
     return x
+
+
+@triton.jit
+def _xorshift_halves(lo, hi, S: tl.constexpr):
+    """``x ^ (x >> S)`` of the uint64 ``x = hi:lo``, ``0 < S < 32``, on its uint32 halves."""
+    return lo ^ ((lo >> S) | (hi << (32 - S))), hi ^ (hi >> S)
+
+
+@triton.jit
+def _product_halves(lo, hi, M: tl.constexpr):
+    """``x * M`` (mod 2**64) of the uint64 ``x = hi:lo``, on its uint32 halves.
+
+    The high half in PTX: written in Triton, LLVM fuses the three partial products into a
+    chain of three dependent multiply-adds (IMAD.WIDE, IMAD, IMAD), while this order lets
+    ptxas start ``lo * M_hi`` first. A write row's hash chain is serial, so this latency
+    is its speed: 94 against 104 ns a ``mix3`` on the H200 (benchmarks/chain_floor.py).
+    """
+    low = lo * tl.full(lo.shape, M & 0xFFFFFFFF, tl.uint32)
+    # The multipliers as immediates in the text (one string each): as register operands,
+    # ptxas merges this ``mul.hi`` with the low product into one IMAD.WIDE, slower here.
+    if M == MUL1:
+        high = tl.inline_asm_elementwise(
+            "{ .reg .u32 a, b, c; mul.hi.u32 a, $1, 0x1CE4E5B9; mul.lo.u32 b, $1, 0xBF58476D; "
+            "mul.lo.u32 c, $2, 0x1CE4E5B9; add.u32 a, a, b; add.u32 $0, a, c; }",
+            "=r,r,r",
+            [lo, hi],
+            dtype=tl.uint32,
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        tl.static_assert(M == MUL2)
+        high = tl.inline_asm_elementwise(
+            "{ .reg .u32 a, b, c; mul.hi.u32 a, $1, 0x133111EB; mul.lo.u32 b, $1, 0x94D049BB; "
+            "mul.lo.u32 c, $2, 0x133111EB; add.u32 a, a, b; add.u32 $0, a, c; }",
+            "=r,r,r",
+            [lo, hi],
+            dtype=tl.uint32,
+            is_pure=True,
+            pack=1,
+        )
+    return low, high
 
 
 @triton.jit
