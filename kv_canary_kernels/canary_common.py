@@ -29,9 +29,14 @@ from .constants import (
 
 
 @triton.jit
-def sm(x):
-    """The contract's ``sm`` on uint64 lanes (shifts are logical, products wrap)."""
-    if PTX_PRODUCTS:
+def sm(x, LATENCY: tl.constexpr = False):
+    """The contract's ``sm`` on uint64 lanes (shifts are logical, products wrap).
+
+    ``LATENCY``: for a serial chain (the write's), whose speed is this function's latency:
+    the products in PTX where :data:`PTX_PRODUCTS` allows (see :func:`_product_halves`).
+    Elsewhere the hashes are many and independent, and Triton's own products serve as well
+    at a fraction of the compile time."""
+    if LATENCY and PTX_PRODUCTS:
         lo = x.to(tl.uint32)
         hi = (x >> 32).to(tl.uint32)
         lo, hi = _xorshift_halves(lo, hi, SHIFT1)
@@ -104,9 +109,10 @@ def i64(x):
 
 
 @triton.jit
-def mix3(a, b, c):
-    """``sm(sm(sm(a) ^ b) ^ c)``: ``a`` uint64, ``b`` and ``c`` int64; returns uint64."""
-    return sm(sm(sm(a) ^ u64(b)) ^ u64(c))
+def mix3(a, b, c, LATENCY: tl.constexpr = False):
+    """``sm(sm(sm(a) ^ b) ^ c)``: ``a`` uint64, ``b`` and ``c`` int64; returns uint64.
+    ``LATENCY`` as for :func:`sm`."""
+    return sm(sm(sm(a, LATENCY) ^ u64(b), LATENCY) ^ u64(c), LATENCY)
 
 
 @triton.jit

@@ -112,8 +112,11 @@ def _walk_rows(
     )
     # Unrolled by 3, the rotation below is register renaming: rolled, it is a copy of each
     # token in flight, which waits for that token's loads at the end of the iteration that
-    # issued them (measured on the H200: 11% more time a token).
-    for step in tl.range(0, tl.max(length, 0), loop_unroll_factor=3):
+    # issued them (measured on the H200: 11% more time a token). Not with real-KV sources,
+    # whose loads and hashes dominate a token (and the compile time, tripled), nor in the
+    # replay, which runs only on a violation.
+    UNROLL: tl.constexpr = 3 if NUM_SOURCES == 0 and not APPEND else 1
+    for step in tl.range(0, tl.max(length, 0), loop_unroll_factor=UNROLL):
         s2, t2, p2, et2, ep2 = _load_token(
             ocl_ptr,
             ids_ptr,
@@ -135,7 +138,7 @@ def _walk_rows(
         )  # fmt: skip
         # The chain first: everything below is off its critical path.
         chain = i64(running)
-        running = tl.where(ok, mix3(running, t0, p0), running)
+        running = tl.where(ok, mix3(running, t0, p0, LATENCY=True), running)
         if HAS_EXPECTED:
             bits = tl.where(t0 != et0, WRITE_TOKEN_BIT, 0) | tl.where(
                 p0 != ep0, WRITE_POSITION_BIT, 0

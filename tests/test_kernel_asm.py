@@ -4,8 +4,10 @@ Triton's atomics default to ``acq_rel``, which compiles to a ``MEMBAR.GPU`` (wai
 store in flight) and an L1 invalidate around each atomic: 0.6 us of a 3 us decode write on
 the H200. The write and verify kernels' atomics need no ordering, so they are relaxed, as
 are the plan's but the one-launch large-batch kernel's sync words (release/acquire, which
-order its programs); these tests keep them so. The compile runs in a subprocess: the test
-process has the interpreter on.
+order its programs); these tests keep them so. The hash's 64-bit products are inline PTX
+on the GPU, a path the interpreter (CI) never runs: its immediates and arithmetic are
+checked here in Python integers, and its presence in the compiled kernels. The compile runs
+in a subprocess: the test process has the interpreter on.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from __future__ import annotations
 import ast
 import json
 import os
+import random
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from kv_canary_buffers.layout import SM_MUL1, SM_MUL2, SM_SHIFTS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -104,3 +109,69 @@ def test_every_atomic_in_the_kernel_sources_names_relaxed():
                 )
                 assert sem[0].value in allowed, f"{path.name}:{node.lineno}: sem={sem[0].value}"
     assert calls >= 8
+
+
+# One string of ``_product_halves``: the high 32 bits of ``x * M`` from the halves of ``x``
+# ($1 low, $2 high), ``mul.hi(lo, M_lo) + mul.lo(lo, M_hi) + mul.lo(hi, M_lo)``.
+_PTX_HIGH = re.compile(
+    r"mul\.hi\.u32 a, \$1, (0x[0-9A-Fa-f]+); mul\.lo\.u32 b, \$1, (0x[0-9A-Fa-f]+); "
+    r"mul\.lo\.u32 c, \$2, (0x[0-9A-Fa-f]+); add\.u32 a, a, b; add\.u32 \$0, a, c;"
+)
+
+
+def _ptx_immediates(nodes: list[ast.stmt]) -> list[tuple[int, int, int]]:
+    """The immediates of each ``_PTX_HIGH`` string under ``nodes``."""
+    found = []
+    for node in nodes:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+                found += [tuple(int(h, 16) for h in m) for m in _PTX_HIGH.findall(sub.value)]
+    return found
+
+
+def test_ptx_products_immediates_are_the_multipliers_halves():
+    """The PTX hard-codes the multipliers' halves and only a GPU runs it (CI never does):
+    a wrong digit would change every hash on the GPU alone. Checked here against layout's
+    multipliers, and the PTX's arithmetic on the halves against ``x * M`` in integers."""
+    tree = ast.parse((ROOT / "kv_canary_kernels" / "canary_common.py").read_text())
+    (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_product_halves"]
+    assert len(_ptx_immediates(fn.body)) == 2
+    (branch,) = [
+        n
+        for n in ast.walk(fn)
+        if isinstance(n, ast.If) and ast.unparse(n.test).replace(" ", "") == "M==MUL1"
+    ]
+    (imm1,) = _ptx_immediates(branch.body)
+    (imm2,) = _ptx_immediates(branch.orelse)
+    mask = 0xFFFFFFFF
+    for (m_lo, m_hi, m_lo2), mul in ((imm1, SM_MUL1), (imm2, SM_MUL2)):
+        assert (m_lo, m_hi, m_lo2) == (mul & mask, mul >> 32, mul & mask), hex(mul)
+
+    rng = random.Random(0)
+    xs = [0, 1, 2**32 - 1, 2**32, 2**64 - 1] + [rng.getrandbits(64) for _ in range(4000)]
+    for x in xs:
+        lo, hi = x & mask, x >> 32
+        for (m_lo, m_hi, m_lo2), mul in ((imm1, SM_MUL1), (imm2, SM_MUL2)):
+            a = (lo * m_lo) >> 32
+            b = (lo * m_hi) & mask
+            c = (hi * m_lo2) & mask
+            low = (lo * m_lo) & mask  # the Triton product: lo * (M & 0xFFFFFFFF), uint32
+            assert low | (((a + b + c) & mask) << 32) == (x * mul) % 2**64, (hex(x), hex(mul))
+        for shift in SM_SHIFTS:  # _xorshift_halves
+            new_lo = lo ^ (((lo >> shift) | (hi << (32 - shift))) & mask)
+            new_hi = hi ^ (hi >> shift)
+            assert new_lo | (new_hi << 32) == x ^ (x >> shift), (hex(x), shift)
+
+
+def test_gpu_hash_uses_the_ptx_products_in_the_write_chain_only(ptx_of):
+    """The GPU compile takes the PTX path (PTX_PRODUCTS on without the interpreter) in the
+    write's serial chain: both multipliers' ``mul.hi`` with their low halves as immediates.
+    The verify's hashes are independent of each other and keep Triton's products (the PTX
+    would cost compile time for no measured gain)."""
+    assert set(ptx_of) == {"write expected=False", "write expected=True", "verify PARTIAL"}
+    for name, ptx in ptx_of.items():
+        for mul in (SM_MUL1, SM_MUL2):
+            imm = f"0x{mul & 0xFFFFFFFF:08X}"
+            pattern = rf"mul\.hi\.u32\s[^;]*,\s*{imm};"
+            found = re.search(pattern, ptx, re.IGNORECASE) is not None
+            assert found == name.startswith("write"), f"{name}: mul.hi.u32 by {imm}: {found}"
