@@ -5,14 +5,14 @@ references cannot disagree on a sentinel, a bit or a column."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton.language as tl
 
 from kv_canary_buffers import layout
 from kv_canary_buffers.real_kv import RealKVMode
 from kv_canary_buffers.status import CanaryStatus, FailBits, PlanStatus
+
+from .config import INTERPRETING
 
 _C = tl.constexpr
 
@@ -53,11 +53,10 @@ MUL2: tl.constexpr = _C(layout.SM_MUL2)
 SHIFT1: tl.constexpr = _C(layout.SM_SHIFTS[0])
 SHIFT2: tl.constexpr = _C(layout.SM_SHIFTS[1])
 SHIFT3: tl.constexpr = _C(layout.SM_SHIFTS[2])
-PTX_PRODUCTS: tl.constexpr = _C(
-    os.environ.get("TRITON_INTERPRET", "0") != "1" and torch.version.hip is None
-)
-"""The hash's 64-bit products as inline PTX (:func:`canary_common.sm`): on NVIDIA GPUs
-only, not under the interpreter (which runs no PTX) nor on ROCm."""
+PTX_PRODUCTS: tl.constexpr = _C(not INTERPRETING and torch.version.hip is None)
+"""The write chain's 64-bit products as inline PTX (:func:`canary_common.sm`): on NVIDIA
+GPUs only, not under the interpreter (which runs no PTX) nor on ROCm (whose devices are
+also ``cuda`` to torch; the launchers take no other device type)."""
 MODE_PARTIAL: tl.constexpr = _C(int(RealKVMode.PARTIAL))
 """Two words a slot and source, loaded without a loop."""
 

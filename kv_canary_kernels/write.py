@@ -113,7 +113,7 @@ def _walk_rows(
     # Unrolled by 3, the rotation below is register renaming: rolled, it is a copy of each
     # token in flight, which waits for that token's loads at the end of the iteration that
     # issued them (measured on the H200: 11% more time a token). Not with real-KV sources,
-    # whose loads and hashes dominate a token (and the compile time, tripled), nor in the
+    # whose loads and hashes dominate a token (and the compile time, tenfold), nor in the
     # replay, which runs only on a violation.
     UNROLL: tl.constexpr = 3 if NUM_SOURCES == 0 and not APPEND else 1
     for step in tl.range(0, tl.max(length, 0), loop_unroll_factor=UNROLL):

@@ -172,6 +172,19 @@ CASES = {
         r"plan_buffers.verify_slot_indices\[1\] = 9 must be a slot whose real-KV page row",
         lambda s: sorted(r[1] for r in s.violations[:2].tolist()) == [3, 5],
     ),
+    "verify real-KV page past a source, the next entry's predecessor": (
+        # Entry 2's predecessor is entry 1's slot, whose record the kernel reuses from the
+        # lane on its left: that lane skips its own check, not the record it loaded.
+        "verify",
+        lambda p: (
+            set_verify_plan(p, [3, 9, 5, 6], [2, 8, 9, 5], [1, 1, 1, 1]) or {"real_kv": short_kv()}
+        ),
+        S.REAL_KV_ROW_OUT_OF_RANGE,
+        r"plan_buffers.verify_slot_indices\[1\] = 9 must be a slot whose real-KV page row",
+        lambda s: (
+            sorted(r[1] for r in s.violations[:3].tolist()) == [3, 5, 6] and counters(s)[0] == 3
+        ),
+    ),
     "verify count past the capacity": (
         "verify",
         lambda p: set_verify_plan(p, [3] * 16, [0] * 16, [1] * 16, num_valid=18) or {},

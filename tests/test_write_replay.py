@@ -1,0 +1,102 @@
+"""Write violations on multi-token rows where only some lanes fail a write check (the
+kernel appends in a replay walk of those lanes only), a violation after a skipped token
+and after a duplicate slot, lanes in two programs, and the ring filling during the write;
+out-of-range slots and real-KV rows before a violation (kernels against the loop model)."""
+
+import pytest
+import torch
+
+from canary_helpers import (
+    CANARY_PATHS,
+    DEVICE,
+    assert_store_matches_model,
+    i64,
+    make_source,
+    model_state,
+    model_write,
+    new_plan,
+    new_store,
+    set_write_plan,
+)
+from kv_canary_buffers import RealKV, RealKVMode
+
+ROWS = 40  # two write programs of 32 lanes
+
+
+def replay_case(expected: bool, count0: int):
+    store = new_store(num_slots=32, violation_capacity=4)
+    store.records[9] = i64([70, 4, 555, 0])
+    store.enable_chain_position_check()
+    store.violation_count.fill_(count0)
+    plan = new_plan(write_req_capacity=ROWS)
+    #  row 0 (seed 9, suspect): 11 ok, skipped, 12 (token/position fails), 11 again
+    #        (duplicate; position jump), 13 ok;  row 1 (seed -1): clean, 3 tokens;
+    #  rows 2..32 idle;  row 33 (program 1, seed 9): skipped, 20 fails, 21 ok
+    #  row 34 (program 1, seed 9): clean, 2 tokens
+    ocl = [11, -1, 12, 11, 13, 1, 2, 3, -1, 20, 21, 22, 23]
+    ids = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+    pos = [5, 99, 7, 10, 11, 0, 1, 2, 50, 9, 10, 5, 6]
+    offsets = [0, 5, 8] + [8] * 31 + [11, 13]
+    seeds = [9, -1] + [-1] * 31 + [9, 9]
+    set_write_plan(plan, offsets, seeds)
+    kw = dict(input_ids=i64(ids), positions=i64(pos), out_cache_loc=i64(ocl), launch_tag=-5)
+    if expected:
+        exp_ids = list(ids)
+        exp_ids[2], exp_ids[9] = 30, 100
+        exp_pos = list(pos)
+        exp_pos[9] = 6
+        kw.update(expected_input_ids=i64(exp_ids), expected_positions=i64(exp_pos))
+    return store, plan, kw
+
+
+@pytest.mark.parametrize("expected", [True, False])
+@pytest.mark.parametrize("count0", [0, 2, 4, 9])  # 2: fills during the write; 4, 9: full
+@pytest.mark.parametrize("path", ["reference", "kernels"])
+def test_replay_rows_equal_the_model(path, expected, count0):
+    store, plan, kw = replay_case(expected, count0)
+    model = model_write(model_state(store), plan, **kw, chain_position_check=True)
+    assert len(model.rows) >= 3  # row 0: >= 2 rows, row 33: >= 1, rows 1 and 34 none
+    CANARY_PATHS[path].write(store, plan, **kw)
+    assert_store_matches_model(store, model, rows_before=count0, ordered=path == "reference")
+    if count0 == 0 and expected:
+        assert {r[1] for r in model.rows} == {12, 11, 20}
+
+
+def short_kv():
+    g = torch.Generator().manual_seed(5)
+    src = (
+        make_source(g, 4, 64, spare_rows=4, device=DEVICE),
+        make_source(g, 6, 64, spare_rows=2, device=DEVICE),
+    )
+    return RealKV(mode=RealKVMode.ALL, sources=src, page_size=2, bytes_per_token=32)
+
+
+def test_replay_after_out_of_range_slot_and_real_kv_row():
+    """Kernels only (the reference raises): a slot past the store and a slot whose page
+    row lies past a source, each before a violating token of the same row."""
+    store = new_store(num_slots=16, violation_capacity=3)
+    store.records[5] = i64([1, 3, 77, 0])
+    store.enable_chain_position_check()
+    store.violation_count.fill_(1)  # fills during the write
+    plan = new_plan(write_req_capacity=4)
+    #  row 0 (seed 5): 2 ok, 16 (past the store), 3 position 9 fails; row 1: 9 (page 4,
+    #  past source 0), 4 token fails, 6 ok; row 2 clean
+    ocl = [2, 16, 3, 9, 4, 6, 7, 1]
+    ids = [10, 11, 12, 13, 14, 15, 16, 17]
+    pos = [4, 5, 9, 0, 1, 2, 0, 1]
+    exp_ids = list(ids)
+    exp_ids[4] = 99
+    set_write_plan(plan, [0, 3, 6, 8], [5, -1, -1])
+    kw = dict(
+        input_ids=i64(ids),
+        positions=i64(pos),
+        out_cache_loc=i64(ocl),
+        launch_tag=2,
+        expected_input_ids=i64(exp_ids),
+        expected_positions=i64(pos),
+        real_kv=short_kv(),
+    )
+    model = model_write(model_state(store), plan, **kw, chain_position_check=True)
+    assert model.status and len(model.rows) == 2
+    CANARY_PATHS["kernels"].write(store, plan, **kw)
+    assert_store_matches_model(store, model, rows_before=1)
