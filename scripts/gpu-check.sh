@@ -4,8 +4,10 @@
 # plan and of write/verify, the demo on CUDA with corruption injected, and the benchmark of
 # every stage. Writes run.log, memcheck-h200.log
 # and the benchmark CSV and plots under $OUT (default: ./gpu-check-out).
-# On two GPUs also benchmarks/bench_multi_gpu.py. BENCH=0 skips benchmarks/bench.py.
-# Usage: PYTHONPATH=. OUT=dir [BENCH=0] bash scripts/gpu-check.sh
+# On two GPUs also benchmarks/bench_multi_gpu.py. BENCH=0 skips benchmarks/bench.py;
+# CANARY=0 skips the canary contract tests on CUDA (the CPU suite runs them under the
+# interpreter, where the write's PTX products and unrolled loop are not compiled).
+# Usage: PYTHONPATH=. OUT=dir [BENCH=0] [CANARY=0] bash scripts/gpu-check.sh
 set -o pipefail
 OUT="${OUT:-gpu-check-out}"
 mkdir -p "$OUT"
@@ -14,6 +16,11 @@ L=$OUT/run.log
 { date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
 echo "== GPU tests $(date -u +%T)" >> $L
 timeout 300 python -m pytest -q tests/test_gpu.py tests/test_gpu_canary.py tests/test_gpu_fast_path.py tests/test_fast_launch.py tests/test_multi_gpu.py tests/test_end_to_end.py tests/test_demo.py tests/test_large_batch.py tests/test_property.py tests/test_out_of_range.py -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
+if [ "${CANARY:-1}" = 1 ]; then
+  echo "== canary contract tests on CUDA $(date -u +%T)" >> $L
+  timeout 240 python -m pytest -q tests/test_canary_contract.py tests/test_canary_property.py tests/test_canary_out_of_range.py tests/test_write_replay.py -p no:cacheprovider >> $L 2>&1; echo "canary pytest rc=$?" >> $L
+  timeout 30 python benchmarks/chain_floor.py >> $L 2>&1; echo "chain_floor rc=$?" >> $L
+fi
 echo "== memcheck $(date -u +%T)" >> $L
 M=$OUT/memcheck-h200.log
 timeout 100 compute-sanitizer --tool memcheck python tests/gpu_memcheck_canary.py > $M 2>&1; echo "memcheck canary rc=$?" >> $L
