@@ -9,6 +9,13 @@ A row's chain is serial by definition (docs/contract-canary.md), so no write ker
 spend less than this per token on its longest row. Measured on the H200 in the sessions of
 2026-11-30 and 2026-12-01: 104 ns per mix3 with Triton's products, 92 ns with the PTX ones
 (benchmarks/results/h200-write-loop-20261201.txt).
+
+Beside it, the chain with the memory accesses a prefill write cannot avoid
+(``chain_traffic_kernel``): per token, its slot, id and position read (two tokens ahead,
+the loop unrolled by 3, as the write does) and its record's four words stored; no check,
+no skip, no counter. Between the two floors lies what the loads and stores cost the chain;
+above the second, what the write's logic costs. ``--smoke`` runs both on the CPU under the
+interpreter and checks the records against the contract's hash in plain Python.
 """
 
 from __future__ import annotations
@@ -39,7 +46,69 @@ def chain_kernel(ids_ptr, pos_ptr, out_ptr, n, LATENCY: tl.constexpr):
     tl.store(out_ptr + lanes, running.to(tl.int64, bitcast=True))
 
 
-def main() -> int:
+@triton.jit
+def _token(ocl_ptr, ids_ptr, pos_ptr, index, mask):
+    slot = tl.load(ocl_ptr + index, mask=mask, other=0)
+    return (
+        slot,
+        tl.load(ids_ptr + index, mask=mask, other=0),
+        tl.load(pos_ptr + index, mask=mask, other=0),
+    )
+
+
+@triton.jit
+def chain_traffic_kernel(ids_ptr, pos_ptr, ocl_ptr, records_ptr, rows, length: tl.int64):
+    """Row ``r`` (one a lane, ``rows <= 32``) is tokens ``[r * length, (r + 1) * length)``,
+    chained from H0, each record stored at its slot."""
+    lanes = tl.arange(0, 32)
+    live = lanes < rows
+    first = lanes.to(tl.int64) * length
+    running = tl.full([32], ANCHOR, tl.uint64)
+    s0, t0, p0 = _token(ocl_ptr, ids_ptr, pos_ptr, first, live & (length > 0))
+    s1, t1, p1 = _token(ocl_ptr, ids_ptr, pos_ptr, first + 1, live & (length > 1))
+    for step in tl.range(0, length, loop_unroll_factor=3):
+        s2, t2, p2 = _token(ocl_ptr, ids_ptr, pos_ptr, first + step + 2, live & (length > step + 2))
+        chain = running.to(tl.int64, bitcast=True)
+        running = mix3(running, t0, p0, True)
+        rec = records_ptr + s0 * 4
+        tl.store(rec, t0, mask=live)
+        tl.store(rec + 1, p0, mask=live)
+        tl.store(rec + 2, chain, mask=live)
+        tl.store(rec + 3, tl.zeros_like(chain), mask=live)
+        s0, t0, p0 = s1, t1, p1
+        s1, t1, p1 = s2, t2, p2
+
+
+def traffic_case(rows: int, length: int, device: str):
+    """Inputs of ``rows`` rows of ``length`` tokens, slots a permutation, and the records."""
+    g = torch.Generator().manual_seed(rows * length)
+    n = rows * length
+    ids = torch.randint(0, 50000, (n,), generator=g).to(device)
+    pos = (torch.arange(n) % length + 1).to(device)
+    ocl = torch.randperm(n, generator=g).to(device)
+    return ids, pos, ocl, torch.zeros(n, 4, dtype=torch.int64, device=device)
+
+
+def smoke() -> int:
+    """The traffic kernel's records against the contract's chain, under the interpreter."""
+    from kv_canary_buffers.hashing import H0_SIGNED, mix3_int
+
+    rows, length = 3, 5
+    ids, pos, ocl, records = traffic_case(rows, length, "cpu")
+    chain_traffic_kernel[(1,)](ids, pos, ocl, records, rows, length)
+    for r in range(rows):
+        h = H0_SIGNED
+        for i in range(r * length, (r + 1) * length):
+            want = [int(ids[i]), int(pos[i]), h, 0]
+            assert records[int(ocl[i])].tolist() == want, (r, i)
+            h = mix3_int(h, int(ids[i]), int(pos[i]))
+    print("chain_floor --smoke: the traffic kernel's records follow the contract's chain")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    if (argv if argv is not None else sys.argv[1:]) == ["--smoke"]:
+        return smoke()
     if not torch.cuda.is_available():
         print("chain_floor: needs CUDA")
         return 1
@@ -56,6 +125,14 @@ def main() -> int:
             print(f"chain floor, {name}: {n} mix3 in {t:8.1f} us = {t * 1e3 / n:6.1f} ns per mix3")
     for n in (2048, 8192):
         assert torch.equal(results[True, n], results[False, n]), "the two products differ"
+    for rows, length in ((16, 2048), (1, 8192)):
+        ids, pos, ocl, records = traffic_case(rows, length, "cuda")
+        go = lambda: chain_traffic_kernel[(1,)](ids, pos, ocl, records, rows, length)  # noqa: E731
+        t = gpu_time(go, 20, 2).us
+        print(
+            f"chain + traffic floor: {rows} x {length} in {t:8.1f} us = "
+            f"{t * 1e3 / length:6.1f} ns a token"
+        )
     return 0
 
 

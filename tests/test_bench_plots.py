@@ -58,3 +58,11 @@ def test_benchmark_modules_import(path):
 
     module = importlib.import_module(path.stem)
     assert module.__file__ is not None and Path(module.__file__).resolve() == path.resolve()
+
+
+def test_chain_floor_traffic_kernel_follows_the_contract():
+    """The write's chain-and-traffic floor kernel (benchmarks/chain_floor.py) stores the
+    records the contract's chain gives, so its timing is of the work the write must do."""
+    import chain_floor
+
+    assert chain_floor.main(["--smoke"]) == 0
