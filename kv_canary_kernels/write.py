@@ -98,9 +98,10 @@ def _walk_rows(
     lane and the lanes that met a token failing a write check. ``APPEND`` True (only when
     some lane did): the same walk again, from the same seed state, stamping nothing and
     appending those tokens' violation rows (the KV bytes' hash, stored nowhere there, is
-    dead code to the compiler: the replay reads only what its row check needs). The appends (an atomic and a branch a token)
-    stay out of the first walk, whose unrolled loop is then the chain, the loads and the
-    stores (alone, the split measured neither faster nor slower on the H200).
+    dead code to the compiler: the replay reads only what its row check needs). The
+    appends (an atomic and a branch a token) stay out of the first walk, whose unrolled
+    loop is then the chain, the loads and the stores (alone, the split measured neither
+    faster nor slower on the H200).
     """
     written = tl.zeros_like(length)
     suspect = tl.zeros_like(length) != 0
