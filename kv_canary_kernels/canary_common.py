@@ -11,6 +11,8 @@ from .constants import (
     MODE_PARTIAL,
     MUL1,
     MUL2,
+    PTX_HIGH1,
+    PTX_HIGH2,
     PTX_PRODUCTS,
     REAL_KV_ROW_BAD,
     SHIFT1,
@@ -40,9 +42,9 @@ def sm(x, LATENCY: tl.constexpr = False):
         lo = x.to(tl.uint32)
         hi = (x >> 32).to(tl.uint32)
         lo, hi = _xorshift_halves(lo, hi, SHIFT1)
-        lo, hi = _product_halves(lo, hi, MUL1)
+        lo, hi = _product_halves(lo, hi, MUL1, PTX_HIGH1)
         lo, hi = _xorshift_halves(lo, hi, SHIFT2)
-        lo, hi = _product_halves(lo, hi, MUL2)
+        lo, hi = _product_halves(lo, hi, MUL2, PTX_HIGH2)
         lo, hi = _xorshift_halves(lo, hi, SHIFT3)
         x = lo.to(tl.uint64) | (hi.to(tl.uint64) << 32)
     else:
@@ -61,8 +63,9 @@ def _xorshift_halves(lo, hi, S: tl.constexpr):
 
 
 @triton.jit
-def _product_halves(lo, hi, M: tl.constexpr):
-    """``x * M`` (mod 2**64) of the uint64 ``x = hi:lo``, on its uint32 halves.
+def _product_halves(lo, hi, M: tl.constexpr, HIGH_PTX: tl.constexpr):
+    """``x * M`` (mod 2**64) of the uint64 ``x = hi:lo``, on its uint32 halves;
+    ``HIGH_PTX`` is ``M``'s string of :mod:`constants` (``PTX_HIGH1`` for ``MUL1``).
 
     The high half in PTX: written in Triton, LLVM fuses the three partial products into a
     chain of three dependent multiply-adds (IMAD.WIDE, IMAD, IMAD), while this order lets
@@ -70,29 +73,12 @@ def _product_halves(lo, hi, M: tl.constexpr):
     is its speed: 92 against 104 ns a ``mix3`` on the H200 (benchmarks/chain_floor.py).
     """
     low = lo * tl.full(lo.shape, M & 0xFFFFFFFF, tl.uint32)
-    # The multipliers as immediates in the text (one string each): as register operands,
-    # ptxas merges this ``mul.hi`` with the low product into one IMAD.WIDE, slower here.
-    if M == MUL1:
-        high = tl.inline_asm_elementwise(
-            "{ .reg .u32 a, b, c; mul.hi.u32 a, $1, 0x1CE4E5B9; mul.lo.u32 b, $1, 0xBF58476D; "
-            "mul.lo.u32 c, $2, 0x1CE4E5B9; add.u32 a, a, b; add.u32 $0, a, c; }",
-            "=r,r,r",
-            [lo, hi],
-            dtype=tl.uint32,
-            is_pure=True,
-            pack=1,
-        )
-    else:
-        tl.static_assert(M == MUL2)
-        high = tl.inline_asm_elementwise(
-            "{ .reg .u32 a, b, c; mul.hi.u32 a, $1, 0x133111EB; mul.lo.u32 b, $1, 0x94D049BB; "
-            "mul.lo.u32 c, $2, 0x133111EB; add.u32 a, a, b; add.u32 $0, a, c; }",
-            "=r,r,r",
-            [lo, hi],
-            dtype=tl.uint32,
-            is_pure=True,
-            pack=1,
-        )
+    # The multipliers as immediates in the text (PTX_HIGH1, PTX_HIGH2): as register
+    # operands, ptxas merges this ``mul.hi`` with the low product into one IMAD.WIDE,
+    # slower here.
+    high = tl.inline_asm_elementwise(
+        HIGH_PTX, "=r,r,r", [lo, hi], dtype=tl.uint32, is_pure=True, pack=1
+    )
     return low, high
 
 

@@ -57,6 +57,23 @@ PTX_PRODUCTS: tl.constexpr = _C(not INTERPRETING and torch.version.hip is None)
 """The write chain's 64-bit products as inline PTX (:func:`canary_common.sm`): on NVIDIA
 GPUs only, not under the interpreter (which runs no PTX) nor on ROCm (whose devices are
 also ``cuda`` to torch; the launchers take no other device type)."""
+
+
+def _ptx_high_half(m: int) -> str:
+    """PTX of the high 32 bits of ``x * m`` (mod 2**64) from the uint32 halves of ``x``
+    ($1 low, $2 high) into $0: ``mul.hi(lo, m_lo) + lo * m_hi + hi * m_lo``, the
+    multiplier's halves as immediates."""
+    m_lo, m_hi = f"0x{m & 0xFFFFFFFF:08X}", f"0x{m >> 32:08X}"
+    return (
+        f"{{ .reg .u32 a, b, c; mul.hi.u32 a, $1, {m_lo}; mul.lo.u32 b, $1, {m_hi}; "
+        f"mul.lo.u32 c, $2, {m_lo}; add.u32 a, a, b; add.u32 $0, a, c; }}"
+    )
+
+
+PTX_HIGH1: tl.constexpr = _C(_ptx_high_half(layout.SM_MUL1))
+"""The high half of a product by ``MUL1`` (:func:`canary_common._product_halves`)."""
+PTX_HIGH2: tl.constexpr = _C(_ptx_high_half(layout.SM_MUL2))
+"""The high half of a product by ``MUL2``."""
 MODE_PARTIAL: tl.constexpr = _C(int(RealKVMode.PARTIAL))
 """Two words a slot and source, loaded without a loop."""
 

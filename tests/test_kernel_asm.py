@@ -13,6 +13,7 @@ in a subprocess: the test process has the interpreter on.
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import os
 import random
@@ -111,38 +112,32 @@ def test_every_atomic_in_the_kernel_sources_names_relaxed():
     assert calls >= 8
 
 
-# One string of ``_product_halves``: the high 32 bits of ``x * M`` from the halves of ``x``
-# ($1 low, $2 high), ``mul.hi(lo, M_lo) + mul.lo(lo, M_hi) + mul.lo(hi, M_lo)``.
+# A string of ``constants``' PTX_HIGH1/2: the high 32 bits of ``x * M`` from the halves of
+# ``x`` ($1 low, $2 high), ``mul.hi(lo, M_lo) + mul.lo(lo, M_hi) + mul.lo(hi, M_lo)``.
 _PTX_HIGH = re.compile(
     r"mul\.hi\.u32 a, \$1, (0x[0-9A-Fa-f]+); mul\.lo\.u32 b, \$1, (0x[0-9A-Fa-f]+); "
     r"mul\.lo\.u32 c, \$2, (0x[0-9A-Fa-f]+); add\.u32 a, a, b; add\.u32 \$0, a, c;"
 )
 
 
-def _ptx_immediates(nodes: list[ast.stmt]) -> list[tuple[int, int, int]]:
-    """The immediates of each ``_PTX_HIGH`` string under ``nodes``."""
-    found = []
-    for node in nodes:
-        for sub in ast.walk(node):
-            if isinstance(sub, ast.Constant) and isinstance(sub.value, str):
-                found += [tuple(int(h, 16) for h in m) for m in _PTX_HIGH.findall(sub.value)]
-    return found
+def _ptx_immediates(text: str) -> tuple[int, int, int]:
+    """The immediates of the one ``_PTX_HIGH`` string in ``text``."""
+    (found,) = _PTX_HIGH.findall(text)
+    return tuple(int(h, 16) for h in found)
 
 
 def test_ptx_products_immediates_are_the_multipliers_halves():
-    """The PTX hard-codes the multipliers' halves and only a GPU runs it (CI never does):
+    """The PTX carries the multipliers' halves and only a GPU runs it (CI never does):
     a wrong digit would change every hash on the GPU alone. Checked here against layout's
-    multipliers, and the PTX's arithmetic on the halves against ``x * M`` in integers."""
-    tree = ast.parse((ROOT / "kv_canary_kernels" / "canary_common.py").read_text())
-    (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_product_halves"]
-    assert len(_ptx_immediates(fn.body)) == 2
-    (branch,) = [
-        n
-        for n in ast.walk(fn)
-        if isinstance(n, ast.If) and ast.unparse(n.test).replace(" ", "") == "M==MUL1"
-    ]
-    (imm1,) = _ptx_immediates(branch.body)
-    (imm2,) = _ptx_immediates(branch.orelse)
+    multipliers (and ``sm`` pairing each multiplier with its string), and the PTX's
+    arithmetic on the halves against ``x * M`` in integers."""
+    from kv_canary_kernels import canary_common, constants
+
+    sm_source = inspect.getsource(canary_common.sm.fn)
+    assert "_product_halves(lo, hi, MUL1, PTX_HIGH1)" in sm_source
+    assert "_product_halves(lo, hi, MUL2, PTX_HIGH2)" in sm_source
+    imm1 = _ptx_immediates(constants.PTX_HIGH1.value)
+    imm2 = _ptx_immediates(constants.PTX_HIGH2.value)
     mask = 0xFFFFFFFF
     for (m_lo, m_hi, m_lo2), mul in ((imm1, SM_MUL1), (imm2, SM_MUL2)):
         assert (m_lo, m_hi, m_lo2) == (mul & mask, mul >> 32, mul & mask), hex(mul)
