@@ -32,7 +32,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import configure, gpu_time
 from kv_canary_kernels.canary_common import mix3
-from kv_canary_kernels.constants import ANCHOR
+from kv_canary_kernels.constants import (
+    ANCHOR,
+    REC_POSITION,
+    REC_PREV_HASH,
+    REC_REAL_KV,
+    REC_TOKEN,
+    REC_W,
+)
+from kv_canary_kernels.write import _load_token
 
 
 @triton.jit
@@ -47,16 +55,6 @@ def chain_kernel(ids_ptr, pos_ptr, out_ptr, n, LATENCY: tl.constexpr):
 
 
 @triton.jit
-def _token(ocl_ptr, ids_ptr, pos_ptr, index, mask):
-    slot = tl.load(ocl_ptr + index, mask=mask, other=0)
-    return (
-        slot,
-        tl.load(ids_ptr + index, mask=mask, other=0),
-        tl.load(pos_ptr + index, mask=mask, other=0),
-    )
-
-
-@triton.jit
 def chain_traffic_kernel(ids_ptr, pos_ptr, ocl_ptr, records_ptr, rows, length: tl.int64):
     """Row ``r`` (one a lane, ``rows <= 32``) is tokens ``[r * length, (r + 1) * length)``,
     chained from H0, each record stored at its slot."""
@@ -64,17 +62,24 @@ def chain_traffic_kernel(ids_ptr, pos_ptr, ocl_ptr, records_ptr, rows, length: t
     live = lanes < rows
     first = lanes.to(tl.int64) * length
     running = tl.full([32], ANCHOR, tl.uint64)
-    s0, t0, p0 = _token(ocl_ptr, ids_ptr, pos_ptr, first, live & (length > 0))
-    s1, t1, p1 = _token(ocl_ptr, ids_ptr, pos_ptr, first + 1, live & (length > 1))
+    # The write's own token loads, without expected inputs (their pointers unused).
+    s0, t0, p0, _, _ = _load_token(
+        ocl_ptr, ids_ptr, pos_ptr, 0, 0, first, live & (length > 0), False
+    )
+    s1, t1, p1, _, _ = _load_token(
+        ocl_ptr, ids_ptr, pos_ptr, 0, 0, first + 1, live & (length > 1), False
+    )
     for step in tl.range(0, length, loop_unroll_factor=3):
-        s2, t2, p2 = _token(ocl_ptr, ids_ptr, pos_ptr, first + step + 2, live & (length > step + 2))
+        s2, t2, p2, _, _ = _load_token(
+            ocl_ptr, ids_ptr, pos_ptr, 0, 0, first + step + 2, live & (length > step + 2), False
+        )
         chain = running.to(tl.int64, bitcast=True)
         running = mix3(running, t0, p0, True)
-        rec = records_ptr + s0 * 4
-        tl.store(rec, t0, mask=live)
-        tl.store(rec + 1, p0, mask=live)
-        tl.store(rec + 2, chain, mask=live)
-        tl.store(rec + 3, tl.zeros_like(chain), mask=live)
+        rec = records_ptr + s0 * REC_W
+        tl.store(rec + REC_TOKEN, t0, mask=live)
+        tl.store(rec + REC_POSITION, p0, mask=live)
+        tl.store(rec + REC_PREV_HASH, chain, mask=live)
+        tl.store(rec + REC_REAL_KV, tl.zeros_like(chain), mask=live)
         s0, t0, p0 = s1, t1, p1
         s1, t1, p1 = s2, t2, p2
 
