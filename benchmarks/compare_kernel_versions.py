@@ -8,13 +8,14 @@ of a CUDA graph of ``--calls`` back-to-back launches timed with CUDA events (med
 ``--replays`` replays). Records written by every revision are checked equal.
 
     PYTHONPATH=. python benchmarks/compare_kernel_versions.py REV [REV ...] [--rounds 3]
-        [--geometry own|bench]
+        [--geometry own|bench] [--stages write|verify|both]
 
 A REV may also be a directory holding a copy of a revision's ``kv_canary_kernels`` (where
 the repository's history is not at hand: ``git archive REV kv_canary_kernels | tar -x``).
 
 Cases: write decode 4096 x 1 and 256 x 1, mixed prefill 16 x 2048, long prefill 1 x 8192
-(the chain-position check on, as in bench.py); verify after decode
+(the chain-position check on, as in bench.py), and 16 x 2048 with the write-input check on
+(expected inputs equal to the inputs); verify after decode
 plans of 64, 256 and 4096 rows (prefix uniform in [1, 1023]), real-KV NONE and PARTIAL
 (two sources, K and V, 1 KB a token each, page size 1; runs before 2026-11-30T21:00 passed
 one tensor as both sources). Needs CUDA and git. An exported revision's
@@ -84,7 +85,7 @@ def export(rev: str, into: Path) -> tuple[ModuleType, ModuleType]:
     return importlib.import_module(f"{name}.write"), importlib.import_module(f"{name}.verify")
 
 
-def write_case(rows: int, length: int):
+def write_case(rows: int, length: int, expected: bool = False):
     g = torch.Generator().manual_seed(rows)
     n = rows * length
     num_slots = n + rows + 1
@@ -100,6 +101,9 @@ def write_case(rows: int, length: int):
         positions=(torch.arange(n) % length + 1).to(DEV),
         out_cache_loc=perm[rows : rows + n].to(DEV),
     )
+    if expected:  # the write-input check on, every token as expected
+        step["expected_input_ids"] = step["input_ids"].clone()
+        step["expected_positions"] = step["positions"].clone()
     store = CanaryStore.allocate(num_slots=num_slots, violation_capacity=64, device=DEV)
     store.enable_chain_position_check()
     return store, plan, validate_write_args(store, plan, **step)
@@ -183,6 +187,12 @@ def main(argv=None) -> int:
         "1 KB a slot) or bench.py's (capacity equal to the entries, tokens checked, 256 B a "
         "slot); bench also skips the write cases",
     )
+    parser.add_argument(
+        "--stages",
+        choices=("write", "verify", "both"),
+        default="both",
+        help="which kernels to compare (each verify case compiles two variants a revision)",
+    )
     args = parser.parse_args(argv)
     configure("cuda", smoke=False)
     import kv_canary_kernels.verify as head_verify
@@ -192,11 +202,14 @@ def main(argv=None) -> int:
         versions = {rev: export(rev, Path(tmp)) for rev in args.revs}
         versions["HEAD"] = (head_write, head_verify)
         cases = []
-        if args.geometry == "own":
+        if args.geometry == "own" and args.stages != "verify":
             for rows, length in [(4096, 1), (256, 1), (16, 2048), (1, 8192)]:
                 cases.append((f"write {rows} x {length}", "write", write_case(rows, length)))
+            cases.append(
+                ("write 16 x 2048, expected inputs", "write", write_case(16, 2048, expected=True))
+            )
         verify_of = verify_case if args.geometry == "own" else bench_verify_case
-        for bs in (64, 256, 4096):
+        for bs in (64, 256, 4096) if args.stages != "write" else ():
             for mode in (RealKVMode.NONE, RealKVMode.PARTIAL):
                 cases.append((f"verify bs={bs} {mode.name}", "verify", verify_of(bs, mode)))
         print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")

@@ -103,8 +103,15 @@ def _walk_rows(
     loop is then the chain, the loads and the stores (alone, the split measured neither
     faster nor slower on the H200).
     """
-    written = tl.zeros_like(length)
     suspect = tl.zeros_like(length) != 0
+    # The first walk's position check needs only whether a lane fails it somewhere: it
+    # compares each checked token with one counter, the seed's position + 1 advanced by
+    # each ok token, which agrees with the contract's rule ("the previous checked
+    # position + 1") up to the lane's first failure; the replay appends by the rule.
+    # The counter's advance is the lane's records written. (Against a tracked previous
+    # position and a count of its own, measured on the H200: 10% less time a token.)
+    expect = prev_pos + 1
+    expect0 = expect
     # Two tokens in flight ahead of the one being hashed: their loads complete while the
     # chain hashes, off its critical path (four ahead, unrolled by 5, measured slower on
     # the H200).
@@ -114,12 +121,18 @@ def _walk_rows(
     s1, t1, p1, et1, ep1 = _load_token(
         ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first + 1, length > 1, HAS_EXPECTED
     )
-    # Unrolled by 3, the rotation below is register renaming: rolled, it is a copy of each
+    # Unrolled, the rotation below is register renaming: rolled, it is a copy of each
     # token in flight, which waits for that token's loads at the end of the iteration that
-    # issued them (measured on the H200: 11% more time a token). Not with real-KV sources,
-    # whose loads and hashes dominate a token (and the compile time, tenfold), nor in the
-    # replay, which runs only on a violation.
-    UNROLL: tl.constexpr = 3 if NUM_SOURCES == 0 and not APPEND else 1
+    # issued them (measured on the H200: 11% more time a token). By 3, one of a body's
+    # loads is hashed in the same body; with expected inputs (five loads a token) ptxas
+    # then moves a test of it up next to its load, and the warp waits a round trip to L2
+    # (+18%): by 2, every token a body loads is hashed in the next one. Without them, 3
+    # measured faster than 2 (4%). Not unrolled with real-KV sources, whose loads and
+    # hashes dominate a token (and the compile time, tenfold), nor in the replay, which
+    # runs only on a violation.
+    UNROLL: tl.constexpr = (
+        1 if NUM_SOURCES > 0 or APPEND else (2 if HAS_EXPECTED else 3)
+    )
     for step in tl.range(0, tl.max(length, 0), loop_unroll_factor=UNROLL):
         s2, t2, p2, et2, ep2 = _load_token(
             ocl_ptr,
@@ -150,8 +163,8 @@ def _walk_rows(
         else:
             bits = tl.zeros_like(flags)
         checked = ok & check_pos
-        want = prev_pos + 1
         if APPEND:
+            want = prev_pos + 1
             if HAS_EXPECTED:
                 append_violations(
                     ok & (bits != 0),
@@ -189,12 +202,12 @@ def _walk_rows(
             tl.store(rec + REC_POSITION, p0, mask=ok)
             tl.store(rec + REC_PREV_HASH, chain, mask=ok)
             tl.store(rec + REC_REAL_KV, kv, mask=ok)
-            suspect |= (ok & (bits != 0)) | (checked & (p0 != want))
-            written += ok.to(tl.int64)
+            suspect |= (ok & (bits != 0)) | (checked & (p0 != expect))
+            expect += ok.to(tl.int64)
         prev_pos = tl.where(checked, p0, prev_pos)
         s0, t0, p0, et0, ep0 = s1, t1, p1, et1, ep1
         s1, t1, p1, et1, ep1 = s2, t2, p2, et2, ep2
-    return flags, written, suspect
+    return flags, expect - expect0, suspect
 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
