@@ -130,9 +130,7 @@ def _walk_rows(
     # measured faster than 2 (4%). Not unrolled with real-KV sources, whose loads and
     # hashes dominate a token (and the compile time, tenfold), nor in the replay, which
     # runs only on a violation.
-    UNROLL: tl.constexpr = (
-        1 if NUM_SOURCES > 0 or APPEND else (2 if HAS_EXPECTED else 3)
-    )
+    UNROLL: tl.constexpr = 1 if NUM_SOURCES > 0 or APPEND else (2 if HAS_EXPECTED else 3)
     for step in tl.range(0, tl.max(length, 0), loop_unroll_factor=UNROLL):
         s2, t2, p2, et2, ep2 = _load_token(
             ocl_ptr,
