@@ -12,10 +12,12 @@ spend less than this per token on its longest row. Measured on the H200 in the s
 
 Beside it, the chain with the memory accesses a prefill write cannot avoid
 (``chain_traffic_kernel``): per token, its slot, id and position read (two tokens ahead,
-the loop unrolled by 3, as the write does) and its record's four words stored; no check,
-no skip, no counter. Between the two floors lies what the loads and stores cost the chain;
-above the second, what the write's logic costs. ``--smoke`` runs both on the CPU under the
-interpreter and checks the records against the contract's hash in plain Python.
+as the write does; the loop unrolled by 2, which ptxas schedules without waiting on a
+load) and its record's four words stored, masked by the slot's sign; no other check, no
+flag, no counter. One warp, as the write's program. Between the two floors lies what
+the loads and stores cost the chain; above the second, what the write's logic costs.
+``--smoke`` runs both on the CPU under the interpreter and checks the records against the
+contract's hash in plain Python.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ def chain_kernel(ids_ptr, pos_ptr, out_ptr, n, LATENCY: tl.constexpr):
 @triton.jit
 def chain_traffic_kernel(ids_ptr, pos_ptr, ocl_ptr, records_ptr, rows, length: tl.int64):
     """Row ``r`` (one a lane, ``rows <= 32``) is tokens ``[r * length, (r + 1) * length)``,
-    chained from H0, each record stored at its slot."""
+    chained from H0, each record stored at its slot: the write's first walk without its
+    checks, flags and counters (a token past the row's end loads as NO_SLOT and is
+    skipped, as there)."""
     lanes = tl.arange(0, 32)
     live = lanes < rows
     first = lanes.to(tl.int64) * length
@@ -69,17 +73,18 @@ def chain_traffic_kernel(ids_ptr, pos_ptr, ocl_ptr, records_ptr, rows, length: t
     s1, t1, p1, _, _ = _load_token(
         ocl_ptr, ids_ptr, pos_ptr, 0, 0, first + 1, live & (length > 1), False
     )
-    for step in tl.range(0, length, loop_unroll_factor=3):
+    for step in tl.range(0, length, loop_unroll_factor=2):
         s2, t2, p2, _, _ = _load_token(
             ocl_ptr, ids_ptr, pos_ptr, 0, 0, first + step + 2, live & (length > step + 2), False
         )
+        ok = s0 >= 0
         chain = running.to(tl.int64, bitcast=True)
-        running = mix3(running, t0, p0, True)
+        running = tl.where(ok, mix3(running, t0, p0, True), running)
         rec = records_ptr + s0 * REC_W
-        tl.store(rec + REC_TOKEN, t0, mask=live)
-        tl.store(rec + REC_POSITION, p0, mask=live)
-        tl.store(rec + REC_PREV_HASH, chain, mask=live)
-        tl.store(rec + REC_REAL_KV, tl.zeros_like(chain), mask=live)
+        tl.store(rec + REC_TOKEN, t0, mask=ok)
+        tl.store(rec + REC_POSITION, p0, mask=ok)
+        tl.store(rec + REC_PREV_HASH, chain, mask=ok)
+        tl.store(rec + REC_REAL_KV, tl.zeros_like(chain), mask=ok)
         s0, t0, p0 = s1, t1, p1
         s1, t1, p1 = s2, t2, p2
 
