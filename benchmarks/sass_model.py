@@ -1,0 +1,170 @@
+"""A static model of the write's token loop on the H200, from its sm_90 SASS, without a GPU.
+
+    PYTHONPATH=. python benchmarks/sass_model.py [PACKAGE_DIR] [--load-latency 300] [--json]
+
+Compiles ``canary_write_kernel`` (without real-KV sources, with and without expected
+inputs; ``PACKAGE_DIR``: a copy of ``kv_canary_kernels``, default the working tree's) for
+sm_90 with Triton's own ptxas, disassembles it with Triton's cuobjdump, finds the token
+loop (the longest backward branch) and reads each instruction's stall count from its
+control bits (bits 105-108 of the 128-bit word: the cycles before the warp issues its
+next instruction, as ptxas scheduled it). A row's write is one warp issuing that loop, so
+its time a token is about the loop's stall sum over the tokens a body handles (its record
+stores / 4), plus the waits for loads whose result is used before it arrives: each load
+is given ``--load-latency`` cycles (an L2 hit, about 300) and the loop is run a few times.
+
+Calibration on the H200 (session of 2026-12-01, third part; docs/performance.md): the
+model's cycles a token divided by 1.8 GHz (a fitted constant below the 1.98 GHz boost
+clock: the model leaves some stalls out) came within 8% of the measured time of each of
+the ten loop variants timed for 16 x 2048 without expected inputs, within 13% with them.
+Use it to sort candidate loops before spending device time, never as a measurement. It
+assumes a record is four 8-byte stores (a loop that stores 16 bytes at a time is counted
+wrong).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_INT32 = {"num_rows_ptr", "check_ptr", "status_ptr"}
+
+
+def cuobjdump() -> str:
+    """Triton's bundled cuobjdump (the same toolkit as its ptxas)."""
+    import triton.backends.nvidia as nvidia
+
+    return str(Path(nvidia.__file__).parent / "bin" / "cuobjdump")
+
+
+def compile_write(package: str, expected: bool) -> bytes:
+    """The sm_90 cubin of ``package``'s write kernel, no real-KV sources."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    kernel = importlib.import_module(f"{package}.write").canary_write_kernel
+    sig = {}
+    for name, p in inspect.signature(kernel.fn).parameters.items():
+        ann = str(p.annotation)
+        if "constexpr" in ann:
+            sig[name] = "constexpr"
+        elif "int64" in ann:
+            sig[name] = "i64"
+        else:
+            sig[name] = "*i32" if name in _INT32 else "*i64"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(sig.values()) if v[0] == "*"}
+    constexprs = {"HAS_EXPECTED": expected, "NUM_SOURCES": 0, "MODE": 0, "ROWS": 32, "CHUNK": 16}
+    src = triton.compiler.ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1}).asm[
+        "cubin"
+    ]
+
+
+def instructions(cubin: bytes) -> list[dict]:
+    """Address, stall cycles, write barrier, wait mask and text of each instruction."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run(
+            [cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    lines = sass.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);\s*/\* (0x[0-9a-f]+) \*/", line)
+        if not m:
+            continue
+        high = re.search(r"/\* (0x[0-9a-f]+) \*/", lines[i + 1])
+        assert high, f"no second word after {line!r}"
+        word = (int(high.group(1), 16) << 64) | int(m.group(3), 16)
+        out.append(
+            {
+                "address": int(m.group(1), 16),
+                "stall": (word >> 105) & 0xF,
+                "write_barrier": (word >> 110) & 7,
+                "wait_mask": (word >> 116) & 0x3F,
+                "text": re.sub(r"\s+", " ", m.group(2).strip()),
+            }
+        )
+    return out
+
+
+def token_loop(ins: list[dict]) -> list[dict]:
+    """The body of the loop with the largest stall sum (a backward branch's range)."""
+    best: list[dict] = []
+    for x in ins:
+        m = re.search(r"BRA (0x[0-9a-f]+)", x["text"])
+        if m and int(m.group(1), 16) < x["address"]:
+            start = int(m.group(1), 16)
+            body = [y for y in ins if start <= y["address"] <= x["address"]]
+            if sum(y["stall"] for y in body) > sum(y["stall"] for y in best):
+                best = body
+    assert best, "no loop in the kernel"
+    return best
+
+
+def loop_cycles(body: list[dict], load_latency: int, laps: int = 5) -> tuple[int, int]:
+    """The body's stall sum and its cycles with load waits, on the last of ``laps`` laps."""
+    now, ready, last = 0, {}, 0
+    for _ in range(laps):
+        start = now
+        for x in body:
+            for b in range(6):
+                if x["wait_mask"] >> b & 1 and ready.get(b, 0) > now:
+                    now = ready[b]
+            if x["write_barrier"] != 7 and "LDG" in x["text"]:
+                ready[x["write_barrier"]] = now + load_latency
+            now += x["stall"]
+        last = now - start
+    return sum(x["stall"] for x in body), last
+
+
+def model(package: str, load_latency: int) -> dict[str, dict]:
+    out = {}
+    for expected in (False, True):
+        body = token_loop(instructions(compile_write(package, expected)))
+        stores = sum("STG" in x["text"] for x in body)
+        tokens = stores // 4  # a record is four 8-byte stores
+        stalls, cycles = loop_cycles(body, load_latency)
+        out[f"expected={expected}"] = {
+            "instructions": len(body),
+            "tokens_per_body": tokens,
+            "stall_cycles_per_token": stalls / tokens,
+            "cycles_per_token_with_load_waits": cycles / tokens,
+        }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("package", nargs="?", default=str(ROOT / "kv_canary_kernels"))
+    parser.add_argument("--load-latency", type=int, default=300)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    path = Path(args.package).resolve()
+    sys.path.insert(0, str(path.parent))
+    sys.path.insert(0, str(ROOT))
+    result = model(path.name, args.load_latency)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    for name, r in result.items():
+        print(
+            f"{path.name} {name}: {r['instructions']} instructions for "
+            f"{r['tokens_per_body']} tokens; {r['stall_cycles_per_token']:.1f} cycles a token "
+            f"scheduled, {r['cycles_per_token_with_load_waits']:.1f} with load waits "
+            f"({args.load_latency} cycles a load)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
