@@ -217,12 +217,14 @@ class Launcher:
                     kernel = self.fn.warmup(*args, grid=(1,), **constexprs, **options)
                     if not hasattr(kernel, "_init_handles"):
                         # No compiled kernel back (a Triton compile hook took it): the
-                        # first launch compiles it, and the config's bound applies.
+                        # first launch compiles it, and the config's bound applies. 0
+                        # remembers that, so that later launches do not warm up again.
+                        self.resident[full_key] = 0
                         return None
                     self.variants[full_key] = kernel
                 kernel._init_handles()  # loads the binary: its register count
                 fits = self.resident[full_key] = resident_programs(kernel, device.index)
-        return fits
+        return fits or None
 
     def launch(
         self,

@@ -1,5 +1,6 @@
 """The occupancy rule behind the verify kernel's persistent grid of one wave
-(``launcher.resident_programs``), on stand-ins for a compiled kernel and a device."""
+(``launcher.resident_programs``), on stand-ins for a compiled kernel and a device, and
+the launcher's memory of a variant that came back uncompiled."""
 
 from types import SimpleNamespace
 
@@ -47,3 +48,27 @@ def test_shared_memory_limits_the_programs(limits):
 def test_a_kernel_too_large_for_one_program_still_gets_one(limits):
     limits[0] = 1024
     assert launcher.resident_programs(kernel(255, 4), 0) == 1
+
+
+def test_a_variant_without_a_compiled_kernel_warms_up_once(monkeypatch):
+    """A Triton compile hook may return no compiled kernel from ``warmup``: the launcher
+    then leaves the grid to the config's bound (None) and remembers it, instead of warming
+    the variant up again at every launch."""
+    import contextlib
+
+    import torch
+
+    calls = []
+
+    def warmup(*args, **kwargs):
+        calls.append(kwargs)
+        return object()  # no _init_handles: not a compiled kernel
+
+    monkeypatch.setattr(launcher, "INTERPRETING", False)
+    monkeypatch.setattr(launcher.torch.cuda, "device", lambda index: contextlib.nullcontext())
+    fake = launcher.Launcher(SimpleNamespace(warmup=warmup))
+    device = torch.device("cuda", 0)
+    for _ in range(3):
+        assert fake.programs_per_sm(device, "key", (), {"BLOCK": 128}, {"num_warps": 4}) is None
+    assert len(calls) == 1
+    assert calls[0] == {"grid": (1,), "BLOCK": 128, "num_warps": 4}
