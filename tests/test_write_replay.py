@@ -1,7 +1,8 @@
 """Write violations on multi-token rows where only some lanes fail a write check (the
 kernel appends in a replay walk of those lanes only), a violation after a skipped token
 and after a duplicate slot, lanes in two programs, and the ring filling during the write;
-out-of-range slots and real-KV rows before a violation (kernels against the loop model)."""
+out-of-range slots and real-KV rows before a violation (kernels against the loop model);
+the edges of the first walk's one-counter position check (kernels against the reference)."""
 
 import pytest
 import torch
@@ -10,15 +11,19 @@ from canary_helpers import (
     CANARY_PATHS,
     DEVICE,
     assert_store_matches_model,
+    counters,
     i64,
+    kept_rows,
     make_source,
     model_state,
     model_write,
+    multiset,
     new_plan,
     new_store,
     set_write_plan,
 )
-from kv_canary_buffers import RealKV, RealKVMode
+from kv_canary_buffers import FailBits, RealKV, RealKVMode
+from kv_canary_buffers.layout import INT64_MAX, INT64_MIN
 
 ROWS = 40  # two write programs of 32 lanes
 
@@ -100,3 +105,58 @@ def test_replay_after_out_of_range_slot_and_real_kv_row():
     assert model.status and len(model.rows) == 2
     CANARY_PATHS["kernels"].write(store, plan, **kw)
     assert_store_matches_model(store, model, rows_before=1)
+
+
+def counter_edge_case(expected: bool, check: bool):
+    store = new_store(num_slots=32, violation_capacity=8)
+    store.records[9] = i64([70, 4, 555, 0])
+    store.records[10] = i64([71, INT64_MAX, 556, 0])
+    store.records[11] = i64([72, INT64_MAX - 1, 557, 0])
+    if check:
+        store.enable_chain_position_check()
+    plan = new_plan(write_req_capacity=ROWS)
+    #  row 0 (seed 9, position 4): 5 ok, 9 fails (6 wanted), 10 and 11 follow the failed
+    #        one (ok by the contract's rule, not by the first walk's counter), 7 fails (12)
+    #  row 1 (seed 10, INT64_MAX): INT64_MIN, INT64_MIN + 1 wrap and are ok
+    #  row 2 (seed 11, INT64_MAX - 1): INT64_MAX ok, INT64_MIN + 1 fails (INT64_MIN
+    #        wanted), skipped, INT64_MIN + 2 ok
+    #  row 3 (seed -1, no check): anything goes;  row 4 (seed 9): 5, skipped, 6, a
+    #        duplicate slot at 7: clean by position;  row 33 (program 1, seed 9): 6 fails
+    ocl = [12, 13, 14, 15, 16, 17, 18, 19, 20, -1, 21, 22, 23, 24, 25, -1, 26, 25, 27]
+    pos = [5, 9, 10, 11, 7, INT64_MIN, INT64_MIN + 1, INT64_MAX, INT64_MIN + 1, 50,
+           INT64_MIN + 2, 100, 3, 3, 5, 99, 6, 7, 6]  # fmt: skip
+    ids = list(range(1, len(ocl) + 1))
+    offsets = [0, 5, 7, 11, 14, 18] + [18] * 28 + [19]
+    seeds = [9, 10, 11, -1, 9] + [-1] * 28 + [9]
+    set_write_plan(plan, offsets, seeds)
+    kw = dict(input_ids=i64(ids), positions=i64(pos), out_cache_loc=i64(ocl), launch_tag=7)
+    if expected:  # a token off in row 4 (clean by position) and one in row 1
+        exp_ids = list(ids)
+        exp_ids[17] = exp_ids[5] = 0
+        kw.update(expected_input_ids=i64(exp_ids), expected_positions=i64(pos))
+    return store, plan, kw
+
+
+@pytest.mark.parametrize("check", [True, False])
+@pytest.mark.parametrize("expected", [True, False])
+def test_position_counter_edges_equal_the_reference(expected, check):
+    """The first walk checks positions against one counter (the seed's position + 1,
+    advanced by each ok token): after a lane's first failure it disagrees with the
+    contract's rule, so the replay must append by the rule; across INT64_MAX it wraps as
+    the rule does; a lane without a seed checks nothing."""
+    stores = {}
+    for path in ("reference", "kernels"):
+        store, plan, kw = counter_edge_case(expected, check)
+        CANARY_PATHS[path].write(store, plan, **kw)
+        stores[path] = store
+    ref, ker = stores["reference"], stores["kernels"]
+    assert torch.equal(ker.records, ref.records)
+    assert counters(ker) == counters(ref)
+    assert multiset(kept_rows(ker)) == multiset(kept_rows(ref))
+    wp = int(FailBits.WRITE_POSITION)
+    position_rows = {(r[1], r[2], r[6]) for r in kept_rows(ref) if r[7] == wp}
+    # (slot, position, wanted)
+    edges = {(13, 9, 6), (16, 7, 12), (20, INT64_MIN + 1, INT64_MIN), (27, 6, 5)}
+    assert position_rows == (edges if check else set())
+    assert int(ref.violation_count) == 4 * check + 2 * expected
+    assert int(ref.slots_processed) == 17
