@@ -105,9 +105,10 @@ def _walk_rows(
     """
     suspect = tl.zeros_like(length) != 0
     # The first walk's position check needs only whether a lane fails it somewhere: it
-    # compares each checked token with one counter, the seed's position + 1 advanced by
-    # each ok token, which agrees with the contract's rule ("the previous checked
-    # position + 1") up to the lane's first failure; the replay appends by the rule.
+    # compares each checked token with one counter, the seed's position + 1 (where the
+    # check is on: every ok token is then checked) advanced by each ok token, which
+    # agrees with the contract's rule ("the previous checked position + 1") up to the
+    # lane's first failure; the replay appends by the rule.
     # The counter's advance is the lane's records written. (Against a tracked previous
     # position and a count of its own, measured on the H200: 10% less time a token.)
     expect = prev_pos + 1
@@ -192,6 +193,7 @@ def _walk_rows(
                 count_ptr,
                 violation_capacity,
             )
+            prev_pos = tl.where(checked, p0, prev_pos)
         else:
             # Four 8-byte stores: a [ROWS, 4] tile would cost a layout change through
             # shared memory at every token (measured on the H200: +70 ns a token).
@@ -202,7 +204,6 @@ def _walk_rows(
             tl.store(rec + REC_REAL_KV, kv, mask=ok)
             suspect |= (ok & (bits != 0)) | (checked & (p0 != expect))
             expect += ok.to(tl.int64)
-        prev_pos = tl.where(checked, p0, prev_pos)
         s0, t0, p0, et0, ep0 = s1, t1, p1, et1, ep1
         s1, t1, p1, et1, ep1 = s2, t2, p2, et2, ep2
     return flags, expect - expect0, suspect
