@@ -12,8 +12,9 @@ spend less than this per token on its longest row. Measured on the H200 in the s
 
 Beside it, the chain with the memory accesses a prefill write cannot avoid
 (``chain_traffic_kernel``): per token, its slot, id and position read (two tokens ahead,
-as the write does; the loop unrolled by 2, which ptxas schedules without waiting on a
-load) and its record's four words stored, masked by the slot's sign; no other check, no
+as the write does; the loop unrolled by 2: by 3, ptxas tested a token's loads in the body
+that issued them, 85 cycles of load waits a token in sass_model.py's terms against 4) and
+its record's four words stored, masked by the slot's sign; no other check, no
 flag, no counter. One warp, as the write's program. Between the two floors lies what
 the loads and stores cost the chain; above the second, what the write's logic costs.
 ``--smoke`` runs both on the CPU under the interpreter and checks the records against the
