@@ -17,8 +17,9 @@ OUT="${OUT:-gpu-check-out}"
 mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
 L=$OUT/run.log
-# The sources' digest beside the commit: a copied working tree may carry a stale .git.
-{ date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; echo "sources $(cat kv_canary_buffers/*.py kv_canary_kernels/*.py | sha256sum | cut -c1-16)"; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
+# The sources' digest beside the commit (a copied working tree may carry a stale .git), in
+# C order: a glob's order follows the locale.
+{ date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; echo "sources $(find kv_canary_buffers kv_canary_kernels -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
 if part tests; then
 echo "== GPU tests $(date -u +%T)" >> $L
 timeout 300 python -m pytest -q tests/test_gpu.py tests/test_gpu_canary.py tests/test_gpu_fast_path.py tests/test_fast_launch.py tests/test_multi_gpu.py tests/test_end_to_end.py tests/test_demo.py tests/test_large_batch.py tests/test_property.py tests/test_out_of_range.py -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
