@@ -32,10 +32,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_INT32 = {"num_rows_ptr", "check_ptr", "status_ptr"}
+_INT32 = {"num_rows_ptr", "check_ptr", "status_ptr", "num_valid_ptr", "enable_ptr"}
+"""The kernels' int32 pointer arguments (flags, counts, status words), by name."""
 
 
 def cuobjdump() -> str:
@@ -45,27 +47,34 @@ def cuobjdump() -> str:
     return str(Path(nvidia.__file__).parent / "bin" / "cuobjdump")
 
 
-def compile_write(package: str, expected: bool) -> bytes:
-    """The sm_90 cubin of ``package``'s write kernel, no real-KV sources."""
+def compile_sm90(fn: Any, constexprs: dict[str, Any], num_warps: int) -> Any:
+    """``fn`` (a ``@triton.jit`` kernel of this project) compiled for sm_90 on any machine:
+    its pointers typed by name (``src*`` bf16, the int32 flags and counts, the rest int64)
+    and 16-byte aligned, as the launchers pass them; ``.asm`` holds its PTX and cubin."""
     import triton
     from triton.backends.compiler import GPUTarget
 
-    kernel = importlib.import_module(f"{package}.write").canary_write_kernel
     sig = {}
-    for name, p in inspect.signature(kernel.fn).parameters.items():
+    for name, p in inspect.signature(fn.fn).parameters.items():
         ann = str(p.annotation)
         if "constexpr" in ann:
             sig[name] = "constexpr"
         elif "int64" in ann:
             sig[name] = "i64"
+        elif name.startswith("src"):
+            sig[name] = "*bf16"
         else:
             sig[name] = "*i32" if name in _INT32 else "*i64"
     attrs = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(sig.values()) if v[0] == "*"}
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+
+def compile_write(package: str, expected: bool) -> bytes:
+    """The sm_90 cubin of ``package``'s write kernel, no real-KV sources."""
+    kernel = importlib.import_module(f"{package}.write").canary_write_kernel
     constexprs = {"HAS_EXPECTED": expected, "NUM_SOURCES": 0, "MODE": 0, "ROWS": 32, "CHUNK": 16}
-    src = triton.compiler.ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1}).asm[
-        "cubin"
-    ]
+    return compile_sm90(kernel, constexprs, 1).asm["cubin"]
 
 
 def instructions(cubin: bytes) -> list[dict]:

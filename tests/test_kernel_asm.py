@@ -29,30 +29,13 @@ from kv_canary_buffers.layout import SM_MUL1, SM_MUL2, SM_SHIFTS
 ROOT = Path(__file__).resolve().parents[1]
 
 _COMPILE = r"""
-import inspect, json, sys
-import triton
-from triton.backends.compiler import GPUTarget
+import json, sys
+from sass_model import compile_sm90
 from kv_canary_kernels.verify import canary_verify_kernel
 from kv_canary_kernels.write import canary_write_kernel
 
-INT32 = {"num_rows_ptr", "check_ptr", "status_ptr", "num_valid_ptr", "enable_ptr"}
-
 def ptx(fn, constexprs, warps):
-    sig = {}
-    for name, p in inspect.signature(fn.fn).parameters.items():
-        ann = str(p.annotation)
-        if "constexpr" in ann:
-            sig[name] = "constexpr"
-        elif "int64" in ann:
-            sig[name] = "i64"
-        elif name.startswith("src"):
-            sig[name] = "*bf16"
-        else:
-            sig[name] = "*i32" if name in INT32 else "*i64"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(sig.values()) if v[0] == "*"}
-    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    return kernel.asm["ptx"]
+    return compile_sm90(fn, constexprs, warps).asm["ptx"]
 
 out = {}
 for expected in (False, True):
@@ -66,7 +49,9 @@ json.dump(out, sys.stdout)
 
 @pytest.fixture(scope="module")
 def ptx_of() -> dict[str, str]:
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
+    # benchmarks/sass_model.py's compile_sm90: the same typing of the kernels' arguments.
+    path = os.pathsep.join((str(ROOT), str(ROOT / "benchmarks")))
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": path}
     done = subprocess.run(
         [sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=300
     )
