@@ -143,6 +143,8 @@ def _walk_rows(
             length > step + 2,
             HAS_EXPECTED,
         )
+        # ``step < length`` repeats what the masked loads say (NO_SLOT past the row's end),
+        # but without it ptxas scheduled the loop 14% slower on the H200.
         live = (step < length) & (s0 >= 0)
         slot_bad = live & (s0 >= num_slots)
         flags |= tl.where(slot_bad, WRITE_SLOT_BAD, 0)
