@@ -137,6 +137,9 @@ def loop_cycles(body: list[dict], load_latency: int, laps: int = 5) -> tuple[int
 
 
 def model(package: str, load_latency: int) -> dict[str, dict]:
+    """Per write variant (``expected=False`` / ``expected=True``): the token loop's
+    instructions, tokens a body, and scheduled cycles a token without and with load waits
+    of ``load_latency`` cycles."""
     out = {}
     for expected in (False, True):
         body = token_loop(instructions(compile_write(package, expected)))
