@@ -5,20 +5,24 @@
 Compiles ``canary_write_kernel`` (without real-KV sources, with and without expected
 inputs; ``PACKAGE_DIR``: a copy of ``kv_canary_kernels``, default the working tree's) for
 sm_90 with Triton's own ptxas, disassembles it with Triton's cuobjdump, finds the token
-loop (the longest backward branch) and reads each instruction's stall count from its
+loop (the backward branch whose body holds the most chain products: since the write's
+split, the chain program's loop) and reads each instruction's stall count from its
 control bits (bits 105-108 of the 128-bit word: the cycles before the warp issues its
-next instruction, as ptxas scheduled it). A row's write is one warp issuing that loop, so
-its time a token is about the loop's stall sum over the tokens a body handles (its record
-stores / 4), plus the waits for loads whose result is used before it arrives: each load
-is given ``--load-latency`` cycles (an L2 hit, about 300) and the loop is run a few times.
+next instruction, as ptxas scheduled it). A long row's write is one warp issuing that
+loop, so its time a token is about the loop's stall sum over the tokens a body handles
+(its ``IMAD.HI`` / 6: each ``mix3`` of the chain takes the high halves of six products
+with one each), plus the waits for loads whose result is used before it arrives: each
+load is given ``--load-latency`` cycles (an L2 hit, about 300) and the loop is run a few
+times.
 
 Calibration on the H200 (session of 2026-12-01, third part; docs/performance.md): the
-model's cycles a token divided by 1.8 GHz (a fitted constant below the 1.98 GHz boost
-clock: the model leaves some stalls out) came within 8% of the measured time of each of
-the ten loop variants timed for 16 x 2048 without expected inputs, within 13% with them.
-Use it to sort candidate loops before spending device time, never as a measurement. It
-assumes a record is four 8-byte stores (a loop that stores 16 bytes at a time is counted
-wrong).
+model's cycles a token divided by 1.8 GHz (a fitted constant: the SM clock measured
+1.93 to 1.95 GHz during the chain, whose mix3 took 181 cycles by ``clock64`` against 165
+scheduled, so the model leaves about a tenth out) came within 8% of the measured time of
+each of the ten loop variants timed for 16 x 2048 without expected inputs, within 13%
+with them. It also ranked the write split's variants (fourth part) in their measured
+order. Use it to sort candidate loops before spending device time, never as a
+measurement.
 """
 
 from __future__ import annotations
@@ -71,10 +75,13 @@ def compile_sm90(fn: Any, constexprs: dict[str, Any], num_warps: int) -> Any:
 
 
 def compile_write(package: str, expected: bool) -> bytes:
-    """The sm_90 cubin of ``package``'s write kernel, no real-KV sources."""
-    kernel = importlib.import_module(f"{package}.write").canary_write_kernel
+    """The sm_90 cubin of ``package``'s write kernel, no real-KV sources (and, for a
+    package with chain programs, their unroll for ``expected``)."""
+    write = importlib.import_module(f"{package}.write")
     constexprs = {"HAS_EXPECTED": expected, "NUM_SOURCES": 0, "MODE": 0, "ROWS": 32, "CHUNK": 16}
-    return compile_sm90(kernel, constexprs, 1).asm["cubin"]
+    if hasattr(write, "CHAIN_UNROLL"):
+        constexprs["CHAIN_UNROLL"] = write.CHAIN_UNROLL[expected]
+    return compile_sm90(write.canary_write_kernel, constexprs, 1).asm["cubin"]
 
 
 def instructions(cubin: bytes) -> list[dict]:
@@ -106,17 +113,30 @@ def instructions(cubin: bytes) -> list[dict]:
     return out
 
 
+def products(body: list[dict]) -> int:
+    """The chain's high-half products in ``body`` (six a ``mix3``)."""
+    return sum(x["text"].split()[0].startswith("IMAD.HI") for x in body)
+
+
+def _back_target(x: dict) -> int | None:
+    m = re.search(r"BRA (0x[0-9a-f]+)", x["text"])
+    return int(m.group(1), 16) if m and int(m.group(1), 16) < x["address"] else None
+
+
 def token_loop(ins: list[dict]) -> list[dict]:
-    """The body of the loop with the largest stall sum (a backward branch's range)."""
+    """The body of the innermost loop (a backward branch's range holding no other) with
+    the most chain products: the most unrolled chain loop (the replays and the short
+    rows' steps are rolled)."""
     best: list[dict] = []
     for x in ins:
-        m = re.search(r"BRA (0x[0-9a-f]+)", x["text"])
-        if m and int(m.group(1), 16) < x["address"]:
-            start = int(m.group(1), 16)
-            body = [y for y in ins if start <= y["address"] <= x["address"]]
-            if sum(y["stall"] for y in body) > sum(y["stall"] for y in best):
-                best = body
-    assert best, "no loop in the kernel"
+        start = _back_target(x)
+        if start is None:
+            continue
+        body = [y for y in ins if start <= y["address"] <= x["address"]]
+        inner = all((t := _back_target(y)) is None or t < start for y in body[:-1])
+        if inner and products(body) > products(best):
+            best = body
+    assert best, "no chain loop in the kernel"
     return best
 
 
@@ -136,21 +156,38 @@ def loop_cycles(body: list[dict], load_latency: int, laps: int = 5) -> tuple[int
     return sum(x["stall"] for x in body), last
 
 
+def loads_before_first_wait(ins: list[dict]) -> int:
+    """64-bit loads the kernel issues before its first wait for a load: a decode step's
+    round trips start there (the seed, and the row's two offsets, must all be in flight
+    before the warp waits, or the token loads that need the offsets start a round trip
+    late)."""
+    pending: set[int] = set()
+    count = 0
+    for x in ins:
+        if any(x["wait_mask"] >> b & 1 for b in pending):
+            return count
+        if "LDG" in x["text"] and x["write_barrier"] != 7:
+            pending.add(x["write_barrier"])
+            count += "LDG.E.64" in x["text"]
+    return count
+
+
 def model(package: str, load_latency: int) -> dict[str, dict]:
     """Per write variant (``expected=False`` / ``expected=True``): the token loop's
     instructions, tokens a body, and scheduled cycles a token without and with load waits
     of ``load_latency`` cycles."""
     out = {}
     for expected in (False, True):
-        body = token_loop(instructions(compile_write(package, expected)))
-        stores = sum("STG" in x["text"] for x in body)
-        tokens = stores // 4  # a record is four 8-byte stores
+        ins = instructions(compile_write(package, expected))
+        body = token_loop(ins)
+        tokens = products(body) // 6
         stalls, cycles = loop_cycles(body, load_latency)
         out[f"expected={expected}"] = {
             "instructions": len(body),
             "tokens_per_body": tokens,
             "stall_cycles_per_token": stalls / tokens,
             "cycles_per_token_with_load_waits": cycles / tokens,
+            "loads_before_first_wait": loads_before_first_wait(ins),
         }
     return out
 

@@ -93,6 +93,17 @@ class LaunchConfig:
     sum_chunk: int = _constant(1024, "block sums the offsets kernel reads at once")
     write_rows: int = _constant(32, "plan rows per write program, one per lane")
     write_warps: int = _constant(1, "warps per write program (`write_rows / 32`)")
+    write_chain_tokens: int = _constant(
+        16,
+        "write: rows of more tokens than this have their hash chain walked by a chain program "
+        "(which stores only the chain column); shorter rows' chains are walked with their "
+        "records",
+    )
+    write_chain_programs: int = _constant(
+        128,
+        "write: at least this many chain programs (one warp each, rows strided across them), "
+        "so that as many long rows each walk in a warp of their own",
+    )
     verify_block: int = _constant(128, "verify entries per block, one per lane (a multiple of 32)")
     verify_warps: int = _constant(4, "warps per verify program")
     verify_programs_per_sm: int = _constant(
@@ -142,12 +153,13 @@ class LaunchConfig:
             self.verify_programs_per_sm,
             self.one_launch_programs_per_sm,
         )
-        caps += (self.interpreter_programs, self.one_launch_max_polls)
+        caps += (self.interpreter_programs, self.one_launch_max_polls, self.write_chain_programs)
         rules = {
             "a warp count is not a power of two": not all(map(_power_of_two, warps)),
-            "a programs-per-SM cap, interpreter_programs or one_launch_max_polls is below 1": (
-                min(caps) < 1
-            ),
+            "a programs-per-SM cap, interpreter_programs, one_launch_max_polls or "
+            "write_chain_programs is below 1": (min(caps) < 1),
+            # 2**31: the side programs' loop over chained steps stays short by design.
+            "write_chain_tokens must lie in [0, 2**31)": not 0 <= self.write_chain_tokens < 1 << 31,
             "write_rows must be at least 32 * write_warps": self.write_rows < 32 * self.write_warps,
             "a block or tile is not a power of two": not all(map(_power_of_two, arange)),
             "small_row_tiles must ascend below SCAN_BLOCK": list(self.small_row_tiles)

@@ -1,9 +1,25 @@
 """The write stage: ``canary_write_kernel`` and ``launch_write``, the only door to it.
 
-Rows run in parallel, one lane each (``LaunchConfig.write_rows`` rows a program); within a
-row the chain is serial by definition, so each lane walks its row's tokens in order. The
-loads of a token do not depend on the chain, so they are issued two tokens ahead (carried
-in registers): a token's critical path is the hash itself, not a memory round trip.
+Rows run in parallel, one lane each; within a row the chain is serial by definition, so a
+lane walks its row's tokens in order, with the loads of two tokens in flight ahead of the
+one at hand (a token's critical path is the hash, not a memory round trip).
+
+A launch has two kinds of programs of one warp:
+
+- **side programs** (``ceil(write_req_capacity / write_rows)``, consecutive rows a lane):
+  every row's ``TOKEN``, ``POSITION`` and ``REAL_KV_HASH`` columns, the status bits and
+  ``slots_processed``; and for the rows of at most ``write_chain_tokens`` tokens (decode),
+  everything: the chain, ``PREV_HASH``, the write checks and violation rows;
+- **chain programs** (at least ``write_chain_programs``, rows strided across them so that
+  long rows each have a warp of their own): for the longer rows, the chain and
+  ``PREV_HASH``, the checks and violation rows, and the ``TOKEN`` and ``POSITION`` of a
+  token whose slot is the row's own seed.
+
+A long row's warp then issues little besides its hash: the other columns' stores, the
+real-KV hash and the flags are another warp's. Both kinds read the seed's record before
+writing, so neither may write a column the other reads there: the side programs leave the
+seed slot's ``TOKEN`` and ``POSITION`` to the chain program. The design and its
+measurements: docs/design.md, docs/performance.md ("the write split").
 """
 
 from __future__ import annotations
@@ -20,6 +36,7 @@ from kv_canary_buffers.validation import WriteArgs, validate_write_args
 
 from . import compiled, config
 from .canary_common import append_violations, i64, mix3, raise_status, real_kv_or_zero
+from .config import INTERPRETING
 from .constants import (
     ANCHOR,
     NO_SLOT,
@@ -44,7 +61,7 @@ from .launcher import (
     stage_key,
     stream_of,
 )
-from .sources import source_args
+from .sources import SourceArgs, source_args
 
 _RUNTIME_INTS = [
     "n",
@@ -83,56 +100,35 @@ def _load_token(
 
 
 @triton.jit
-def _walk_rows(
+def _steps(
     ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
-    count_ptr, first, length, running, check_pos, prev_pos, flags, num_slots,
+    count_ptr, first, length, start, stop, chained, seed, check_pos, num_slots, slot_limit,
     violation_capacity, launch_tag, page_size, bpt_words, kv_words,
     src0, src1, src2, src3, stride0, stride1, stride2, stride3,
     rows0, rows1, rows2, rows3,
+    s0, t0, p0, et0, ep0, s1, t1, p1, et1, ep1, running, flags, expect, suspect, prev_pos,
     HAS_EXPECTED: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
-    CHUNK: tl.constexpr, APPEND: tl.constexpr,
+    CHUNK: tl.constexpr, SIDE: tl.constexpr, CHAIN: tl.constexpr, APPEND: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):  # fmt: skip
-    """Each lane walks its row's ``length`` tokens in order, from ``first``.
+    """Steps ``[start, stop)`` of each lane's row walk (token ``first + step``), with two
+    tokens in flight ahead of the one at hand (``s0 ...``, ``s1 ...``; returned rotated).
 
-    ``APPEND`` False: stamp the records; return the status flags, the records written per
-    lane and the lanes that met a token failing a write check. ``APPEND`` True (only when
-    some lane did): the same walk again, from the same seed state, stamping nothing and
-    appending those tokens' violation rows (the KV bytes' hash, stored nowhere there, is
-    dead code to the compiler: the replay reads only what its row check needs). The
-    appends (an atomic and a branch a token) stay out of the first walk, whose unrolled
-    loop is then the chain, the loads and the stores (alone, the split measured neither
-    faster nor slower on the H200).
+    Lanes in ``chained`` have their chain hashed (``CHAIN``), their ``PREV_HASH`` stamped
+    and their write checks run by this walk. A side program (``SIDE``) also stamps every
+    row's ``TOKEN``, ``POSITION`` and ``REAL_KV_HASH`` (for a row that is not chained,
+    except the tokens whose slot is the row's seed: see the kernel), raises the status
+    bits and counts the records (``expect``); a chain program stamps only its rows'
+    chains, and the ``TOKEN`` and ``POSITION`` of the tokens whose slot is the seed.
+
+    ``APPEND`` False: stamp, and note in ``suspect`` the chained lanes that met a token
+    failing a write check. ``APPEND`` True (only when some lane was suspect): the same
+    walk from the same seed state, stamping nothing and appending those tokens'
+    violation rows (the KV bytes' hash, stored nowhere there, is dead code to the
+    compiler: the replay reads only what its checks need).
     """
-    suspect = tl.zeros_like(length) != 0
-    # The first walk's position check needs only whether a lane fails it somewhere: it
-    # compares each checked token with one counter, the seed's position + 1 (where the
-    # check is on: every ok token is then checked) advanced by each ok token, which
-    # agrees with the contract's rule ("the previous checked position + 1") up to the
-    # lane's first failure; the replay appends by the rule.
-    # The counter's advance is the lane's records written. (Against a tracked previous
-    # position and a count of its own, measured on the H200: 10% less time a token.)
-    expect = prev_pos + 1
-    expect0 = expect
-    # Two tokens in flight ahead of the one being hashed: their loads complete while the
-    # chain hashes, off its critical path (four ahead, unrolled by 5, measured slower on
-    # the H200).
-    s0, t0, p0, et0, ep0 = _load_token(
-        ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first, length > 0, HAS_EXPECTED
-    )
-    s1, t1, p1, et1, ep1 = _load_token(
-        ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first + 1, length > 1, HAS_EXPECTED
-    )
-    # Unrolled, the rotation below is register renaming: rolled, it is a copy of each
-    # token in flight, which waits for that token's loads at the end of the iteration that
-    # issued them (measured on the H200: 11% more time a token). By 3, one of a body's
-    # loads is hashed in the same body; with expected inputs (five loads a token) ptxas
-    # then moves a test of it up next to its load, and the warp waits a round trip to L2
-    # (+18%): by 2, every token a body loads is hashed in the next one. Without them, 3
-    # measured faster than 2 (4%). Not unrolled with real-KV sources, whose loads and
-    # hashes dominate a token (and the compile time, tenfold), nor in the replay, which
-    # runs only on a violation.
-    UNROLL: tl.constexpr = 1 if NUM_SOURCES > 0 or APPEND else (2 if HAS_EXPECTED else 3)
-    for step in tl.range(0, tl.max(length, 0), loop_unroll_factor=UNROLL):
+    limit = slot_limit.to(tl.int64).to(tl.uint64)  # >= 0: a value conversion
+    for step in tl.range(start, stop, loop_unroll_factor=UNROLL):
         s2, t2, p2, et2, ep2 = _load_token(
             ocl_ptr,
             ids_ptr,
@@ -143,32 +139,39 @@ def _walk_rows(
             length > step + 2,
             HAS_EXPECTED,
         )
-        # ``step < length`` repeats what the masked loads say (NO_SLOT past the row's end),
-        # but without it ptxas scheduled the loop 14% slower on the H200.
-        live = (step < length) & (s0 >= 0)
-        slot_bad = live & (s0 >= num_slots)
-        flags |= tl.where(slot_bad, WRITE_SLOT_BAD, 0)
-        ok = live & ~slot_bad
-        kv, ok, flags = real_kv_or_zero(
-            s0, ok, flags, page_size, bpt_words, kv_words,
-            src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-            rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
-        )  # fmt: skip
-        # The chain first: everything below is off its critical path.
-        chain = i64(running)
-        running = tl.where(ok, mix3(running, t0, p0, LATENCY=True), running)
-        if HAS_EXPECTED:
-            bits = tl.where(t0 != et0, WRITE_TOKEN_BIT, 0) | tl.where(
-                p0 != ep0, WRITE_POSITION_BIT, 0
-            )
+        if SIDE:
+            # ``step < length`` repeats what the masked loads say (NO_SLOT past the row's
+            # end), but without it ptxas scheduled the loop 14% slower on the H200.
+            live = (step < length) & (s0 >= 0)
+            slot_bad = live & (s0 >= num_slots)
+            flags |= tl.where(slot_bad, WRITE_SLOT_BAD, 0)
+            ok = live & ~slot_bad
+            kv, ok, flags = real_kv_or_zero(
+                s0, ok, flags, page_size, bpt_words, kv_words,
+                src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+                rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
+            )  # fmt: skip
         else:
-            bits = tl.zeros_like(flags)
-        checked = ok & check_pos
+            # The side's ok tokens in one unsigned compare: NO_SLOT (past the row's end)
+            # and skipped slots wrap high; ``slot_limit`` folds in the real-KV page test.
+            ok = s0.to(tl.uint64, bitcast=True) < limit
+            kv = tl.zeros_like(s0)
+        chain = i64(running)
+        if CHAIN:
+            # The chain first: everything below is off its critical path.
+            running = tl.where(ok & chained, mix3(running, t0, p0, LATENCY=True), running)
+            if HAS_EXPECTED:
+                bits = tl.where(t0 != et0, WRITE_TOKEN_BIT, 0) | tl.where(
+                    p0 != ep0, WRITE_POSITION_BIT, 0
+                )
+            else:
+                bits = tl.zeros_like(flags)
+            checked = ok & chained & check_pos
         if APPEND:
             want = prev_pos + 1
             if HAS_EXPECTED:
                 append_violations(
-                    ok & (bits != 0),
+                    ok & chained & (bits != 0),
                     launch_tag,
                     s0,
                     p0,
@@ -197,18 +200,214 @@ def _walk_rows(
             )
             prev_pos = tl.where(checked, p0, prev_pos)
         else:
-            # Four 8-byte stores: a [ROWS, 4] tile would cost a layout change through
+            # Scalar 8-byte stores: a [ROWS, 4] tile would cost a layout change through
             # shared memory at every token (measured on the H200: +70 ns a token).
             rec = records_ptr + s0 * REC_W
-            tl.store(rec + REC_TOKEN, t0, mask=ok)
-            tl.store(rec + REC_POSITION, p0, mask=ok)
-            tl.store(rec + REC_PREV_HASH, chain, mask=ok)
-            tl.store(rec + REC_REAL_KV, kv, mask=ok)
-            suspect |= (ok & (bits != 0)) | (checked & (p0 != expect))
+            if SIDE:
+                own = ok & (chained | (s0 != seed))
+                tl.store(rec + REC_TOKEN, t0, mask=own)
+                tl.store(rec + REC_POSITION, p0, mask=own)
+                if CHAIN:
+                    tl.store(rec + REC_PREV_HASH, chain, mask=ok & chained)
+                tl.store(rec + REC_REAL_KV, kv, mask=ok)
+            else:
+                tl.store(rec + REC_PREV_HASH, chain, mask=ok)
+                seeded = ok & (s0 == seed)
+                tl.store(rec + REC_TOKEN, t0, mask=seeded)
+                tl.store(rec + REC_POSITION, p0, mask=seeded)
+            if CHAIN:
+                # The position check compares each checked token with one counter, the
+                # seed's position + 1 (where the check is on, every ok token is checked)
+                # advanced by each ok token: up to the lane's first failure that is the
+                # contract's "previous checked position + 1", and the first walk needs
+                # only whether a lane fails somewhere; the replay appends by the rule. In
+                # a side program the counter's advance is also the records written.
+                # (Against a tracked previous position and a count of its own, measured
+                # on the H200: 10% less time a token.)
+                suspect |= (ok & chained & (bits != 0)) | (checked & (p0 != expect))
             expect += ok.to(tl.int64)
         s0, t0, p0, et0, ep0 = s1, t1, p1, et1, ep1
         s1, t1, p1, et1, ep1 = s2, t2, p2, et2, ep2
+    return s0, t0, p0, et0, ep0, s1, t1, p1, et1, ep1, running, flags, expect, suspect, prev_pos
+
+
+@triton.jit
+def _walk_rows(
+    ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
+    count_ptr, first, length, chained, seed, seed_record, has_seed, seed_position, check_pos,
+    prev_pos, flags, num_slots,
+    slot_limit, violation_capacity, launch_tag, page_size, bpt_words, kv_words,
+    src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+    rows0, rows1, rows2, rows3,
+    HAS_EXPECTED: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
+    CHUNK: tl.constexpr, SIDE: tl.constexpr, APPEND: tl.constexpr,
+    CHAIN_UNROLL: tl.constexpr,
+):  # fmt: skip
+    """Each lane walks its row's ``length`` tokens in order, from ``first`` (see
+    :func:`_steps`). Returns the flags, the records written per lane (side programs) and
+    the suspect lanes.
+
+    """
+    expect = prev_pos + 1
+    expect0 = expect
+    suspect = tl.zeros_like(length) != 0
+    # Two tokens in flight ahead of the one at hand: their loads complete while the chain
+    # hashes, off its critical path (four ahead, unrolled by 5, measured slower).
+    s0, t0, p0, et0, ep0 = _load_token(
+        ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first, length > 0, HAS_EXPECTED
+    )
+    s1, t1, p1, et1, ep1 = _load_token(
+        ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first + 1, length > 1, HAS_EXPECTED
+    )
+    running = _seed_hash(has_seed, seed_record, seed_position)
+    longest = tl.max(length, 0)
+    # A side program walks the steps where some lane is chained (short rows), then the
+    # rest without the chain. With real-KV sources one walk, the chain masked to the
+    # chained lanes: the KV hash dominates a step there, and a second copy of it would
+    # double the compile time (four sources in mode ALL: 3.8 s -> 33 s for sm_90).
+    SPLIT: tl.constexpr = SIDE and not APPEND and NUM_SOURCES == 0
+    if SPLIT:
+        chained_steps = tl.max(tl.where(chained, length, 0), 0)
+    else:
+        chained_steps = longest
+    # Unrolled, the rotation of the tokens in flight is a renaming of registers: rolled,
+    # it is a copy of each token, which waits for that token's loads at the end of the
+    # iteration that issued them. The chain program's unroll is CHAIN_UNROLL. Rolled with
+    # real-KV sources, whose loads and hashes dominate a token (and the compile time:
+    # tenfold unrolled), in a side program's chained steps (short rows: at most
+    # ``write_chain_tokens``) and in the replay (only on a violation).
+    UNROLL: tl.constexpr = 1 if (APPEND or SIDE) else CHAIN_UNROLL
+    state = _steps(
+        ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
+        count_ptr, first, length, 0, chained_steps, chained, seed, check_pos, num_slots,
+        slot_limit, violation_capacity, launch_tag, page_size, bpt_words, kv_words,
+        src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+        rows0, rows1, rows2, rows3,
+        s0, t0, p0, et0, ep0, s1, t1, p1, et1, ep1, running, flags, expect, suspect, prev_pos,
+        HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, SIDE, True, APPEND, UNROLL,
+    )  # fmt: skip
+    if SPLIT:
+        s0, t0, p0, et0, ep0, s1, t1, p1, et1, ep1, running, flags, expect, suspect, prev_pos = (
+            state
+        )
+        SIDE_UNROLL: tl.constexpr = 2
+        state = _steps(
+            ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
+            count_ptr, first, length, chained_steps, longest, chained, seed, check_pos,
+            num_slots, slot_limit, violation_capacity, launch_tag, page_size, bpt_words,
+            kv_words, src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+            rows0, rows1, rows2, rows3,
+            s0, t0, p0, et0, ep0, s1, t1, p1, et1, ep1, running, flags, expect, suspect,
+            prev_pos, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, True, False, False, SIDE_UNROLL,
+        )  # fmt: skip
+    _, _, _, _, _, _, _, _, _, _, _, flags, expect, suspect, _ = state
     return flags, expect - expect0, suspect
+
+
+@triton.jit
+def _single_tokens(
+    ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
+    count_ptr, first, length, has_seed, seed_record, seed_position, check_pos, prev_pos, flags,
+    num_slots,
+    violation_capacity, launch_tag, page_size, bpt_words, kv_words,
+    src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+    rows0, rows1, rows2, rows3,
+    HAS_EXPECTED: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
+    CHUNK: tl.constexpr,
+):  # fmt: skip
+    """A side program's rows when none has more than one token (a decode step): each
+    lane's token stamped with the seed's hash, its violation rows appended at once (no
+    replay), and the chain not advanced past it (nothing reads that hash). Returns the
+    flags and the records written per lane."""
+    s0, t0, p0, et0, ep0 = _load_token(
+        ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first, length > 0, HAS_EXPECTED
+    )
+    running = _seed_hash(has_seed, seed_record, seed_position)
+    live = (length > 0) & (s0 >= 0)
+    slot_bad = live & (s0 >= num_slots)
+    flags |= tl.where(slot_bad, WRITE_SLOT_BAD, 0)
+    ok = live & ~slot_bad
+    kv, ok, flags = real_kv_or_zero(
+        s0, ok, flags, page_size, bpt_words, kv_words,
+        src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+        rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
+    )  # fmt: skip
+    chain = i64(running)
+    rec = records_ptr + s0 * REC_W
+    tl.store(rec + REC_TOKEN, t0, mask=ok)
+    tl.store(rec + REC_POSITION, p0, mask=ok)
+    tl.store(rec + REC_PREV_HASH, chain, mask=ok)
+    tl.store(rec + REC_REAL_KV, kv, mask=ok)
+    want = prev_pos + 1
+    position_bad = ok & check_pos & (p0 != want)
+    if HAS_EXPECTED:
+        bits = tl.where(t0 != et0, WRITE_TOKEN_BIT, 0) | tl.where(p0 != ep0, WRITE_POSITION_BIT, 0)
+        input_bad = ok & (bits != 0)
+    else:
+        bits = tl.zeros_like(flags)
+        input_bad = position_bad & ~position_bad
+    # One reduction guards the appends: each is a warp-aggregated atomic (votes, a
+    # shuffle), not free even when no lane appends.
+    if tl.max((input_bad | position_bad).to(tl.int32), 0) != 0:
+        if HAS_EXPECTED:
+            append_violations(
+                input_bad, launch_tag, s0, p0, t0, et0, chain, ep0, bits,
+                violations_ptr, count_ptr, violation_capacity,
+            )  # fmt: skip
+        append_violations(
+            position_bad, launch_tag, s0, p0, t0, t0, chain, want,
+            tl.full(flags.shape, WRITE_POSITION_BIT, tl.int32), violations_ptr, count_ptr,
+            violation_capacity,
+        )  # fmt: skip
+    return flags, ok.to(tl.int64)
+
+
+@triton.jit
+def _row_spans(
+    write_offsets_ptr, seeds_ptr, records_ptr, rows, num_rows, write_capacity, n, num_slots
+):
+    """Each lane's row: its first token, its length (0 for a row that writes nothing),
+    whether it has a seed, the seed's position, the chain's start and the row's status
+    bits. Chain and side programs both run it, so both skip the same rows."""
+    in_rows = rows < num_rows
+    # Offsets and seeds are loaded for every row of the buffers (capacity + 1 offsets and
+    # capacity seeds, in bounds by construction) without waiting for the row count: one
+    # round trip fewer before a decode row's hash. Rows past the count ignore them.
+    in_buffers = rows < write_capacity
+    lo = tl.load(write_offsets_ptr + rows, mask=in_buffers, other=0)
+    hi = tl.load(write_offsets_ptr + rows + 1, mask=in_buffers, other=0)
+    busy = in_rows & (hi > lo)
+    flags = tl.where(busy & ((lo < 0) | (hi > n)), WRITE_INDEX_BAD, 0)
+    # Clamped into [0, n] before subtracting: no wrap for any int64 offsets.
+    first = tl.minimum(tl.maximum(lo, 0), n)
+    length = tl.maximum(tl.minimum(tl.maximum(hi, 0), n) - first, 0)
+    # The seed and its record are loaded without waiting for the offsets (a row that
+    # turns out idle ignores them): two round trips side by side instead of in a row.
+    seed = tl.load(seeds_ptr + rows, mask=in_buffers, other=NO_SLOT)
+    seed_in_range = in_buffers & (seed >= 0) & (seed < num_slots)
+    seed_rec = records_ptr + seed * REC_W
+    seed_token = tl.load(seed_rec + REC_TOKEN, mask=seed_in_range, other=0)
+    seed_position = tl.load(seed_rec + REC_POSITION, mask=seed_in_range, other=0)
+    seed_prev = tl.load(seed_rec + REC_PREV_HASH, mask=seed_in_range, other=0)
+    seed_bad = busy & (seed >= num_slots)
+    flags |= tl.where(seed_bad, SEED_BAD, 0)
+    length = tl.where(busy & ~seed_bad, length, 0)
+    has_seed = (length > 0) & (seed >= 0)
+    return first, length, seed, has_seed, seed_position, (seed_prev, seed_token), flags
+
+
+@triton.jit
+def _seed_hash(has_seed, seed_record, seed_position):
+    """The chain's start: ``hash_of(seed)``, H0 for a row without a seed. Each path
+    computes it after issuing its first token loads (in the prologue, ptxas issued the
+    seed record's loads, and waited for the seed, before the offsets': a decode step
+    took one round trip more)."""
+    seed_prev, seed_token = seed_record
+    return tl.where(
+        has_seed,
+        mix3(seed_prev.to(tl.uint64, bitcast=True), seed_token, seed_position),
+        tl.full(has_seed.shape, ANCHOR, tl.uint64),
+    )
 
 
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
@@ -253,77 +452,122 @@ def canary_write_kernel(
     page_size: tl.int64,
     bpt_words: tl.int64,
     kv_words: tl.int64,
+    slot_limit: tl.int64,
+    chain_programs: tl.int64,
+    chain_tokens: tl.int64,
     HAS_EXPECTED: tl.constexpr,
     NUM_SOURCES: tl.constexpr,
     MODE: tl.constexpr,
     ROWS: tl.constexpr,
     CHUNK: tl.constexpr,
+    CHAIN_UNROLL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if pid == 0:
         tl.atomic_add(runs_ptr, 1, sem="relaxed")  # relaxed: see append_violations
-    num_rows = tl.load(num_rows_ptr).to(tl.int64)
+    raw_rows = tl.load(num_rows_ptr).to(tl.int64)
+    num_rows = tl.minimum(tl.maximum(raw_rows, 0), write_capacity)
     lanes = tl.arange(0, ROWS)
-    flags = tl.where(
-        (lanes == 0) & (pid == 0) & ((num_rows < 0) | (num_rows > write_capacity)),
-        PLAN_COUNT_BAD,
-        0,
-    )
-    num_rows = tl.minimum(tl.maximum(num_rows, 0), write_capacity)
-    rows = pid * ROWS + lanes
-    in_rows = rows < num_rows
-    # Offsets and seeds are loaded for every row of the buffers (capacity + 1 offsets and
-    # capacity seeds, in bounds by construction) without waiting for the row count: one
-    # round trip fewer before a decode row's hash. Rows past the count ignore them.
-    in_buffers = rows < write_capacity
-    lo = tl.load(write_offsets_ptr + rows, mask=in_buffers, other=0)
-    hi = tl.load(write_offsets_ptr + rows + 1, mask=in_buffers, other=0)
-    busy = in_rows & (hi > lo)
-    flags |= tl.where(busy & ((lo < 0) | (hi > n)), WRITE_INDEX_BAD, 0)
-    # Clamped into [0, n] before subtracting: no wrap for any int64 offsets.
-    first = tl.minimum(tl.maximum(lo, 0), n)
-    length = tl.maximum(tl.minimum(tl.maximum(hi, 0), n) - first, 0)
-    # The seed and its record are loaded without waiting for the offsets (a row that
-    # turns out idle ignores them): two round trips side by side instead of in a row.
-    seed = tl.load(seeds_ptr + rows, mask=in_buffers, other=NO_SLOT)
-    seed_in_range = in_buffers & (seed >= 0) & (seed < num_slots)
-    seed_rec = records_ptr + seed * REC_W
-    seed_token = tl.load(seed_rec + REC_TOKEN, mask=seed_in_range, other=0)
-    seed_position = tl.load(seed_rec + REC_POSITION, mask=seed_in_range, other=0)
-    seed_prev = tl.load(seed_rec + REC_PREV_HASH, mask=seed_in_range, other=0)
-    seed_bad = busy & (seed >= num_slots)
-    flags |= tl.where(seed_bad, SEED_BAD, 0)
-    length = tl.where(busy & ~seed_bad, length, 0)
-    has_seed = (length > 0) & (seed >= 0)
-    running = tl.where(
-        has_seed,
-        mix3(seed_prev.to(tl.uint64, bitcast=True), seed_token, seed_position),
-        tl.full([ROWS], ANCHOR, tl.uint64),
+    side_programs = (write_capacity + ROWS - 1) // ROWS
+    is_chain = pid >= side_programs
+    if is_chain:
+        # Rows strided across the chain programs, so that long rows each have a warp
+        # (and its issue slots) of their own.
+        rows = (pid - side_programs) + lanes.to(tl.int64) * chain_programs
+    else:
+        rows = pid * ROWS + lanes.to(tl.int64)
+    first, length, seed, has_seed, seed_position, seed_record, flags = _row_spans(
+        write_offsets_ptr, seeds_ptr, records_ptr, rows, num_rows, write_capacity, n, num_slots
     )
     # The flag loaded per lane (one word, broadcast): a scalar bool combined with a lane
     # vector comes out as int32 in Triton 3.9's interpreter, and a mask must be bool.
     check_pos = has_seed & (tl.load(check_ptr + tl.zeros_like(rows)) != 0)
     prev_pos = tl.where(check_pos, seed_position, 0)
-    flags, written, suspect = _walk_rows(
-        ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
-        count_ptr, first, length, running, check_pos, prev_pos, flags, num_slots,
-        violation_capacity, launch_tag, page_size, bpt_words, kv_words,
-        src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-        rows0, rows1, rows2, rows3, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, False,
-    )  # fmt: skip
-    if tl.max(suspect.to(tl.int32), 0) != 0:
-        # Rare (an engine bug): the rows again, for their violation rows only.
-        _walk_rows(
+    long = length > chain_tokens
+    if not is_chain:
+        # A side program: its rows' other columns, status bits and counts, and the short
+        # rows' chains, checks and violation rows.
+        flags |= tl.where(
+            (rows == 0) & ((raw_rows < 0) | (raw_rows > write_capacity)), PLAN_COUNT_BAD, 0
+        )
+        if NUM_SOURCES == 0 and tl.max(length, 0) <= tl.minimum(chain_tokens, 1):
+            # A decode step: one token a row at most (each row chained here), no loop and
+            # no chain to advance past it. (Not with real-KV sources: a second copy of
+            # their hash would double the compile time.)
+            flags, written = _single_tokens(
+                ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr,
+                violations_ptr, count_ptr, first, length, has_seed, seed_record, seed_position,
+                check_pos, prev_pos, flags, num_slots, violation_capacity, launch_tag,
+                page_size, bpt_words, kv_words, src0, src1, src2, src3,
+                stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
+                HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK,
+            )  # fmt: skip
+        else:
+            chained = ~long
+            flags, written, suspect = _walk_rows(
+                ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr,
+                violations_ptr, count_ptr, first, length, chained, seed, seed_record, has_seed,
+                seed_position, check_pos, prev_pos, flags, num_slots, slot_limit,
+                violation_capacity, launch_tag, page_size, bpt_words, kv_words,
+                src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+                rows0, rows1, rows2, rows3, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, True,
+                False, CHAIN_UNROLL,
+            )  # fmt: skip
+            if tl.max(suspect.to(tl.int32), 0) != 0:
+                # Rare (an engine bug): the suspect rows again, for their violation rows.
+                _walk_rows(
+                    ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr,
+                    violations_ptr, count_ptr, first, tl.where(suspect, length, 0), suspect,
+                    seed, seed_record, has_seed, seed_position, check_pos, prev_pos, flags,
+                    num_slots, slot_limit, violation_capacity, launch_tag, page_size,
+                    bpt_words, kv_words, src0, src1, src2, src3,
+                    stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
+                    HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, True, True, CHAIN_UNROLL,
+                )  # fmt: skip
+        total = tl.sum(written, 0)
+        if total > 0:
+            tl.atomic_add(processed_ptr, total, sem="relaxed")
+        raise_status(status_ptr, flags)
+    else:
+        # A chain program: its long rows' chains, their write checks and violation rows.
+        length = tl.where(long, length, 0)
+        _, _, suspect = _walk_rows(
             ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
-            count_ptr, first, tl.where(suspect, length, 0), running, check_pos, prev_pos,
-            flags, num_slots, violation_capacity, launch_tag, page_size, bpt_words, kv_words,
-            src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-            rows0, rows1, rows2, rows3, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, True,
+            count_ptr, first, length, length > 0, seed, seed_record, has_seed, seed_position,
+            check_pos, prev_pos, flags,
+            num_slots, slot_limit, violation_capacity, launch_tag, page_size, bpt_words,
+            kv_words, src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+            rows0, rows1, rows2, rows3, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, False, False,
+            CHAIN_UNROLL,
         )  # fmt: skip
-    total = tl.sum(written, 0)
-    if total > 0:
-        tl.atomic_add(processed_ptr, total, sem="relaxed")
-    raise_status(status_ptr, flags)
+        if tl.max(suspect.to(tl.int32), 0) != 0:
+            # Rare (an engine bug): the suspect rows again, for their violation rows only.
+            _walk_rows(
+                ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr,
+                violations_ptr, count_ptr, first, tl.where(suspect, length, 0), suspect, seed,
+                seed_record, has_seed, seed_position, check_pos, prev_pos, flags, num_slots,
+                slot_limit,
+                violation_capacity, launch_tag, page_size, bpt_words, kv_words,
+                src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+                rows0, rows1, rows2, rows3, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, False,
+                True, CHAIN_UNROLL,
+            )  # fmt: skip
+
+
+CHAIN_UNROLL = {False: 4, True: 2}
+"""The chain programs' unroll (two tokens ahead): measured on the H200 against 2, 3 and 6
+(docs/performance.md, "the write split")."""
+
+
+def slot_limit(num_slots: int, src: SourceArgs) -> int:
+    """The chain programs' bound on a slot: the side programs stamp a slot ``s >= 0`` only
+    if ``s < num_slots`` and, with real-KV sources, its page row ``s // page_size`` lies
+    inside every source, that is ``s < rows * page_size`` for the fewest rows (Python
+    integers: no wrap)."""
+    if src.num_sources == 0:
+        return num_slots
+    rows = min(src.ints[4 : 4 + src.num_sources])
+    return min(num_slots, rows * src.page_size)
 
 
 def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
@@ -368,9 +612,24 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
         *src.tensors,
         *src.ints,
     )
-    sizes = (buffers.write_req_capacity, store.num_slots, store.violation_capacity)
-    tail = (src.page_size, src.bpt_words, src.kv_words)
-    programs = cdiv(buffers.write_req_capacity, cfg.write_rows)
+    capacity = buffers.write_req_capacity
+    sizes = (capacity, store.num_slots, store.violation_capacity)
+    side_programs = cdiv(capacity, cfg.write_rows)
+    # Chain programs: enough that up to write_chain_programs long rows each walk in a warp
+    # of their own (a long row's time is its chain's latency plus what shares its warp's
+    # issue slots), never more than there are rows.
+    # (Under the interpreter, whose programs each cost host time: one per side program.)
+    fewest = 1 if INTERPRETING else cfg.write_chain_programs
+    chain_programs = min(capacity, max(side_programs, fewest))
+    tail = (
+        src.page_size,
+        src.bpt_words,
+        src.kv_words,
+        slot_limit(store.num_slots, src),
+        chain_programs,
+        cfg.write_chain_tokens,
+    )
+    programs = chain_programs + side_programs
     go = _WRITE.launch(
         store.device,
         (programs, 1, 1),
@@ -382,6 +641,7 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
             "MODE": src.mode,
             "ROWS": cfg.write_rows,
             "CHUNK": cfg.real_kv_chunk,
+            "CHAIN_UNROLL": CHAIN_UNROLL[has_expected],
         },
         {"num_warps": cfg.write_warps},
     )

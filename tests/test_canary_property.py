@@ -33,6 +33,7 @@ from canary_helpers import (
 )
 from kv_canary_buffers import CanaryStatus, PlanBuffers, RealKV, RealKVMode, plan_reference
 from kv_canary_buffers.layout import INT64_MAX, INT64_MIN
+from kv_canary_kernels.config import launch_config
 
 REF, KER = CANARY_PATHS["reference"], CANARY_PATHS["kernels"]
 SETTINGS = dict(
@@ -348,12 +349,23 @@ def scenario(draw):
         capacity=draw(st.sampled_from([1, 2, 5, 16])),
         write_cap=draw(st.sampled_from([1, 3, 8, 32, 37])),
         verify_cap=draw(st.sampled_from([1, 4, 16, 40, 260])),
+        chain_tokens=draw(CHAIN_TOKENS),
     )
+
+
+CHAIN_TOKENS = st.sampled_from([0, 2, 16])
+"""``write_chain_tokens``: 0 and 2 send most generated rows (a few tokens each) to the
+write's chain programs, 16 (the default) keeps them in the side programs."""
 
 
 @settings(max_examples=30, **SETTINGS)
 @given(scenario())
 def test_write_then_verify_kernels_equal_reference(sc):
+    with launch_config(write_chain_tokens=sc["chain_tokens"]):
+        _write_then_verify(sc)
+
+
+def _write_then_verify(sc):
     rng = random.Random(sc["seed"])
     store = gen_store(rng, sc["num_slots"], sc["capacity"])
     plan = new_plan(sc["write_cap"], sc["verify_cap"])
@@ -481,12 +493,18 @@ def hostile(draw):
         write_cap=draw(st.sampled_from([1, 4, 32, 33])),
         verify_cap=draw(st.sampled_from([1, 6, 40, 257])),
         stage=draw(st.sampled_from(["write", "verify"])),
+        chain_tokens=draw(CHAIN_TOKENS),
     )
 
 
 @settings(max_examples=50, **SETTINGS)
 @given(hostile())
 def test_out_of_range_data_kernels_skip_and_flag_references_raise(h):
+    with launch_config(write_chain_tokens=h["chain_tokens"]):
+        _out_of_range(h)
+
+
+def _out_of_range(h):
     rng = random.Random(h["seed"])
     store = gen_store(rng, h["num_slots"], 8)
     store.violation_count.fill_(0)

@@ -71,6 +71,9 @@ def test_launch_config_restores_after_an_error():
         (dict(small_row_tiles=(256, SCAN_BLOCK)), "ascend below SCAN_BLOCK"),
         (dict(verify_block=16), "multiple of 32"),
         (dict(real_kv_chunk=64), "8, 16 or 32"),
+        (dict(write_chain_tokens=-1), r"write_chain_tokens must lie in \[0, 2\*\*31\)"),
+        (dict(write_chain_tokens=1 << 31), r"write_chain_tokens must lie in \[0, 2\*\*31\)"),
+        (dict(write_chain_programs=0), "write_chain_programs is below 1"),
     ],
 )
 def test_a_config_the_kernels_cannot_take_is_refused(changes, rule):

@@ -24,6 +24,7 @@ from canary_helpers import (
 )
 from kv_canary_buffers import FailBits, RealKV, RealKVMode
 from kv_canary_buffers.layout import INT64_MAX, INT64_MIN
+from kv_canary_kernels.config import launch_config
 
 ROWS = 40  # two write programs of 32 lanes
 
@@ -54,14 +55,20 @@ def replay_case(expected: bool, count0: int):
     return store, plan, kw
 
 
+PATHS = [("reference", 16), ("kernels", 16), ("kernels", 0)]
+"""Each path with ``write_chain_tokens``: with 0 the kernels walk every row's chain (and
+its checks and violation rows) in a chain program, with 16 in the side program."""
+
+
 @pytest.mark.parametrize("expected", [True, False])
 @pytest.mark.parametrize("count0", [0, 2, 4, 9])  # 2: fills during the write; 4, 9: full
-@pytest.mark.parametrize("path", ["reference", "kernels"])
-def test_replay_rows_equal_the_model(path, expected, count0):
+@pytest.mark.parametrize(("path", "chain_tokens"), PATHS)
+def test_replay_rows_equal_the_model(path, chain_tokens, expected, count0):
     store, plan, kw = replay_case(expected, count0)
     model = model_write(model_state(store), plan, **kw, chain_position_check=True)
     assert len(model.rows) >= 3  # row 0: >= 2 rows, row 33: >= 1, rows 1 and 34 none
-    CANARY_PATHS[path].write(store, plan, **kw)
+    with launch_config(write_chain_tokens=chain_tokens):
+        CANARY_PATHS[path].write(store, plan, **kw)
     assert_store_matches_model(store, model, rows_before=count0, ordered=path == "reference")
     if count0 == 0 and expected:
         assert {r[1] for r in model.rows} == {12, 11, 20}
@@ -76,7 +83,8 @@ def short_kv():
     return RealKV(mode=RealKVMode.ALL, sources=src, page_size=2, bytes_per_token=32)
 
 
-def test_replay_after_out_of_range_slot_and_real_kv_row():
+@pytest.mark.parametrize("chain_tokens", [0, 16])
+def test_replay_after_out_of_range_slot_and_real_kv_row(chain_tokens):
     """Kernels only (the reference raises): a slot past the store and a slot whose page
     row lies past a source, each before a violating token of the same row."""
     store = new_store(num_slots=16, violation_capacity=3)
@@ -103,7 +111,8 @@ def test_replay_after_out_of_range_slot_and_real_kv_row():
     )
     model = model_write(model_state(store), plan, **kw, chain_position_check=True)
     assert model.status and len(model.rows) == 2
-    CANARY_PATHS["kernels"].write(store, plan, **kw)
+    with launch_config(write_chain_tokens=chain_tokens):
+        CANARY_PATHS["kernels"].write(store, plan, **kw)
     assert_store_matches_model(store, model, rows_before=1)
 
 
@@ -137,9 +146,10 @@ def counter_edge_case(expected: bool, check: bool):
     return store, plan, kw
 
 
+@pytest.mark.parametrize("chain_tokens", [0, 16])
 @pytest.mark.parametrize("check", [True, False])
 @pytest.mark.parametrize("expected", [True, False])
-def test_position_counter_edges_equal_the_reference(expected, check):
+def test_position_counter_edges_equal_the_reference(expected, check, chain_tokens):
     """The first walk checks positions against one counter (the seed's position + 1,
     advanced by each ok token): after a lane's first failure it disagrees with the
     contract's rule, so the replay must append by the rule; across INT64_MAX it wraps as
@@ -147,7 +157,8 @@ def test_position_counter_edges_equal_the_reference(expected, check):
     stores = {}
     for path in ("reference", "kernels"):
         store, plan, kw = counter_edge_case(expected, check)
-        CANARY_PATHS[path].write(store, plan, **kw)
+        with launch_config(write_chain_tokens=chain_tokens):
+            CANARY_PATHS[path].write(store, plan, **kw)
         stores[path] = store
     ref, ker = stores["reference"], stores["kernels"]
     assert torch.equal(ker.records, ref.records)
@@ -160,3 +171,77 @@ def test_position_counter_edges_equal_the_reference(expected, check):
     assert position_rows == (edges if check else set())
     assert int(ref.violation_count) == 4 * check + 2 * expected
     assert int(ref.slots_processed) == 17
+
+
+def long_rows_case(expected: bool, real_kv: bool):
+    """Rows longer than ``write_chain_tokens`` (16): their chains, checks and violation
+    rows are a chain program's, their other columns a side program's."""
+    store = new_store(num_slots=120, violation_capacity=16)
+    store.records[9] = i64([70, 4, 555, 0])
+    store.records[8] = i64([71, 30, 556, 0])
+    store.enable_chain_position_check()
+    plan = new_plan(write_req_capacity=ROWS)
+    ocl, ids, pos = [], [], []
+    #  row 0 (seed 9, position 4; 40 tokens): slot 9 itself first (the seed, read before
+    #  it is overwritten), slot 9 again at token 20, a skipped token, a slot past the
+    #  store, slot 110 (with sources: its page lies past the shorter source, as do row
+    #  33's slots from 96 on), a position jump at token 30 (then followed by its own
+    #  successors). No two rows write one slot (the result would be unspecified).
+    row0 = list(range(20, 60))
+    row0[0] = row0[20] = 9
+    row0[5] = -1
+    row0[11] = 120 + 3
+    row0[14] = 110  # page 55: past the 48 rows of the shorter source
+    p = 4
+    for i, s in enumerate(row0):
+        ocl.append(s)
+        ids.append(1000 + i)
+        if 0 <= s < 120:
+            p = p + 1 if i != 30 else p + 7
+        pos.append(p if 0 <= s < 120 else 77)
+    #  row 1 (3 tokens, no seed): short, the side program's; row 2 (25 tokens, no seed): a
+    #  duplicate slot; rows 3..32 idle; row 33 (18 tokens, seed 8 at position 30)
+    for i, s in enumerate([60, 61, 62]):
+        ocl.append(s), ids.append(i), pos.append(i)
+    row2 = list(range(63, 88))
+    row2[24] = 70
+    for i, s in enumerate(row2):
+        ocl.append(s), ids.append(5 * i), pos.append(i)
+    for i, s in enumerate(range(88, 106)):
+        ocl.append(s), ids.append(7 * i), pos.append(31 + i)
+    n0, n1, n2 = 40, 43, 68
+    rows = (ocl[:n0], ocl[n0:n1], ocl[n1:n2], ocl[n2:])
+    written = [{s for s in r if 0 <= s < 120} for r in rows]
+    assert sum(map(len, written)) == len(set().union(*written))  # no slot in two rows
+    offsets = [0, n0, n1, n2] + [n2] * 30 + [n2 + 18]
+    seeds = [9, -1, -1] + [-1] * 30 + [8]
+    set_write_plan(plan, offsets, seeds)
+    kw = dict(input_ids=i64(ids), positions=i64(pos), out_cache_loc=i64(ocl), launch_tag=3)
+    if expected:  # tokens off in rows 0, 2 and 33
+        exp_ids = list(ids)
+        exp_ids[2] = exp_ids[n1 + 7] = exp_ids[n2 + 17] = -9
+        exp_pos = list(pos)
+        exp_pos[25] = 0
+        kw.update(expected_input_ids=i64(exp_ids), expected_positions=i64(exp_pos))
+    if real_kv:
+        g = torch.Generator().manual_seed(11)
+        src = (
+            make_source(g, 60, 64, spare_rows=0, device=DEVICE),
+            make_source(g, 48, 64, spare_rows=3, device=DEVICE),
+        )
+        kw["real_kv"] = RealKV(
+            mode=RealKVMode.PARTIAL, sources=src, page_size=2, bytes_per_token=32
+        )
+    return store, plan, kw
+
+
+@pytest.mark.parametrize("real_kv", [False, True])
+@pytest.mark.parametrize("expected", [True, False])
+def test_long_rows_split_between_chain_and_side_programs_equal_the_model(expected, real_kv):
+    store, plan, kw = long_rows_case(expected, real_kv)
+    model = model_write(model_state(store), plan, **kw, chain_position_check=True)
+    assert model.rows  # the jump in row 0 at least
+    CANARY_PATHS["kernels"].write(store, plan, **kw)
+    assert_store_matches_model(store, model)
+    # the seed slot's record is its second write's, chained from the seed's first record
+    assert int(store.records[9, 0]) == 1020
