@@ -80,6 +80,9 @@ _RUNTIME_INTS = [
     "rows1",
     "rows2",
     "rows3",
+    "slot_limit",
+    "chain_programs",
+    "chain_tokens",
 ]
 
 
