@@ -204,7 +204,9 @@ ORDERS = ["natural", "reversed", "shuffled"]
 def test_split_equals_the_model_in_any_program_order(
     order, gpu_like, chain_tokens, expected, num_rows, real_kv
 ):
-    store, plan, kw = split_case(chain_tokens, expected=expected, num_rows=num_rows, real_kv=real_kv)
+    store, plan, kw = split_case(
+        chain_tokens, expected=expected, num_rows=num_rows, real_kv=real_kv
+    )
     model = model_write(model_state(store), plan, **kw, chain_position_check=True)
     assert model.rows and model.status & CanaryStatus.WRITE_SLOT_OUT_OF_RANGE
     assert model.status & CanaryStatus.SEED_OUT_OF_RANGE
@@ -250,7 +252,11 @@ def test_the_harness_changes_the_order():
         set_write_plan(plan, offsets, [-1] * 34)
         with program_order(order):
             launch_write(
-                store, plan, input_ids=i64([11, 22]), positions=i64([0, 0]), out_cache_loc=i64([4, 4])
+                store,
+                plan,
+                input_ids=i64([11, 22]),
+                positions=i64([0, 0]),
+                out_cache_loc=i64([4, 4]),
             )
         got[order] = int(store.records[4, 0])
     assert got == {"natural": 22, "reversed": 11}
