@@ -116,7 +116,7 @@ def split_case(chain_tokens: int, *, expected: bool, num_rows: int | None, real_
 
     def row(seed, slots, start):
         positions, p = [], start
-        for s in slots:
+        for _s in slots:
             p += 1
             positions.append(p)
         rows.append((seed, slots, positions))
@@ -211,9 +211,12 @@ def test_split_equals_the_model_in_any_program_order(
     assert model.rows and model.status & CanaryStatus.WRITE_SLOT_OUT_OF_RANGE
     assert model.status & CanaryStatus.SEED_OUT_OF_RANGE
     assert model.status & CanaryStatus.WRITE_INDEX_OUT_OF_RANGE
-    with launch_config(write_chain_tokens=chain_tokens), chain_grid(gpu_like):
-        with program_order(order, seed=chain_tokens):
-            launch_write(store, plan, **kw)
+    with (
+        launch_config(write_chain_tokens=chain_tokens),
+        chain_grid(gpu_like),
+        program_order(order, seed=chain_tokens),
+    ):
+        launch_write(store, plan, **kw)
     assert_store_matches_model(store, model)
 
 
