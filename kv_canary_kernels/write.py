@@ -103,6 +103,25 @@ def _load_token(
 
 
 @triton.jit
+def _stamped(
+    slot, live, flags, num_slots, page_size, bpt_words, kv_words,
+    src0, src1, src2, src3, stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
+    NUM_SOURCES: tl.constexpr, MODE: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """A side program's verdict on a token whose slot is ``slot`` (``live``: in its row and
+    not skipped): the slot's real-KV hash, whether its record is stamped (in the store and
+    its page inside every source; the chain programs' ``slot_limit`` is the same test), and
+    the flags with the bits of a slot past the store or a page past a source."""
+    slot_bad = live & (slot >= num_slots)
+    flags |= tl.where(slot_bad, WRITE_SLOT_BAD, 0)
+    return real_kv_or_zero(
+        slot, live & ~slot_bad, flags, page_size, bpt_words, kv_words,
+        src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+        rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
+    )  # fmt: skip
+
+
+@triton.jit
 def _steps(
     ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
     count_ptr, first, length, start, stop, chained, seed, check_pos, num_slots, slot_limit,
@@ -145,13 +164,9 @@ def _steps(
         if SIDE:
             # ``step < length`` repeats what the masked loads say (NO_SLOT past the row's
             # end), but without it ptxas scheduled the loop 14% slower on the H200.
-            live = (step < length) & (s0 >= 0)
-            slot_bad = live & (s0 >= num_slots)
-            flags |= tl.where(slot_bad, WRITE_SLOT_BAD, 0)
-            ok = live & ~slot_bad
-            kv, ok, flags = real_kv_or_zero(
-                s0, ok, flags, page_size, bpt_words, kv_words,
-                src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+            kv, ok, flags = _stamped(
+                s0, (step < length) & (s0 >= 0), flags, num_slots, page_size, bpt_words,
+                kv_words, src0, src1, src2, src3, stride0, stride1, stride2, stride3,
                 rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
             )  # fmt: skip
         else:
@@ -308,6 +323,40 @@ def _walk_rows(
 
 
 @triton.jit
+def _walk_and_replay(
+    ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
+    count_ptr, first, length, chained, seed, seed_record, has_seed, seed_position, check_pos,
+    prev_pos, flags, num_slots, slot_limit, violation_capacity, launch_tag, page_size,
+    bpt_words, kv_words, src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+    rows0, rows1, rows2, rows3,
+    HAS_EXPECTED: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
+    CHUNK: tl.constexpr, SIDE: tl.constexpr, CHAIN_UNROLL: tl.constexpr,
+):  # fmt: skip
+    """:func:`_walk_rows`, then, only if some lane met a failing token (rare: an engine
+    bug), the same walk of those lanes for their violation rows. Returns the flags and the
+    records written per lane."""
+    flags, written, suspect = _walk_rows(
+        ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
+        count_ptr, first, length, chained, seed, seed_record, has_seed, seed_position,
+        check_pos, prev_pos, flags, num_slots, slot_limit, violation_capacity, launch_tag,
+        page_size, bpt_words, kv_words, src0, src1, src2, src3,
+        stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
+        HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, SIDE, False, CHAIN_UNROLL,
+    )  # fmt: skip
+    if tl.max(suspect.to(tl.int32), 0) != 0:
+        _walk_rows(
+            ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
+            count_ptr, first, tl.where(suspect, length, 0), suspect, seed, seed_record,
+            has_seed, seed_position, check_pos, prev_pos, flags, num_slots, slot_limit,
+            violation_capacity, launch_tag, page_size, bpt_words, kv_words,
+            src0, src1, src2, src3, stride0, stride1, stride2, stride3,
+            rows0, rows1, rows2, rows3, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, SIDE, True,
+            CHAIN_UNROLL,
+        )  # fmt: skip
+    return flags, written
+
+
+@triton.jit
 def _single_tokens(
     ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
     count_ptr, first, length, has_seed, seed_record, seed_position, check_pos, prev_pos, flags,
@@ -326,12 +375,8 @@ def _single_tokens(
         ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first, length > 0, HAS_EXPECTED
     )
     running = _seed_hash(has_seed, seed_record, seed_position)
-    live = (length > 0) & (s0 >= 0)
-    slot_bad = live & (s0 >= num_slots)
-    flags |= tl.where(slot_bad, WRITE_SLOT_BAD, 0)
-    ok = live & ~slot_bad
-    kv, ok, flags = real_kv_or_zero(
-        s0, ok, flags, page_size, bpt_words, kv_words,
+    kv, ok, flags = _stamped(
+        s0, (length > 0) & (s0 >= 0), flags, num_slots, page_size, bpt_words, kv_words,
         src0, src1, src2, src3, stride0, stride1, stride2, stride3,
         rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
     )  # fmt: skip
@@ -506,27 +551,15 @@ def canary_write_kernel(
                 HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK,
             )  # fmt: skip
         else:
-            chained = ~long
-            flags, written, suspect = _walk_rows(
+            flags, written = _walk_and_replay(
                 ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr,
-                violations_ptr, count_ptr, first, length, chained, seed, seed_record, has_seed,
+                violations_ptr, count_ptr, first, length, ~long, seed, seed_record, has_seed,
                 seed_position, check_pos, prev_pos, flags, num_slots, slot_limit,
                 violation_capacity, launch_tag, page_size, bpt_words, kv_words,
                 src0, src1, src2, src3, stride0, stride1, stride2, stride3,
                 rows0, rows1, rows2, rows3, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, True,
-                False, CHAIN_UNROLL,
+                CHAIN_UNROLL,
             )  # fmt: skip
-            if tl.max(suspect.to(tl.int32), 0) != 0:
-                # Rare (an engine bug): the suspect rows again, for their violation rows.
-                _walk_rows(
-                    ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr,
-                    violations_ptr, count_ptr, first, tl.where(suspect, length, 0), suspect,
-                    seed, seed_record, has_seed, seed_position, check_pos, prev_pos, flags,
-                    num_slots, slot_limit, violation_capacity, launch_tag, page_size,
-                    bpt_words, kv_words, src0, src1, src2, src3,
-                    stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
-                    HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, True, True, CHAIN_UNROLL,
-                )  # fmt: skip
         total = tl.sum(written, 0)
         if total > 0:
             tl.atomic_add(processed_ptr, total, sem="relaxed")
@@ -534,27 +567,14 @@ def canary_write_kernel(
     else:
         # A chain program: its long rows' chains, their write checks and violation rows.
         length = tl.where(long, length, 0)
-        _, _, suspect = _walk_rows(
+        _walk_and_replay(
             ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
             count_ptr, first, length, length > 0, seed, seed_record, has_seed, seed_position,
-            check_pos, prev_pos, flags,
-            num_slots, slot_limit, violation_capacity, launch_tag, page_size, bpt_words,
-            kv_words, src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-            rows0, rows1, rows2, rows3, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, False, False,
-            CHAIN_UNROLL,
+            check_pos, prev_pos, flags, num_slots, slot_limit, violation_capacity, launch_tag,
+            page_size, bpt_words, kv_words, src0, src1, src2, src3,
+            stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
+            HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, False, CHAIN_UNROLL,
         )  # fmt: skip
-        if tl.max(suspect.to(tl.int32), 0) != 0:
-            # Rare (an engine bug): the suspect rows again, for their violation rows only.
-            _walk_rows(
-                ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr,
-                violations_ptr, count_ptr, first, tl.where(suspect, length, 0), suspect, seed,
-                seed_record, has_seed, seed_position, check_pos, prev_pos, flags, num_slots,
-                slot_limit,
-                violation_capacity, launch_tag, page_size, bpt_words, kv_words,
-                src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-                rows0, rows1, rows2, rows3, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, False,
-                True, CHAIN_UNROLL,
-            )  # fmt: skip
 
 
 CHAIN_UNROLL = {False: 4, True: 2}
