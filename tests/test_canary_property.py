@@ -492,16 +492,20 @@ def hostile(draw):
         num_slots=draw(st.integers(1, 40)),
         write_cap=draw(st.sampled_from([1, 4, 32, 33])),
         verify_cap=draw(st.sampled_from([1, 6, 40, 257])),
-        stage=draw(st.sampled_from(["write", "verify"])),
-        chain_tokens=draw(CHAIN_TOKENS),
     )
 
 
-@settings(max_examples=50, **SETTINGS)
-@given(hostile())
-def test_out_of_range_data_kernels_skip_and_flag_references_raise(h):
-    with launch_config(write_chain_tokens=h["chain_tokens"]):
-        _out_of_range(h)
+# One test per stage and write split rather than drawn: nearly every example's real-KV
+# sources make a kernel variant of their own, whose compile on CUDA takes seconds (a
+# write variant 3.5-10 s on the H200 host), so that pytest-xdist can spread them.
+@pytest.mark.parametrize(
+    ("stage", "chain_tokens"), [("write", 0), ("write", 2), ("write", 16), ("verify", 16)]
+)
+@settings(max_examples=15, **SETTINGS)
+@given(h=hostile())
+def test_out_of_range_data_kernels_skip_and_flag_references_raise(stage, chain_tokens, h):
+    with launch_config(write_chain_tokens=chain_tokens):
+        _out_of_range(dict(h, stage=stage))
 
 
 def _out_of_range(h):
