@@ -263,9 +263,7 @@ def _walk_rows(
 ):  # fmt: skip
     """Each lane walks its row's ``length`` tokens in order, from ``first`` (see
     :func:`_steps`). Returns the flags, the records written per lane (side programs) and
-    the suspect lanes.
-
-    """
+    the suspect lanes."""
     expect = prev_pos + 1
     expect0 = expect
     suspect = tl.zeros_like(length) != 0
@@ -414,8 +412,9 @@ def _single_tokens(
 def _row_spans(
     write_offsets_ptr, seeds_ptr, records_ptr, rows, num_rows, write_capacity, n, num_slots
 ):
-    """Each lane's row: its first token, its length (0 for a row that writes nothing),
-    whether it has a seed, the seed's position, the chain's start and the row's status
+    """Each lane's row: its first token, its length (0 for a row that writes nothing), its
+    seed slot, whether it has a seed, the seed's position, the seed record's
+    ``(PREV_HASH, TOKEN)`` (the chain's start: :func:`_seed_hash`) and the row's status
     bits. Chain and side programs both run it, so both skip the same rows."""
     in_rows = rows < num_rows
     # Offsets and seeds are loaded for every row of the buffers (capacity + 1 offsets and
