@@ -15,7 +15,7 @@ import itertools
 import math
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, overload
 
 import attrs
 import torch
@@ -207,6 +207,50 @@ class Arena:
     def overlaps(self, t: torch.Tensor) -> bool:
         """Whether any byte ``t`` can address lies inside the arena (one range test)."""
         return spans_overlap(tensor_span(t), (self.base, self.base + self.nbytes))
+
+
+class FieldAlias:
+    """A public tensor field of a buffers object, kept privately as ``_<name>``: each read
+    returns a new alias of the private view (``Tensor.detach()``: the same memory, dtype,
+    shape and strides, another tensor object), and assignment and deletion are refused.
+
+    So nothing a caller does to the tensor it holds (``.data =``, ``set_()``,
+    ``resize_()`` to fewer elements, ``as_strided_()``, ``torch.utils.swap_tensors``) can
+    change the memory the object, its methods and the launches use: only the arena's
+    storage is shared (a storage resized or freed through any alias is what ``check()``
+    re-tests at every launch). Writes of data through an alias are writes to the field.
+    A read costs about 0.3 us; hold the alias when a loop reads a field often."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.name = ""
+        self.private = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+        self.private = "_" + name
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> FieldAlias: ...
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> torch.Tensor: ...
+    def __get__(self, obj: object, objtype: type | None = None) -> torch.Tensor | FieldAlias:
+        if obj is None:
+            return self
+        view: torch.Tensor = getattr(obj, self.private)  # (dynamo traces getattr)
+        return view.detach()
+
+    def __set__(self, obj: object, value: object) -> None:
+        raise AttributeError(
+            f"kv-canary: {self.kind}.{self.name} cannot be assigned (each read of it returns a "
+            f"new alias of memory the {self.kind} owns); write data into it in place (copy_, "
+            f"fill_), or build a new {self.kind} with allocate() or resize()"
+        )
+
+    def __delete__(self, obj: object) -> None:
+        raise AttributeError(
+            f"kv-canary: {self.kind}.{self.name} cannot be deleted (the {self.kind} owns it)"
+        )
 
 
 def _is_view(t: object, ptr: int, dtype: torch.dtype, shape: torch.Size) -> bool:

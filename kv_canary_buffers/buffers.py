@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import attrs
 import torch
 
-from .arena import Arena, ArenaField, layout
+from .arena import Arena, ArenaField, FieldAlias, layout
 from .checks import check_capacity, check_need, nonnegative_field
 from .devices import DeviceLike, normalize_device
 from .layout import MAX_CAPACITY, PLAN_FIELDS, plan_specs
@@ -28,7 +28,7 @@ from .status import PlanStatus
 
 _FIELD_NAMES = tuple(f.name for f in PLAN_FIELDS)
 _SYNC_FIELDS = tuple(f.name for f in PLAN_FIELDS if f.role == "sync")
-_get_fields = operator.attrgetter(*_FIELD_NAMES)  # one C call for all tensors
+_get_fields = operator.attrgetter(*("_" + n for n in _FIELD_NAMES))  # the private views
 _GETTERS: dict[tuple[str, ...], Any] = {}
 _SEEDS = _FIELD_NAMES.index("write_seed_slot_indices")  # [write_req_capacity]
 _SLOTS = _FIELD_NAMES.index("verify_slot_indices")  # [verify_capacity]
@@ -69,23 +69,42 @@ class PlanBuffers:
     arena: Arena = attrs.field(repr=False)
     generation: int = attrs.field(default=0, validator=nonnegative_field)
 
-    write_offsets: torch.Tensor = attrs.field(repr=False)
-    write_seed_slot_indices: torch.Tensor = attrs.field(repr=False)
-    write_num_valid_reqs: torch.Tensor = attrs.field(repr=False)
-    verify_slot_indices: torch.Tensor = attrs.field(repr=False)
-    verify_expected_tokens: torch.Tensor = attrs.field(repr=False)
-    verify_expected_positions: torch.Tensor = attrs.field(repr=False)
-    verify_prev_slot_indices: torch.Tensor = attrs.field(repr=False)
-    verify_num_valid: torch.Tensor = attrs.field(repr=False)
-    verify_enable: torch.Tensor = attrs.field(repr=False)
-    verify_offsets: torch.Tensor = attrs.field(repr=False)
-    scan_block_sums: torch.Tensor = attrs.field(repr=False)
-    verify_row_hints: torch.Tensor = attrs.field(repr=False)
-    launch_sync: torch.Tensor = attrs.field(repr=False)
-    scan_chunk_sums: torch.Tensor = attrs.field(repr=False)
-    status: torch.Tensor = attrs.field(repr=False)
-    dummy_int64: torch.Tensor = attrs.field(repr=False)
-    dummy_int32: torch.Tensor = attrs.field(repr=False)
+    _write_offsets: torch.Tensor = attrs.field(repr=False)
+    _write_seed_slot_indices: torch.Tensor = attrs.field(repr=False)
+    _write_num_valid_reqs: torch.Tensor = attrs.field(repr=False)
+    _verify_slot_indices: torch.Tensor = attrs.field(repr=False)
+    _verify_expected_tokens: torch.Tensor = attrs.field(repr=False)
+    _verify_expected_positions: torch.Tensor = attrs.field(repr=False)
+    _verify_prev_slot_indices: torch.Tensor = attrs.field(repr=False)
+    _verify_num_valid: torch.Tensor = attrs.field(repr=False)
+    _verify_enable: torch.Tensor = attrs.field(repr=False)
+    _verify_offsets: torch.Tensor = attrs.field(repr=False)
+    _scan_block_sums: torch.Tensor = attrs.field(repr=False)
+    _verify_row_hints: torch.Tensor = attrs.field(repr=False)
+    _launch_sync: torch.Tensor = attrs.field(repr=False)
+    _scan_chunk_sums: torch.Tensor = attrs.field(repr=False)
+    _status: torch.Tensor = attrs.field(repr=False)
+    _dummy_int64: torch.Tensor = attrs.field(repr=False)
+    _dummy_int32: torch.Tensor = attrs.field(repr=False)
+
+    # The public fields: each read is a new alias of the private view above.
+    write_offsets = FieldAlias("PlanBuffers")
+    write_seed_slot_indices = FieldAlias("PlanBuffers")
+    write_num_valid_reqs = FieldAlias("PlanBuffers")
+    verify_slot_indices = FieldAlias("PlanBuffers")
+    verify_expected_tokens = FieldAlias("PlanBuffers")
+    verify_expected_positions = FieldAlias("PlanBuffers")
+    verify_prev_slot_indices = FieldAlias("PlanBuffers")
+    verify_num_valid = FieldAlias("PlanBuffers")
+    verify_enable = FieldAlias("PlanBuffers")
+    verify_offsets = FieldAlias("PlanBuffers")
+    scan_block_sums = FieldAlias("PlanBuffers")
+    verify_row_hints = FieldAlias("PlanBuffers")
+    launch_sync = FieldAlias("PlanBuffers")
+    scan_chunk_sums = FieldAlias("PlanBuffers")
+    status = FieldAlias("PlanBuffers")
+    dummy_int64 = FieldAlias("PlanBuffers")
+    dummy_int32 = FieldAlias("PlanBuffers")
 
     def __attrs_post_init__(self) -> None:
         _check_arena_layout(self.arena, "PlanBuffers", _FIELD_NAMES, _plan_layout_of)
@@ -134,7 +153,7 @@ class PlanBuffers:
         try:
             return self.arena.fields[_SEEDS].shape[0]
         except (AttributeError, IndexError, TypeError):
-            self.check()  # raises the kv-canary error of the tampering
+            self.check(views=True)  # raises the kv-canary error of the tampering
             raise
 
     @property
@@ -143,7 +162,7 @@ class PlanBuffers:
         try:
             return self.arena.fields[_SLOTS].shape[0]
         except (AttributeError, IndexError, TypeError):
-            self.check()
+            self.check(views=True)
             raise
 
     @property
@@ -152,13 +171,13 @@ class PlanBuffers:
         try:
             return self.arena.device
         except AttributeError:
-            self.check()
+            self.check(views=True)
             raise
 
     @property
     def nbytes(self) -> int:
         """Device bytes of the arena: every field, each aligned to 256 bytes."""
-        self.check()
+        self.check(views=True)
         return self.arena.nbytes
 
     def __repr__(self) -> str:
@@ -183,7 +202,7 @@ class PlanBuffers:
         staging built with ``GraphInputs.for_buffers(old)`` is refused with the new
         buffers (build it again).
         """
-        self.check()
+        self.check(views=True)
         return PlanBuffers._allocate(
             self.write_req_capacity if write_req_capacity is None else write_req_capacity,
             self.verify_capacity if verify_capacity is None else verify_capacity,
@@ -235,7 +254,7 @@ class PlanBuffers:
         )
 
     def __deepcopy__(self, memo: dict[int, Any]) -> PlanBuffers:
-        self.check()
+        self.check(views=True)
         new = PlanBuffers._allocate(
             self.write_req_capacity, self.verify_capacity, self.device, self._generation()
         )
@@ -252,7 +271,7 @@ class PlanBuffers:
             getattr(self, name).zero_()
 
     def __reduce__(self) -> Any:
-        self.check()
+        self.check(views=True)
         return (
             _unpickle_plan_buffers,
             (
@@ -265,29 +284,57 @@ class PlanBuffers:
         )
 
     # --- checks -------------------------------------------------------------------
-    def check(self) -> None:
-        """Re-check that every field is still its view of the arena (data pointer at its
-        offset, dtype, shape, contiguity), that the arena's storage is intact (address
-        and size) and that this object is the arena's owner. Reads no data and never
-        syncs; both plan paths run it at every launch, so a field rebound with
-        ``object.__setattr__``, swapped with ``.data =`` or ``set_()``, resized in place,
-        deleted, or a storage resized under it, raises a ``kv-canary:`` error instead of
-        being written."""
-        self._check(_FIELD_NAMES, _get_fields)
+    def check(self, *, views: bool = False) -> None:
+        """Re-check that the arena is intact and this object owns it: the arena is an
+        :class:`~kv_canary_buffers.arena.Arena`, its storage is still at its allocation
+        address with its size (a storage resized or freed through any alias of a field),
+        and this object is the one that claimed it (not an arena rebound from other
+        buffers). Reads no data and never syncs; both plan paths, the write and the verify
+        run it at every launch.
+
+        That is all a launch needs: the public fields are :class:`FieldAlias` reads (a new
+        alias of a private view at each read, assignment refused), so nothing done to a
+        tensor a caller holds changes the memory the launches address. ``views=True`` also
+        re-checks the private views themselves (data pointer at the field's offset, dtype,
+        shape, contiguity), for the paths that hand them to torch or to Triton as tensors:
+        the torch references, the kernels' first launch of a variant and the interpreter,
+        and every method below."""
+        try:
+            arena = self.arena
+        except AttributeError:
+            raise AttributeError(
+                "kv-canary: PlanBuffers is missing its arena; build buffers with "
+                "PlanBuffers.allocate and never delete their attributes"
+            ) from None
+        if type(arena) is not Arena:
+            raise TypeError(
+                "kv-canary: PlanBuffers.arena must be a kv_canary_buffers.arena.Arena, got "
+                f"{type(arena).__name__} (the object was tampered with)"
+            )
+        storage = arena.storage
+        if storage.data_ptr() != arena.base or storage.nbytes() != arena.nbytes:
+            self._raise_bad_field("<arena>")
+        owner = arena._owner
+        if (owner[0]() if owner else None) is not self:  # arena.owner(), inline
+            raise ValueError(
+                "kv-canary: this PlanBuffers does not own its arena (its fields were rebound "
+                "to another PlanBuffers' memory); build buffers with PlanBuffers.allocate"
+            )
+        if views:
+            self._check(_FIELD_NAMES, _get_fields)
 
     def check_fields(self, names: tuple[str, ...]) -> None:
-        """:meth:`check` of the fields ``names`` only (with the storage and the owner):
-        the write and verify stages read a few of the plan's fields and re-check those
-        at every launch. ``names`` must be a tuple of field names, in any order."""
+        """:meth:`check` with the private views of the fields ``names`` only (``names``: a
+        tuple of field names, in any order)."""
         getter = _GETTERS.get(names) if type(names) is tuple else None
         if getter is None:
             _check_field_names(names)
-            getter = _GETTERS[names] = operator.attrgetter(*names)
+            getter = _GETTERS[names] = operator.attrgetter(*("_" + n for n in names))
+        self.check()
         self._check(names, getter)
 
     def _check(self, names: tuple[str, ...], getter: Any) -> None:
         try:
-            arena = self.arena
             fields = getter(self)
             if len(names) == 1:
                 fields = (fields,)
@@ -296,27 +343,13 @@ class PlanBuffers:
                 f"kv-canary: PlanBuffers is missing a field ({err}); build buffers with "
                 "PlanBuffers.allocate and never delete their attributes"
             ) from None
-        if type(arena) is not Arena:
-            raise TypeError(
-                "kv-canary: PlanBuffers.arena must be a kv_canary_buffers.arena.Arena, got "
-                f"{type(arena).__name__} (the object was tampered with)"
-            )
-        bad = arena.first_bad_field(fields, None if names is _FIELD_NAMES else names)
+        bad = self.arena.first_bad_field(fields, None if names is _FIELD_NAMES else names)
         if bad is not None:
             self._raise_bad_field(bad)
-        owner = arena._owner
-        if (owner[0]() if owner else None) is not self:  # arena.owner(), inline
-            raise ValueError(
-                "kv-canary: this PlanBuffers does not own its arena (its fields were rebound "
-                "to another PlanBuffers' memory); build buffers with PlanBuffers.allocate"
-            )
 
     def _check_views(self) -> None:
-        """:meth:`check` less the ownership (the constructor claims after it)."""
-        fields = _get_fields(self)
-        bad = self.arena.first_bad_field(fields)
-        if bad is not None:
-            self._raise_bad_field(bad)
+        """The private views only (the constructor claims the arena after it)."""
+        self._check(_FIELD_NAMES, _get_fields)
 
     def _raise_bad_field(self, name: str) -> NoReturn:
         arena = self.arena
@@ -327,7 +360,7 @@ class PlanBuffers:
                 f"{arena.storage.nbytes()} bytes); never resize a field's storage"
             )
         index = _FIELD_NAMES.index(name)
-        t = getattr(self, name, None)
+        t = getattr(self, "_" + name, None)
         spec = arena.fields[index]
         if not isinstance(t, torch.Tensor):
             raise TypeError(
@@ -367,7 +400,7 @@ class PlanBuffers:
         """Return the sticky :class:`PlanStatus` flags raised since the last call and
         clear them. Reads device memory: this synchronizes with the current stream, so
         call it between steps (for example every N steps), never inside graph capture."""
-        self.check()
+        self.check(views=True)
         flags = PlanStatus(int(self.status.item()) & _ALL_STATUS)
         self.status.zero_()
         return flags

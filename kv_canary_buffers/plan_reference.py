@@ -214,6 +214,7 @@ def plan_reference(
         req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
         kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
     )
+    buffers.check(views=True)  # torch writes through the views themselves
     plan = _plan(args, buffers.verify_capacity)
 
     bs = args.bs

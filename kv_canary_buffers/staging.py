@@ -98,7 +98,7 @@ class GraphInputs:
         """Inputs sized ``buffers.write_req_capacity`` on ``buffers.device``, linked to
         ``buffers``: the plan refuses them with any other buffers (a resize makes other
         buffers: build new staging then)."""
-        check_buffers(buffers)
+        check_buffers(buffers).check(views=True)
         return cls._allocate(buffers.write_req_capacity, buffers.device, StagingLink.to(buffers))
 
     @classmethod

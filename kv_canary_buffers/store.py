@@ -12,12 +12,12 @@ arena), sized from ``num_slots`` and ``violation_capacity`` by construction.
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, NoReturn
 
 import attrs
 import torch
 
-from .arena import Arena, ArenaField, layout
+from .arena import Arena, ArenaField, FieldAlias, layout
 from .checks import check_capacity, check_need, nonnegative_field
 from .devices import DeviceLike, normalize_device
 from .layout import STORE_FIELDS, store_specs
@@ -26,7 +26,7 @@ from .report import Violation, ViolationReport
 from .status import CanaryStatus
 
 _FIELD_NAMES = tuple(f.name for f in STORE_FIELDS)
-_get_fields = operator.attrgetter(*_FIELD_NAMES)
+_get_fields = operator.attrgetter(*("_" + n for n in _FIELD_NAMES))  # the private views
 
 
 def _layout(num_slots: int, violation_capacity: int) -> tuple[tuple[ArenaField, ...], int]:
@@ -50,13 +50,22 @@ class CanaryStore:
     arena: Arena = attrs.field(repr=False)
     generation: int = attrs.field(default=0, validator=nonnegative_field)
 
-    records: torch.Tensor = attrs.field(repr=False)
-    violations: torch.Tensor = attrs.field(repr=False)
-    violation_count: torch.Tensor = attrs.field(repr=False)
-    kernel_runs: torch.Tensor = attrs.field(repr=False)
-    slots_processed: torch.Tensor = attrs.field(repr=False)
-    chain_position_check: torch.Tensor = attrs.field(repr=False)
-    status: torch.Tensor = attrs.field(repr=False)
+    _records: torch.Tensor = attrs.field(repr=False)
+    _violations: torch.Tensor = attrs.field(repr=False)
+    _violation_count: torch.Tensor = attrs.field(repr=False)
+    _kernel_runs: torch.Tensor = attrs.field(repr=False)
+    _slots_processed: torch.Tensor = attrs.field(repr=False)
+    _chain_position_check: torch.Tensor = attrs.field(repr=False)
+    _status: torch.Tensor = attrs.field(repr=False)
+
+    # The public fields: each read is a new alias of the private view above.
+    records = FieldAlias("CanaryStore")
+    violations = FieldAlias("CanaryStore")
+    violation_count = FieldAlias("CanaryStore")
+    kernel_runs = FieldAlias("CanaryStore")
+    slots_processed = FieldAlias("CanaryStore")
+    chain_position_check = FieldAlias("CanaryStore")
+    status = FieldAlias("CanaryStore")
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.arena, Arena):
@@ -146,7 +155,7 @@ class CanaryStore:
             self.device,
             self.generation + 1,
         )
-        self.check()
+        self.check(views=True)
         new._copy_state_from(self)
         return new
 
@@ -175,7 +184,7 @@ class CanaryStore:
         )
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CanaryStore:
-        self.check()
+        self.check(views=True)
         new = CanaryStore._allocate(
             self.num_slots, self.violation_capacity, self.device, self.generation
         )
@@ -184,7 +193,7 @@ class CanaryStore:
         return new
 
     def __reduce__(self) -> Any:
-        self.check()
+        self.check(views=True)
         state = {name: getattr(self, name).cpu() for name in _FIELD_NAMES}
         return (
             _unpickle_store,
@@ -192,16 +201,19 @@ class CanaryStore:
         )
 
     # --- checks ---------------------------------------------------------------------
-    def check(self) -> None:
-        """Re-check that every field is still its view of the arena (address, dtype,
-        shape, contiguity), that the arena's storage is intact and that this store owns
-        its arena. Reads no data, never syncs; every launch and reference runs it first."""
+    def check(self, *, views: bool = False) -> None:
+        """Re-check that the arena is intact and this store owns it (as
+        :meth:`PlanBuffers.check`: the arena's type, its storage at its address with its
+        size, the owner). Reads no data, never syncs; every launch of the write and the
+        verify runs it first. ``views=True`` also re-checks the private views behind the
+        :class:`~kv_canary_buffers.arena.FieldAlias` fields (address, dtype, shape,
+        contiguity): the references, the kernels' first launch of a variant and every
+        method run that."""
         try:
             arena = self.arena
-            fields = _get_fields(self)
-        except AttributeError as err:
+        except AttributeError:
             raise AttributeError(
-                f"kv-canary: CanaryStore is missing a field ({err}); build a store with "
+                "kv-canary: CanaryStore is missing its arena; build a store with "
                 "CanaryStore.allocate"
             ) from None
         if type(arena) is not Arena:
@@ -209,25 +221,38 @@ class CanaryStore:
                 "kv-canary: CanaryStore.arena must be a kv_canary_buffers.arena.Arena, got "
                 f"{type(arena).__name__} (the object was tampered with)"
             )
-        if arena.first_bad_field(fields) is not None:
-            self._check_views(arena, fields)  # raises naming the field
+        storage = arena.storage
+        if storage.data_ptr() != arena.base or storage.nbytes() != arena.nbytes:
+            self._raise_bad_view("<arena>")
         owner = arena._owner
         if (owner[0]() if owner else None) is not self:  # arena.owner(), inline
             raise ValueError(
                 "kv-canary: this CanaryStore does not own its arena (its fields were rebound "
                 "to another store's memory); build a store with CanaryStore.allocate"
             )
+        if views:
+            try:
+                fields = _get_fields(self)
+            except AttributeError as err:
+                raise AttributeError(
+                    f"kv-canary: CanaryStore is missing a field ({err}); build a store with "
+                    "CanaryStore.allocate"
+                ) from None
+            self._check_views(arena, fields)
 
-    @staticmethod
-    def _check_views(arena: Arena, fields: tuple[object, ...]) -> None:
+    def _check_views(self, arena: Arena, fields: tuple[object, ...]) -> None:
         bad = arena.first_bad_field(fields)
         if bad is not None:
-            what = "its arena's storage" if bad == "<arena>" else f"CanaryStore.{bad}"
-            raise ValueError(
-                f"kv-canary: {what} is no longer the memory the store was built with "
-                "(a field was rebound, swapped with .data/set_(), or the storage resized); "
-                "use the store only through its own methods"
-            )
+            self._raise_bad_view(bad)
+
+    @staticmethod
+    def _raise_bad_view(bad: str) -> NoReturn:
+        what = "its arena's storage" if bad == "<arena>" else f"CanaryStore.{bad}"
+        raise ValueError(
+            f"kv-canary: {what} is no longer the memory the store was built with "
+            "(a field was rebound, swapped with .data/set_(), or the storage resized); "
+            "use the store only through its own methods"
+        )
 
     # --- device flags ---------------------------------------------------------------
     def enable_chain_position_check(self) -> None:
@@ -247,7 +272,7 @@ class CanaryStore:
         Synchronizes with the current stream: call it between steps on the stream the
         canary runs on (every N steps, say), never inside graph capture. Counters are
         cumulative and not cleared."""
-        self.check()
+        self.check(views=True)
         appended = int(self.violation_count.item())
         kept = max(0, min(appended, self.violation_capacity))
         rows = self.violations[:kept].tolist()
@@ -265,7 +290,7 @@ class CanaryStore:
     def take_status(self) -> CanaryStatus:
         """The sticky :class:`CanaryStatus` bits raised since the last call, then clears
         them. Synchronizes with the current stream."""
-        self.check()
+        self.check(views=True)
         flags = CanaryStatus(int(self.status.item()) & int(_ALL_STATUS))
         self.status.zero_()
         return flags

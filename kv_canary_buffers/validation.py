@@ -328,24 +328,14 @@ def check_store(store: object) -> CanaryStore:
     return store
 
 
-WRITE_PLAN_FIELDS = ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs")
-"""The plan's fields the write stage reads (and re-checks at every launch)."""
-VERIFY_PLAN_FIELDS = (
-    "verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
-    "verify_prev_slot_indices", "verify_num_valid", "verify_enable",
-)  # fmt: skip
-"""The plan's fields the verify stage reads (and re-checks at every launch)."""
-
-
-def check_plan_buffers(buffers: object, fields: tuple[str, ...]) -> PlanBuffers:
-    """Accept only the library's own :class:`PlanBuffers` (exact type), with the
-    ``fields`` a stage reads re-checked (plus the arena's storage and owner)."""
+def check_plan_buffers(buffers: object) -> PlanBuffers:
+    """Accept only the library's own :class:`PlanBuffers` (exact type), re-checked."""
     if type(buffers) is not PlanBuffers:
         raise TypeError(
             "kv-canary: plan_buffers must be a kv_canary_buffers.PlanBuffers (build one with "
             f"PlanBuffers.allocate), got {type(buffers).__name__}"
         )
-    buffers.check_fields(fields)
+    buffers.check()
     return buffers
 
 
@@ -415,9 +405,9 @@ def validate_write_args(
     st: CanaryStore = store  # type: ignore[assignment]
     st.check()
     if type(plan_buffers) is not PlanBuffers:
-        check_plan_buffers(plan_buffers, WRITE_PLAN_FIELDS)  # raises the TypeError
+        check_plan_buffers(plan_buffers)  # raises the TypeError
     bufs: PlanBuffers = plan_buffers  # type: ignore[assignment]
-    bufs.check_fields(WRITE_PLAN_FIELDS)
+    bufs.check()
     if st.arena.device != bufs.arena.device:
         _check_same_device(st, bufs)
     has_expected = expected_input_ids is not None
@@ -516,9 +506,9 @@ def validate_verify_args(
     st: CanaryStore = store  # type: ignore[assignment]
     st.check()
     if type(plan_buffers) is not PlanBuffers:
-        check_plan_buffers(plan_buffers, VERIFY_PLAN_FIELDS)  # raises the TypeError
+        check_plan_buffers(plan_buffers)  # raises the TypeError
     bufs: PlanBuffers = plan_buffers  # type: ignore[assignment]
-    bufs.check_fields(VERIFY_PLAN_FIELDS)
+    bufs.check()
     if st.arena.device != bufs.arena.device:
         _check_same_device(st, bufs)
     tag = (

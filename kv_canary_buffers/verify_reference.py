@@ -126,4 +126,6 @@ def verify_reference(
         check_expected_tokens=check_expected_tokens,
         real_kv=real_kv,
     )
+    store.check(views=True)  # torch reads and writes through the views themselves
+    plan_buffers.check(views=True)
     _verify(store, plan_buffers, args)

@@ -253,4 +253,6 @@ def write_reference(
         expected_positions=expected_positions,
         real_kv=real_kv,
     )
+    store.check(views=True)  # torch reads and writes through the views themselves
+    plan_buffers.check(views=True)
     _write(store, plan_buffers, args)

@@ -160,6 +160,17 @@ def stage_key(
     )
 
 
+def check_views(*objects: object) -> None:
+    """``check(views=True)`` of each :class:`PlanBuffers` and :class:`CanaryStore` in
+    ``objects`` (a ``torch.compile`` copy of one has no private views): what a launch runs
+    before it hands the objects' views to Triton as tensors, that is, when it is not
+    repeated from a :class:`FastPath` (the first launch of a variant, every launch under the
+    interpreter). A repeated launch passes the addresses that check proved."""
+    for obj in objects:
+        if type(obj) is PlanBuffers or type(obj) is CanaryStore:
+            obj.check(views=True)
+
+
 class FastPath(dict[Hashable, Any]):
     """A stage's launches ready to repeat, keyed by what fixes their arguments (the
     handles of the arenas and sources involved, never reused in a process, and the
@@ -275,29 +286,34 @@ class Launcher:
         device: torch.device,
         grid: tuple[int, int, int],
         key: Hashable,
-        head: tuple[Any, ...],
         head_addresses: tuple[int, ...] | None,
         tail: tuple[Any, ...],
-        build: Callable[[], tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]],
+        build: Callable[
+            [], tuple[tuple[Any, ...], tuple[Any, ...], dict[str, Any], dict[str, Any]]
+        ],
     ) -> None:
         """:meth:`launch` with the runtime arguments ``(*head, *fixed, *tail)``, where
-        ``fixed`` are tensors of ``owner`` (a ``PlanBuffers`` or ``CanaryStore``, or None
-        when there is no such object) that every launch of this variant for ``owner``
-        passes alike: after the first such launch they go as the addresses the caller's
-        validation re-proves at each call. ``head_addresses``, when given, are the
-        addresses of the tensors in ``head`` (read by the validation), which such a launch
-        passes in their place. ``build()`` returns ``(fixed, constexprs, options)``; it is
-        called only when the launch is not repeated from the cache, so that a repeated
-        launch spends nothing on the arguments it does not pass."""
-        fast_key = None if owner is None else (owner.arena.handle, key)  # type: ignore[attr-defined]
+        ``fixed`` are tensors of ``owner`` (a ``PlanBuffers``, or None when there is no
+        such object: a ``torch.compile`` copy) that every launch of this variant for
+        ``owner`` passes alike, and ``head`` the caller's input tensors, whose addresses
+        (read by the validation) are ``head_addresses``. After the first such launch for
+        ``owner`` the fixed tensors go as the addresses ``owner.check`` keeps proving, and
+        the head as ``head_addresses``. ``build()`` returns ``(head, fixed, constexprs,
+        options)``; it is called only when the launch is not repeated from the cache, after
+        ``owner.check(views=True)`` (its views are then handed to Triton as tensors), so
+        that a repeated launch spends nothing on the arguments it does not pass."""
+        fast_key = (
+            None if owner is None or head_addresses is None else (owner.arena.handle, key)  # type: ignore[attr-defined]
+        )
         if fast_key is not None:
             hit = self.fixed.get(fast_key)
             if hit is not None:
                 index, go, addrs = hit
                 if index == current_device():
-                    go(grid[0], stream_of(index), *(head_addresses or head), *addrs, *tail)
+                    go(grid[0], stream_of(index), *head_addresses, *addrs, *tail)  # type: ignore[misc]
                     return
-        fixed, constexprs, options = build()
+        check_views(owner)
+        head, fixed, constexprs, options = build()
         go = self.launch(device, grid, key, (*head, *fixed, *tail), constexprs, options)
         if go is not None and fast_key is not None:
             self.fixed.remember(fast_key, (device.index, go, addresses(fixed)))

@@ -12,6 +12,7 @@ from kv_canary_buffers.layout import (
     INT32_MAX,
     INT32_MIN,
     OFFSETS_BLOCK,
+    PLAN_FIELDS,
     ROW_HINT_STRIDE,
     SCAN_BLOCK,
 )
@@ -53,8 +54,8 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     cfg = dev.launch
     # The buffers' own fields go as addresses once a variant has launched for these
     # buffers (Launcher.launch_fixed); a torch.compile copy's fields (compiled._Fields) as
-    # tensors. What only a launch not repeated from that cache needs (the output tensors,
-    # the constexprs, Triton's options) is built in the `build` closures, which a
+    # tensors. What only a launch not repeated from that cache needs (the input and output
+    # tensors, the constexprs, Triton's options) is built in the `build` closures, which a
     # repeated launch never calls.
     owner = buffers if type(buffers) is PlanBuffers else None
     write_capacity, verify_capacity = buffers.write_req_capacity, buffers.verify_capacity
@@ -62,7 +63,6 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     table = args.req_to_token
     lut = args.full_to_swa_index_mapping
     pool = args.req_to_verify_expected_tokens
-    valid_lens: torch.Tensor | None = args.req_to_verify_expected_tokens_valid_lens
     has_lut = lut is not None
     has_pool = pool is not None
     pool_rows, pool_cols = pool.shape if pool is not None else (0, 0)
@@ -72,15 +72,6 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     # A compiled variant depends on the constexprs below, on each pointer's 16-byte
     # alignment (the buffers' fields are aligned by construction, the inputs are the
     # caller's) and on whether each runtime int fits in int32 (Triton types it so).
-    inputs = (
-        args.req_pool_indices,
-        args.prefix_lens,
-        args.extend_seq_lens,
-        table,
-        lut if lut is not None else buffers.dummy_int64,
-        pool if pool is not None else buffers.dummy_int32,
-        valid_lens if valid_lens is not None else buffers.dummy_int64,
-    )
     offset = args.kv_token_id_vs_position_offset
     ints = (
         bs,
@@ -113,7 +104,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         )
     else:
         head_addresses = None
-        aligned = alignment_key(inputs)
+        aligned = alignment_key(_inputs(buffers, args))
 
     if bs < SCAN_BLOCK:
         # program 0 writes the write plan, programs 1.. the verify entries
@@ -129,10 +120,10 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             device,
             (1 + entry_grid, 1, 1),
             (dev.variant, has_lut, has_pool, aligned, int_classes(ints), rows),
-            inputs,
             head_addresses,
             ints,
             lambda: (
+                _inputs(buffers, args),
                 _outputs(buffers),
                 {"HAS_LUT": has_lut, "HAS_POOL": has_pool, "ROWS": rows, "BLOCK": block},
                 {"num_warps": cfg.small_entry_warps, **dev.entries_options},
@@ -153,23 +144,23 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         # Enough for the entries, the seeds and the offsets' tail, whichever is largest.
         work = max(verify_capacity, bs, write_capacity - bs)
         workers = max(1, min(cdiv(work, block), dev.one_launch_programs))
-        chunk_sums = buffers.scan_chunk_sums
-        large_ints = (bs, n_scanners, chunk_sums.shape[1], *ints[1:])
+        chunk_cols = buffers.arena.fields[_CHUNK_SUMS].shape[1]
+        large_ints = (bs, n_scanners, chunk_cols, *ints[1:])
         _LARGE.launch_fixed(
             owner,
             device,
             (n_scanners + workers, 1, 1),
             (dev.variant, has_lut, has_pool, aligned, int_classes(large_ints)),
-            inputs,
             head_addresses,
             (next(buffers.arena.launches), *large_ints),
             lambda: (
+                _inputs(buffers, args),
                 (
                     *_outputs(buffers),
                     buffers.verify_offsets,
                     buffers.verify_row_hints,
                     buffers.launch_sync,
-                    chunk_sums,
+                    buffers.scan_chunk_sums,
                 ),
                 {
                     "HAS_LUT": has_lut,
@@ -187,14 +178,14 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         )
         return
 
-    _three_launches(buffers, owner, dev, inputs, head_addresses, aligned, has_lut, has_pool, ints)
+    _three_launches(buffers, owner, dev, args, head_addresses, aligned, has_lut, has_pool, ints)
 
 
 def _three_launches(
     buffers: PlanBuffers,
     owner: PlanBuffers | None,
     dev: DeviceConfig,
-    inputs: tuple[torch.Tensor, ...],
+    args: PlanArgs,
     head_addresses: tuple[int, ...] | None,
     aligned: bool | tuple[bool, ...],
     has_lut: bool,
@@ -206,36 +197,36 @@ def _three_launches(
     :func:`dispatch_plan`'s runtime ints, in its order."""
     device, cfg = buffers.device, dev.launch
     bs, write_capacity, verify_capacity, window = ints[:4]
-    sums = buffers.scan_block_sums
+    sums_cols = buffers.arena.fields[_BLOCK_SUMS].shape[1]
     rows_addresses = None if head_addresses is None else head_addresses[:3]
     n_sum_blocks = cdiv(bs, OFFSETS_BLOCK)
-    sums_ints = (bs, window, sums.shape[1], verify_capacity)
+    sums_ints = (bs, window, sums_cols, verify_capacity)
     _SUMS.launch_fixed(
         owner,
         device,
         (n_sum_blocks, 1, 1),
         (dev.variant, aligned, int_classes(sums_ints)),
-        inputs[:3],
         rows_addresses,
         sums_ints,
         lambda: (
-            (sums,),
+            _inputs(buffers, args)[:3],
+            (buffers.scan_block_sums,),
             {"BLOCK": OFFSETS_BLOCK, "USE_PDL": dev.use_pdl},
             {"num_warps": cfg.scan_warps},
         ),
     )
-    offsets_ints = (bs, n_sum_blocks, sums.shape[1], write_capacity, verify_capacity, window)
+    offsets_ints = (bs, n_sum_blocks, sums_cols, write_capacity, verify_capacity, window)
     _OFFSETS.launch_fixed(
         owner,
         device,
         (cdiv(bs + 1, OFFSETS_BLOCK), 1, 1),
         (dev.variant, aligned, int_classes(offsets_ints)),
-        inputs[:3],
         rows_addresses,
         offsets_ints,
         lambda: (
+            _inputs(buffers, args)[:3],
             (
-                sums,
+                buffers.scan_block_sums,
                 buffers.write_offsets,
                 buffers.write_num_valid_reqs,
                 buffers.verify_offsets,
@@ -264,10 +255,10 @@ def _three_launches(
         device,
         (seed_programs + entry_grid, 1, 1),
         (dev.variant, has_lut, has_pool, aligned, int_classes(entries_ints)),
-        inputs,
         head_addresses,
         entries_ints,
         lambda: (
+            _inputs(buffers, args),
             (
                 buffers.verify_offsets,
                 buffers.verify_row_hints,
@@ -292,6 +283,27 @@ def _three_launches(
         ),
     )
 
+
+def _inputs(buffers: PlanBuffers, args: PlanArgs) -> tuple[torch.Tensor, ...]:
+    """The plan kernels' seven input tensors, the buffers' dummies where an input is not
+    given (only a launch not repeated from the cache passes tensors)."""
+    lut = args.full_to_swa_index_mapping
+    pool = args.req_to_verify_expected_tokens
+    valid_lens = args.req_to_verify_expected_tokens_valid_lens
+    return (
+        args.req_pool_indices,
+        args.prefix_lens,
+        args.extend_seq_lens,
+        args.req_to_token,
+        buffers.dummy_int64 if lut is None else lut,
+        buffers.dummy_int32 if pool is None else pool,
+        buffers.dummy_int64 if valid_lens is None else valid_lens,
+    )
+
+
+_CHUNK_SUMS = [f.name for f in PLAN_FIELDS].index("scan_chunk_sums")
+_BLOCK_SUMS = [f.name for f in PLAN_FIELDS].index("scan_block_sums")
+"""Where the scan's sums lie in the layout (their column counts are launch arguments)."""
 
 _outputs = operator.attrgetter(
     "write_offsets",

@@ -41,7 +41,16 @@ from .constants import (
     VERIFY_SLOT_BAD,
     VERIFY_TOKEN_BIT,
 )
-from .launcher import FastPath, Launcher, addresses, cdiv, current_device, stage_key, stream_of
+from .launcher import (
+    FastPath,
+    Launcher,
+    addresses,
+    cdiv,
+    check_views,
+    current_device,
+    stage_key,
+    stream_of,
+)
 from .sources import source_args
 
 _RUNTIME_INTS = [
@@ -232,6 +241,7 @@ def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) 
             if index == current_device():
                 go(programs, stream_of(index), *before, args.launch_tag, *after)
                 return
+    check_views(store, buffers)  # their views go to Triton as tensors below
     device = store.device
     dev = device_config(device)
     block = dev.launch.verify_block

@@ -57,6 +57,7 @@ from .launcher import (
     Launcher,
     addresses,
     cdiv,
+    check_views,
     current_device,
     stage_key,
     stream_of,
@@ -614,6 +615,7 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
                     args.launch_tag, *tail,
                 )  # fmt: skip
                 return
+    check_views(store, buffers)  # their views go to Triton as tensors below
     # (validation: both expected tensors are given, or neither)
     exp_ids = args.input_ids if args.expected_input_ids is None else args.expected_input_ids
     exp_pos = args.positions if args.expected_positions is None else args.expected_positions

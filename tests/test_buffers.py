@@ -166,13 +166,53 @@ def test_evolve_rejects_a_non_tensor_and_shared_storage():
         attrs.evolve(b, verify_offsets=b.write_offsets)
 
 
-def test_tampered_field_is_caught_by_check_and_by_both_plan_paths():
+def test_a_field_cannot_be_assigned_or_deleted():
+    b = make(w=4)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        b.write_offsets = torch.zeros(5, dtype=torch.int64)  # type: ignore[misc]
+    for tamper in (
+        lambda: object.__setattr__(b, "write_offsets", torch.zeros(4, dtype=torch.int64)),
+        lambda: object.__delattr__(b, "status"),
+    ):
+        with pytest.raises(AttributeError, match=r"^kv-canary: PlanBuffers\.(write_off|stat)"):
+            tamper()
+    b.check(views=True)
+    assert b.write_offsets.shape == (5,)
+
+
+def test_each_read_of_a_field_is_a_new_alias_of_the_same_memory():
+    b = make(w=4)
+    first, second = b.write_offsets, b.write_offsets
+    assert first is not second and first.data_ptr() == second.data_ptr()
+    first.fill_(7)  # data written through an alias is written to the field
+    assert b.write_offsets.tolist() == [7] * 5
+
+
+def test_in_place_changes_to_a_read_field_leave_the_buffers_intact():
+    """What issue 10 refused at every launch cannot reach the buffers any more: an alias
+    resized, re-strided or re-pointed changes that alias only."""
+    b = make(w=4)
+    alias = b.write_offsets
+    alias.resize_(4)
+    other = b.verify_slot_indices
+    other.as_strided_((8,), (2,))
+    third = b.verify_num_valid
+    third.data = torch.zeros(3, dtype=torch.float32)
+    b.check(views=True)
+    assert b.write_offsets.shape == (5,) and b.verify_slot_indices.stride() == (1,)
+    assert b.verify_num_valid.dtype == torch.int32
+
+
+def test_a_private_view_tampered_with_is_caught_by_check_views_and_both_plan_paths():
+    """The private views are the library's own; a caller that reaches past the public
+    fields to them is still refused wherever they are used as tensors, with SGLang's
+    message for the offsets."""
     from kv_canary_kernels import launch_plan
 
     b = make(w=4)
-    object.__setattr__(b, "write_offsets", torch.zeros(4, dtype=torch.int64))
+    object.__setattr__(b, "_write_offsets", torch.zeros(4, dtype=torch.int64))
     with pytest.raises(ValueError) as err:
-        b.check()
+        b.check(views=True)
     assert str(err.value) == OFFSETS_MSG.format(4, 4)
     kwargs = dict(
         req_pool_indices=torch.zeros(1, dtype=torch.int64),
@@ -180,17 +220,15 @@ def test_tampered_field_is_caught_by_check_and_by_both_plan_paths():
         extend_seq_lens=torch.zeros(1, dtype=torch.int64),
         req_to_token=torch.zeros(2, 2, dtype=torch.int32),
     )
+    # (the kernels under the interpreter hand the views to Triton at every launch)
     for plan in (plan_reference, launch_plan):
         with pytest.raises(ValueError) as err:
             plan(b, **kwargs)
         assert str(err.value) == OFFSETS_MSG.format(4, 4)
-
-
-def test_tampered_in_place_resize_is_caught():
-    b = make(w=4)
-    b.write_offsets.resize_(4)
+    c = make(w=4)
+    c._write_offsets.resize_(4)
     with pytest.raises(ValueError, match="write_offsets_len must equal write_req_capacity"):
-        b.check()
+        c.check(views=True)
 
 
 def test_resize_returns_new_generation_and_leaves_old_untouched():
@@ -263,9 +301,10 @@ def test_the_buffers_package_never_imports_triton():
 
 def test_check_fields_checks_just_those_fields_and_the_arena():
     b = PlanBuffers.allocate(write_req_capacity=4, verify_capacity=8, device="cpu")
-    object.__setattr__(b, "verify_slot_indices", b.verify_slot_indices.clone())
+    object.__setattr__(b, "_verify_slot_indices", b.verify_slot_indices.clone())
     b.check_fields(("write_offsets", "write_seed_slot_indices"))  # untouched fields: fine
+    b.check()  # the arena alone: intact
     with pytest.raises(ValueError, match=r"PlanBuffers\.verify_slot_indices is not the memory"):
         b.check_fields(("verify_slot_indices",))
     with pytest.raises(ValueError, match=r"PlanBuffers\.verify_slot_indices is not the memory"):
-        b.check()
+        b.check(views=True)

@@ -343,14 +343,15 @@ def test_plan_buffers_on_another_device(canary, setup, stage):
 
 @pytest.mark.parametrize("stage", ["write", "verify"])
 def test_tampered_plan_buffers_are_refused(canary, setup, stage):
-    # Each stage re-checks the plan fields it reads (and the arena and its owner).
+    # The plan's private views reached past its public fields: refused wherever they are
+    # used as tensors (the references; the kernels' launches under the interpreter).
     store, plan, kv = setup
     if stage == "write":
-        object.__setattr__(plan, "write_offsets", plan.write_offsets[:-1].clone())
+        object.__setattr__(plan, "_write_offsets", plan.write_offsets[:-1].clone())
         call = lambda: canary.write(store, plan, **write_kwargs(kv))  # noqa: E731
         match = "write_offsets_len must equal write_req_capacity \\+ 1"
     else:
-        object.__setattr__(plan, "verify_slot_indices", plan.verify_slot_indices.clone())
+        object.__setattr__(plan, "_verify_slot_indices", plan.verify_slot_indices.clone())
         call = lambda: canary.verify(store, plan)  # noqa: E731
         match = "PlanBuffers.verify_slot_indices is not the memory it was built with"
     run_refused(call, store, plan, ValueError, match)

@@ -280,12 +280,12 @@ def test_a_repeated_plan_launch_passes_the_first_launchs_arguments(
     }
     buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=64, device=DEVICE)
 
-    def spied_launch_fixed(self, owner, device, grid, key, head, head_addresses, tail, build):
+    def spied_launch_fixed(self, owner, device, grid, key, head_addresses, tail, build):
         def counted_build():
             builds.append(self.fn.__name__)
             return build()
 
-        real_launch_fixed(self, owner, device, grid, key, head, head_addresses, tail, counted_build)
+        real_launch_fixed(self, owner, device, grid, key, head_addresses, tail, counted_build)
 
     monkeypatch.setattr(launcher.Launcher, "launch", full_launch)  # nothing runs
     monkeypatch.setattr(launcher.Launcher, "launch_fixed", spied_launch_fixed)

@@ -184,18 +184,25 @@ def test_the_fast_path_skips_the_launcher_once_cached(monkeypatch):
     assert plan_module._SMALL.fixed and verify_module._FAST and write_module._FAST
 
 
-def test_a_store_tampered_with_after_caching_is_refused_with_nothing_written():
+def test_after_caching_a_read_field_changed_in_place_is_harmless_and_a_freed_arena_refused():
+    """A cached launch passes the addresses the store's check proves: a tensor read from a
+    field and re-pointed (``.data =``) changes that alias only, so the launch still writes
+    the store's own memory; the store's storage freed through an alias is refused."""
     store = CanaryStore.allocate(num_slots=256, violation_capacity=64, device=DEV)
     plan = PlanBuffers.allocate(write_req_capacity=4, verify_capacity=64, device=DEV)
     for _ in range(2):
         launch_verify(store, plan)
     torch.cuda.synchronize()
     runs = int(store.kernel_runs[0])
-    store.records.data = torch.zeros_like(store.records)
-    with pytest.raises(ValueError, match=r"kv-canary: CanaryStore\.records"):
-        launch_verify(store, plan)
+    alias = store.records
+    alias.data = torch.zeros(1, dtype=torch.int64, device=DEV)
+    launch_verify(store, plan)
     torch.cuda.synchronize()
-    assert int(store.kernel_runs[0]) == runs
+    assert int(store.kernel_runs[0]) == runs + 1
+    assert store.records.shape == (256, 4)
+    store.records.untyped_storage().resize_(0)
+    with pytest.raises(ValueError, match=r"kv-canary: its arena's storage is no longer"):
+        launch_verify(store, plan)
 
 
 def test_two_stores_and_a_config_change_each_launch_their_own():

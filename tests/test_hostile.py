@@ -52,40 +52,56 @@ def refused(fn, exc, match):
 
 
 # --- tampering with the buffers after construction ---------------------------------
-def share_field(b):
-    object.__setattr__(b, "verify_offsets", b.write_offsets)
+# The public fields are FieldAlias reads: each read is a new alias of a private view, and
+# assigning or deleting one is refused. So a tensor a caller holds can be changed in place
+# without reaching the buffers; what is shared is the arena's storage and the object's
+# own attributes (its arena; its private views, for a caller that reaches past the public
+# fields), and those are re-checked.
+def private(name):
+    return lambda b: getattr(b, "_" + name)
 
 
-def set_to_other_field(b):
-    b.verify_offsets.set_(b.write_offsets)
+def in_place_tamperings(field):
+    """Each in-place change of a field's tensor, ``field(b)`` giving the tensor."""
+    return {
+        "set_ to another field": lambda b: field("verify_offsets")(b).set_(
+            field("write_offsets")(b)
+        ),
+        ".data = another field": lambda b: setattr(
+            field("verify_offsets")(b), "data", field("write_offsets")(b)
+        ),
+        ".data = a view of another dtype": lambda b: setattr(
+            field("verify_num_valid")(b), "data", b.verify_num_valid.view(torch.float32)
+        ),
+        "as_strided_ in place": lambda b: field("verify_slot_indices")(b).as_strided_((8,), (2,)),
+        # same shape, reaching into the next field
+        "as_strided_ to the same shape with stride 2": lambda b: field("verify_slot_indices")(
+            b
+        ).as_strided_((16,), (2,)),
+        "t_ in place": lambda b: field("scan_block_sums")(b).t_(),
+        "resize_ smaller in place": lambda b: field("write_offsets")(b).resize_(4),
+    }
 
 
-def data_swap(b):
-    b.verify_offsets.data = b.write_offsets
+PUBLIC_IN_PLACE = in_place_tamperings(lambda name: lambda b: getattr(b, name))
+"""In place on a read field: changes that alias only."""
 
-
-def data_swap_dtype(b):
-    b.verify_num_valid.data = b.verify_num_valid.view(torch.float32)
-
-
-def fresh_tensor(b):
-    object.__setattr__(b, "verify_slot_indices", torch.zeros(16, dtype=I64, device=DEVICE))
-
-
-def strided_in_place(b):
-    b.verify_slot_indices.as_strided_((8,), (2,))
-
-
-def restrided_same_shape(b):
-    b.verify_slot_indices.as_strided_((16,), (2,))  # same shape, reaching into the next field
-
-
-def transposed_in_place(b):
-    b.scan_block_sums.t_()
-
-
-def shrunk_in_place(b):
-    b.write_offsets.resize_(4)
+PRIVATE_IN_PLACE = in_place_tamperings(private)
+PRIVATE_MESSAGES = {
+    "set_ to another field": (ValueError, "PlanBuffers.verify_offsets is not the memory"),
+    ".data = another field": (ValueError, "PlanBuffers.verify_offsets is not the memory"),
+    ".data = a view of another dtype": (
+        ValueError,
+        "PlanBuffers.verify_num_valid must have dtype torch.int32",
+    ),
+    "as_strided_ in place": (ValueError, "PlanBuffers.verify_slot_indices must have shape"),
+    "as_strided_ to the same shape with stride 2": (
+        ValueError,
+        "PlanBuffers.verify_slot_indices must be contiguous",
+    ),
+    "t_ in place": (ValueError, "PlanBuffers.scan_block_sums must have shape"),
+    "resize_ smaller in place": (ValueError, OFFSETS_MSG.format(4, 4).replace("+", r"\+")),
+}
 
 
 def grown_in_place(b):
@@ -94,10 +110,6 @@ def grown_in_place(b):
 
 def storage_freed(b):
     b.write_seed_slot_indices.untyped_storage().resize_(0)
-
-
-def deleted_field(b):
-    object.__delattr__(b, "status")
 
 
 def arena_rebound_to_junk(b):
@@ -117,55 +129,10 @@ def everything_rebound_to_another(b):
         object.__setattr__(b, f.name, getattr(other, f.name))
 
 
-def field_not_a_tensor(b):
-    object.__setattr__(b, "verify_enable", [1])
-
-
 TAMPER_KEEPALIVE: list = []
 
 TAMPERING = {
-    # name: (tamper, exception, message)
-    "two fields share memory (object.__setattr__)": (
-        share_field,
-        ValueError,
-        "PlanBuffers.verify_offsets is not the memory it was built with",
-    ),
-    "set_ to another field": (
-        set_to_other_field,
-        ValueError,
-        "PlanBuffers.verify_offsets is not the memory",
-    ),
-    ".data = another field": (
-        data_swap,
-        ValueError,
-        "PlanBuffers.verify_offsets is not the memory",
-    ),
-    ".data = a view of another dtype": (
-        data_swap_dtype,
-        ValueError,
-        "PlanBuffers.verify_num_valid must have dtype torch.int32",
-    ),
-    "a fresh tensor of the right shape": (
-        fresh_tensor,
-        ValueError,
-        "PlanBuffers.verify_slot_indices is not the memory",
-    ),
-    "as_strided_ in place": (
-        strided_in_place,
-        ValueError,
-        "PlanBuffers.verify_slot_indices must have shape",
-    ),
-    "as_strided_ to the same shape with stride 2": (
-        restrided_same_shape,
-        ValueError,
-        "PlanBuffers.verify_slot_indices must be contiguous",
-    ),
-    "t_ in place": (transposed_in_place, ValueError, "PlanBuffers.scan_block_sums must have shape"),
-    "resize_ smaller in place": (
-        shrunk_in_place,
-        ValueError,
-        OFFSETS_MSG.format(4, 4).replace("+", r"\+"),
-    ),
+    # name: (tamper, exception, message): refused by check() at every launch
     "resize_ larger in place (moves the storage)": (
         grown_in_place,
         ValueError,
@@ -176,7 +143,6 @@ TAMPERING = {
         ValueError,
         "arena's storage was resized or replaced",
     ),
-    "field deleted": (deleted_field, AttributeError, "PlanBuffers is missing a field"),
     "arena rebound to junk": (
         arena_rebound_to_junk,
         TypeError,
@@ -185,15 +151,36 @@ TAMPERING = {
     "arena rebound to another buffers' arena": (
         arena_rebound_to_another,
         ValueError,
-        "PlanBuffers.write_offsets is not the memory",
+        "does not own its arena",
     ),
     "every field rebound to another buffers": (
         everything_rebound_to_another,
         ValueError,
         "does not own its arena",
     ),
-    "a field that is not a tensor": (
-        field_not_a_tensor,
+    **{
+        f"private view: {name}": (PRIVATE_IN_PLACE[name], *PRIVATE_MESSAGES[name])
+        for name in PRIVATE_IN_PLACE
+    },
+    "private view: two fields share memory (object.__setattr__)": (
+        lambda b: object.__setattr__(b, "_verify_offsets", b._write_offsets),
+        ValueError,
+        "PlanBuffers.verify_offsets is not the memory it was built with",
+    ),
+    "private view: a fresh tensor of the right shape": (
+        lambda b: object.__setattr__(
+            b, "_verify_slot_indices", torch.zeros(16, dtype=I64, device=DEVICE)
+        ),
+        ValueError,
+        "PlanBuffers.verify_slot_indices is not the memory",
+    ),
+    "private view: deleted": (
+        lambda b: object.__delattr__(b, "_status"),
+        AttributeError,
+        "PlanBuffers is missing a field",
+    ),
+    "private view: not a tensor": (
+        lambda b: object.__setattr__(b, "_verify_enable", [1]),
         TypeError,
         "PlanBuffers.verify_enable must be a torch.Tensor, got list",
     ),
@@ -209,7 +196,10 @@ def test_tampered_buffers_raise_a_kv_canary_error_and_stay_unwritten(plan, case)
     tamper(b)
     moved = arena.storage.data_ptr() != arena.base or arena.storage.nbytes() != arena.nbytes
     kept = None if moved else arena.byte_view().clone()
-    refused(b.check, exc, match)
+    refused(lambda: b.check(views=True), exc, match)
+    if not case.startswith("private view"):  # the arena itself: the cheap check refuses
+        refused(b.check, exc, match)
+    # (a launch under the interpreter hands the private views to Triton: re-checked)
     refused(lambda: plan(b, **kwargs()), exc, match)
     for method in (
         b.take_status,
@@ -223,6 +213,53 @@ def test_tampered_buffers_raise_a_kv_canary_error_and_stay_unwritten(plan, case)
         assert torch.equal(kept, before)
         assert torch.equal(arena.byte_view(), before), "a refused call wrote the arena"
     TAMPER_KEEPALIVE.clear()
+
+
+REFUSED_AT_ONCE = {
+    "two fields share memory (object.__setattr__)": (
+        lambda b: object.__setattr__(b, "verify_offsets", b.write_offsets),
+        "PlanBuffers.verify_offsets cannot be assigned",
+    ),
+    "a fresh tensor of the right shape": (
+        lambda b: object.__setattr__(
+            b, "verify_slot_indices", torch.zeros(16, dtype=I64, device=DEVICE)
+        ),
+        "PlanBuffers.verify_slot_indices cannot be assigned",
+    ),
+    "a field that is not a tensor": (
+        lambda b: object.__setattr__(b, "verify_enable", [1]),
+        "PlanBuffers.verify_enable cannot be assigned",
+    ),
+    "field deleted": (
+        lambda b: object.__delattr__(b, "status"),
+        "PlanBuffers.status cannot be deleted",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_AT_ONCE))
+def test_rebinding_or_deleting_a_field_is_refused_at_once(plan, case):
+    tamper, match = REFUSED_AT_ONCE[case]
+    b = make()
+    before = arena_snapshot(b)
+    refused(lambda: tamper(b), AttributeError, match)
+    assert_arena_unchanged(b, before)
+    b.check(views=True)
+    plan(b, **kwargs())
+    assert int(b.verify_num_valid) == 9
+
+
+@pytest.mark.parametrize("case", sorted(PUBLIC_IN_PLACE))
+def test_a_read_field_changed_in_place_leaves_the_buffers_intact(plan, case):
+    """What issue 10 refused at every launch cannot reach the buffers: the change stays
+    in the alias the caller holds, and a plan on the buffers equals one on fresh buffers."""
+    b, fresh = make(), make()
+    PUBLIC_IN_PLACE[case](b)
+    b.check(views=True)
+    plan(b, **kwargs())
+    plan(fresh, **kwargs())
+    assert torch.equal(arena_bytes(b), arena_bytes(fresh))
+    assert int(b.verify_num_valid) == 9
 
 
 def test_capacities_device_and_generation_cannot_be_rebound_to_break_a_launch(plan):
@@ -335,7 +372,7 @@ def test_shallow_copy_and_evolve_are_refused_as_second_owners():
     refused(
         lambda: PlanBuffers(
             arena=b.arena,
-            **{f.name: getattr(b, f.name) for f in attrs.fields(PlanBuffers) if f.name != "arena"},
+            **{f.alias: getattr(b, f.name) for f in attrs.fields(PlanBuffers) if f.name != "arena"},
         ),
         ValueError,
         "already belongs",

@@ -181,7 +181,7 @@ def test_chain_position_check_flips_in_place():
     flag = store.chain_position_check
     ptr = flag.data_ptr()
     store.enable_chain_position_check()
-    assert store.chain_position_check is flag and flag.data_ptr() == ptr
+    assert store.chain_position_check.data_ptr() == ptr
     assert flag.tolist() == [1]
     store.enable_chain_position_check()
     assert flag.tolist() == [1]
@@ -237,33 +237,36 @@ def test_take_violations_with_dropped_rows():
 
 
 # --- tampering ----------------------------------------------------------------------------
+# The public fields are FieldAlias reads (a new alias of a private view at each read,
+# assignment and deletion refused): the tamperings below reach past them to the private
+# views, or resize the shared storage, and are refused wherever the store is used.
 def _swap_attr(store):
-    object.__setattr__(store, "records", torch.zeros_like(store.records))
+    object.__setattr__(store, "_records", torch.zeros_like(store.records))
     return "records"
 
 
 def _swap_data(store):
-    store.violations.data = torch.zeros_like(store.violations)
+    store._violations.data = torch.zeros_like(store.violations)
     return "violations"
 
 
 def _swap_set(store):
-    store.kernel_runs.set_(torch.zeros(1, dtype=I64, device=DEVICE))
+    store._kernel_runs.set_(torch.zeros(1, dtype=I64, device=DEVICE))
     return "kernel_runs"
 
 
 def _swap_dtype(store):
-    object.__setattr__(store, "status", store.status.view(torch.float32))
+    object.__setattr__(store, "_status", store.status.view(torch.float32))
     return "status"
 
 
 def _swap_shape(store):
-    object.__setattr__(store, "violations", store.violations[:1])
+    object.__setattr__(store, "_violations", store.violations[:1])
     return "violations"
 
 
 def _swap_not_tensor(store):
-    object.__setattr__(store, "chain_position_check", [0])
+    object.__setattr__(store, "_chain_position_check", [0])
     return "chain_position_check"
 
 
@@ -273,7 +276,7 @@ def _resize_storage(store):
 
 
 def _delete(store):
-    object.__delattr__(store, "slots_processed")
+    object.__delattr__(store, "_slots_processed")
     return "missing a field"
 
 
@@ -302,7 +305,7 @@ CALLS = {
     "launch_write": lambda s, p: _write(launch_write, s, p),
     "verify_reference": lambda s, p: _verify(verify_reference, s, p),
     "launch_verify": lambda s, p: _verify(launch_verify, s, p),
-    "check": lambda s, p: s.check(),
+    "check": lambda s, p: s.check(views=True),
     "take_violations": lambda s, p: s.take_violations(),
     "take_status": lambda s, p: s.take_status(),
     "resize": lambda s, p: s.resize(num_slots=9),
@@ -347,6 +350,37 @@ def test_tampered_store_is_refused_and_nothing_is_written(tamper, call):
     assert torch.equal(arena, arena_before), "the arena was written"
     for name, (t, old) in swapped.items():
         assert torch.equal(t, old), f"{name} (as tampered) was written"
+
+
+@pytest.mark.parametrize("name", STORE_FIELDS)
+def test_a_store_field_cannot_be_assigned_or_deleted(name):
+    store = CanaryStore.allocate(num_slots=4, violation_capacity=2, device=DEVICE)
+    prefix = rf"^kv-canary: CanaryStore\.{name} cannot be"
+    with pytest.raises(AttributeError, match=prefix + " assigned"):
+        object.__setattr__(store, name, torch.zeros(1))
+    with pytest.raises(AttributeError, match=prefix + " deleted"):
+        object.__delattr__(store, name)
+    store.check(views=True)
+
+
+def test_a_read_store_field_changed_in_place_leaves_the_store_intact():
+    """``.data =``, ``set_`` and shape changes of a tensor read from a field change that
+    alias only; a write and a verify on the store then equal those on a fresh store."""
+    store, fresh = (
+        CanaryStore.allocate(num_slots=4, violation_capacity=2, device=DEVICE) for _ in range(2)
+    )
+    records = store.records
+    records.data = torch.zeros(1, dtype=I64, device=DEVICE)
+    store.violations.set_(torch.zeros(3, dtype=I64, device=DEVICE))
+    store.status.as_strided_((1, 1), (1, 1))
+    assert store.records.shape == (4, 4) and store.violations.shape == (2, 8)
+    store.check(views=True)
+    plan = new_plan()
+    set_write_plan(plan, [0, 2], [-1])
+    for s in (store, fresh):
+        _write(write_reference, s, plan)
+    assert torch.equal(store.records, fresh.records)
+    assert int(store.kernel_runs) == int(fresh.kernel_runs) == 1
 
 
 # --- copies and pickling ------------------------------------------------------------------
@@ -509,13 +543,13 @@ def test_a_store_rebound_onto_another_stores_arena_is_refused():
     b = CanaryStore.allocate(num_slots=8, violation_capacity=2, device="cpu")
     for name in (
         "arena",
-        "records",
-        "violations",
-        "violation_count",
-        "kernel_runs",
-        "slots_processed",
-        "chain_position_check",
-        "status",
+        "_records",
+        "_violations",
+        "_violation_count",
+        "_kernel_runs",
+        "_slots_processed",
+        "_chain_position_check",
+        "_status",
     ):
         object.__setattr__(b, name, getattr(a, name))
     with pytest.raises(ValueError, match="kv-canary: this CanaryStore does not own its arena"):
