@@ -2,7 +2,7 @@
 minutes beside two fixed reference workloads and the machine's own counters (H200; needs
 CUDA).
 
-    PYTHONPATH=. python benchmarks/probe_host_stretches.py [--seconds 150] [--pin CPU]
+    PYTHONPATH=. python benchmarks/probe_host_stretches.py [--seconds 150] [--rows 64] [--pin CPU]
 
 Every ``--every`` seconds one sample times, interleaved, on the benchmark's plan case (64
 rows, SWA on, the token pool given):
@@ -24,7 +24,9 @@ it), and the load average. Each sample is a CSV row on stdout; a summary at the 
 splits the samples at the median ``python`` time and compares the halves, with the floor of
 any launcher making the same checks: ``reads_floor`` plus ``c_launch``. A slowdown that
 hits the reference loops as much as ``launch_plan`` is the host's, not the launcher's.
-``--pin CPU`` pins the process to one CPU first.
+``--rows`` sets the batch (the eager one-launch path from ``SCAN_BLOCK`` rows, whose numbered
+launches cannot be replayed: no ``c_launch`` there); ``--pin CPU`` pins the process to one
+CPU first.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kv_canary_kernels.plan as plan_module
 from kv_canary_buffers import PlanBuffers
 from kv_canary_buffers.buffers import STAGING_LINK_ATTR
-from kv_canary_buffers.layout import PLAN_FIELDS
+from kv_canary_buffers.layout import PLAN_FIELDS, SCAN_BLOCK
 from kv_canary_buffers.validation import validate_plan_args
 from kv_canary_kernels import launch_plan
 from kv_canary_kernels.plan import dispatch_plan
@@ -115,6 +117,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=150.0)
     parser.add_argument("--every", type=float, default=0.5)
+    parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--pin", type=int, default=None)
     opts = parser.parse_args()
     if not torch.cuda.is_available():
@@ -122,9 +125,10 @@ def main() -> int:
         return 1
     if opts.pin is not None:
         os.sched_setaffinity(0, {opts.pin})
-    kw = make_batch(64, window=128, pool=True, device="cuda", seed=64)
+    rows = opts.rows
+    kw = make_batch(rows, window=128, pool=True, device="cuda", seed=rows)
     bufs = PlanBuffers.allocate(
-        write_req_capacity=64, verify_capacity=verify_entries(kw), device="cuda"
+        write_req_capacity=rows, verify_capacity=verify_entries(kw), device="cuda"
     )
     args = validate_plan_args(bufs, **kw)
     t = bufs.verify_slot_indices
@@ -135,13 +139,14 @@ def main() -> int:
             t.dtype  # noqa: B018
             t.shape  # noqa: B018
 
-    launch = launch_plan_replay(bufs, kw)
+    replayable = rows < SCAN_BLOCK
     floor = reads_floor(bufs, kw)
     batched = {
         "launch_plan_us": lambda: launch_plan(bufs, **kw),
         "dispatch_us": lambda: dispatch_plan(bufs, args),
-        "c_launch_us": launch,
     }
+    if replayable:
+        batched["c_launch_us"] = launch_plan_replay(bufs, kw)
     unbatched = {
         "validate_us": lambda: validate_plan_args(bufs, **kw),
         "check_us": bufs.check,
@@ -204,7 +209,7 @@ def main() -> int:
     print("# half, samples, " + ", ".join(summary) + ", floor_us (reads floor + C launch)")
     for label, half in halves.items():
         medians = {n: statistics.median(r[n] for r in half) for n in summary}
-        floor_us = medians["reads_floor_us"] + medians["c_launch_us"]
+        floor_us = medians["reads_floor_us"] + medians.get("c_launch_us", math.nan)
         cells = ", ".join(f"{n} {medians[n]:.2f}" for n in summary)
         print(f"# {label}, {len(half)}, {cells}, floor_us {floor_us:.2f}")
     ratios = [r["launch_plan_us"] / r["python_ms"] for r in rows]
