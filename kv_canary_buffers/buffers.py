@@ -51,10 +51,11 @@ class PlanBuffers:
     construction.
 
     Build it with :meth:`allocate`; grow it with :meth:`resize` or :meth:`ensure_capacity`.
-    Fields cannot be rebound, the capacities and the device are read from the arena (so
-    they cannot be rebound either), and :meth:`check` (run by both plan paths at every
-    launch) proves that every field is still the view it was built as. With
-    ``Cw = write_req_capacity`` and ``Cv = verify_capacity`` (the table is
+    Each field is a :class:`~kv_canary_buffers.arena.FieldAlias`: a read returns a new
+    alias of the buffers' own view (assignment and deletion refused), so nothing done to a
+    tensor a caller holds reaches the buffers; the capacities and the device are read from
+    the arena, and :meth:`check` (run at every launch) proves the arena intact and owned.
+    With ``Cw = write_req_capacity`` and ``Cv = verify_capacity`` (the table is
     :data:`~kv_canary_buffers.layout.PLAN_FIELDS`, rendered at import):
 
     {fields}

@@ -38,7 +38,9 @@ class CanaryStore:
     """Every tensor of one record store, views into one arena, zeroed at allocation.
 
     Build it with :meth:`allocate`; grow it with :meth:`resize` / :meth:`ensure_capacity`.
-    With ``N = num_slots`` and ``V = violation_capacity`` (the table is
+    Each field is a :class:`~kv_canary_buffers.arena.FieldAlias` (a new alias of the
+    store's own view at each read; assignment and deletion refused). With
+    ``N = num_slots`` and ``V = violation_capacity`` (the table is
     :data:`~kv_canary_buffers.layout.STORE_FIELDS`, rendered at import):
 
     {fields}
