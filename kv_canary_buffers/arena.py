@@ -1,12 +1,14 @@
 """One device allocation per buffers object, every field a fixed view into it.
 
-A buffers object (:class:`~kv_canary_buffers.CanaryStore`) allocates a single zeroed
-``uint8`` tensor (the arena) and carves each field out of it at an offset fixed by its
-layout table. Two fields cannot overlap by construction, and a cheap launch-time check can
-prove that every field is still the view it was built as: its data pointer at its offset,
-its dtype, shape and contiguity, and the arena's storage still at its address with its
-size. That catches a field rebound with ``object.__setattr__``, swapped with ``.data =``
-or ``set_()``, and a storage shrunk with ``untyped_storage().resize_()``.
+A buffers object (:class:`~kv_canary_buffers.PlanBuffers`,
+:class:`~kv_canary_buffers.CanaryStore`) allocates a single zeroed ``uint8`` tensor (the
+arena) and carves each field out of it at an offset fixed by its layout table, kept as a
+private view; the public field is a :class:`FieldAlias`, a new alias of that view at each
+read. Two fields cannot overlap by construction. The launch-time check proves the arena
+in place (its storage at its address with its size, the object's first view at the
+arena's construction-time address); :meth:`Arena.first_bad_field` proves each private
+view still the view it was built as (data pointer at its offset, dtype, shape,
+contiguity), for the paths that hand the views out as tensors.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, overload
 
 import attrs
@@ -83,8 +86,12 @@ class Arena:
     more than one element), computed once (one tuple a field unpacks faster in the hot
     loop than five transposed ones)."""
     _names: tuple[str, ...] = attrs.field(init=False, repr=False)
-    address: dict[str, int] = attrs.field(init=False, repr=False)
-    """Each field's data pointer (the arena's base plus the field's offset)."""
+    address: Mapping[str, int] = attrs.field(init=False, repr=False)
+    """Each field's data pointer (the arena's base plus the field's offset), read-only."""
+    _key: tuple[int, int] = attrs.field(init=False, repr=False)
+    """``(handle, base)`` as they were at construction: what the launchers' caches are
+    keyed by (``kv_canary_kernels.launcher``), out of reach of a rebound ``handle`` or
+    ``base``."""
     _subsets: dict[tuple[str, ...], Any] = attrs.field(init=False, repr=False, factory=dict)
     launches: Iterator[int] = attrs.field(
         init=False, repr=False, factory=lambda: itertools.count(1)
@@ -107,8 +114,13 @@ class Arena:
             ),
         )
         object.__setattr__(self, "_names", tuple(f.name for f in self.fields))
-        object.__setattr__(self, "address", {f.name: self.base + f.offset for f in self.fields})
+        object.__setattr__(
+            self,
+            "address",
+            MappingProxyType({f.name: self.base + f.offset for f in self.fields}),
+        )
         object.__setattr__(self, "handle", next_handle())
+        object.__setattr__(self, "_key", (self.handle, self.base))
         register_arena(self)
 
     @classmethod
@@ -165,8 +177,8 @@ class Arena:
         each tensor's own strides, so a same-shaped view whose strides were rewritten in
         place (``as_strided_``) would scatter their writes over other fields.
 
-        With ``names``, ``tensors`` are those fields only, in that order (a stage that
-        reads a few fields re-checks just them)."""
+        With ``names``, ``tensors`` are those fields only, in that order
+        (``PlanBuffers.check_fields``)."""
         if names is None:
             expected, field_names = self._expected, self._names
         else:
@@ -238,7 +250,14 @@ class FieldAlias:
         if obj is None:
             return self
         view: torch.Tensor = getattr(obj, self.private)  # (dynamo traces getattr)
-        return view.detach()
+        try:
+            return view.detach()
+        except AttributeError:  # (an AttributeError, so that getattr's default applies)
+            raise AttributeError(
+                f"kv-canary: {self.kind}.{self.name} must be a torch.Tensor view, got "
+                f"{type(view).__name__} (its private view was replaced: the object was "
+                f"tampered with); build a new {self.kind} with allocate()"
+            ) from None
 
     def __set__(self, obj: object, value: object) -> None:
         raise AttributeError(

@@ -289,17 +289,19 @@ class PlanBuffers:
         """Re-check that the arena is intact and this object owns it: the arena is an
         :class:`~kv_canary_buffers.arena.Arena`, its storage is still at its allocation
         address with its size (a storage resized or freed through any alias of a field),
-        and this object is the one that claimed it (not an arena rebound from other
-        buffers). Reads no data and never syncs; both plan paths, the write and the verify
-        run it at every launch.
+        this object is the one that claimed it, and the first private view still starts at
+        the address the arena had at construction (so neither a rebound ``arena`` nor a
+        rebound ``Arena.base``, ``nbytes`` or ``storage`` passes). Reads no data and never
+        syncs; both plan paths, the write and the verify run it at every launch.
 
         That is all a launch needs: the public fields are :class:`FieldAlias` reads (a new
         alias of a private view at each read, assignment refused), so nothing done to a
         tensor a caller holds changes the memory the launches address. ``views=True`` also
-        re-checks the private views themselves (data pointer at the field's offset, dtype,
-        shape, contiguity), for the paths that hand them to torch or to Triton as tensors:
-        the torch references, the kernels' first launch of a variant and the interpreter,
-        and every method below."""
+        re-checks every private view (data pointer at the field's offset, dtype, shape,
+        contiguity), for the paths that hand them to torch or to Triton as tensors: the
+        torch references, a launch not repeated from the launchers' cache (the first of a
+        variant, every launch under the interpreter), and the methods that read, write or
+        copy through them."""
         try:
             arena = self.arena
         except AttributeError:
@@ -312,14 +314,26 @@ class PlanBuffers:
                 "kv-canary: PlanBuffers.arena must be a kv_canary_buffers.arena.Arena, got "
                 f"{type(arena).__name__} (the object was tampered with)"
             )
+        try:
+            witness = self._write_offsets.data_ptr()
+        except (AttributeError, TypeError, RuntimeError):
+            self._check_views()  # raises, naming the field
+            raise
         storage = arena.storage
         if storage.data_ptr() != arena.base or storage.nbytes() != arena.nbytes:
             self._raise_bad_field("<arena>")
         owner = arena._owner
         if (owner[0]() if owner else None) is not self:  # arena.owner(), inline
             raise ValueError(
-                "kv-canary: this PlanBuffers does not own its arena (its fields were rebound "
-                "to another PlanBuffers' memory); build buffers with PlanBuffers.allocate"
+                "kv-canary: this PlanBuffers does not own its arena (its arena was rebound to "
+                "another PlanBuffers' arena); build buffers with PlanBuffers.allocate"
+            )
+        if witness != arena._key[1]:
+            self._check_views()  # a tampered first view: its own message (SGLang's, say)
+            raise ValueError(
+                "kv-canary: PlanBuffers.arena is not the memory its fields were built on (the "
+                "arena or its attributes were rebound, or its storage moved); build buffers "
+                "with PlanBuffers.allocate and change them only through resize()"
             )
         if views:
             self._check(_FIELD_NAMES, _get_fields)
@@ -390,10 +404,10 @@ class PlanBuffers:
                 f"kv-canary: PlanBuffers.{name} must be contiguous, got strides {t.stride()}"
             )
         raise ValueError(
-            f"kv-canary: PlanBuffers.{name} is not the memory it was built with (a field "
-            "rebound with object.__setattr__ or attrs.evolve, swapped with .data or set_(), "
-            "or made to share memory with another field); build buffers with "
-            "PlanBuffers.allocate and change them only through resize()"
+            f"kv-canary: PlanBuffers.{name} is not the memory it was built with (its private "
+            "view was rebound, swapped with .data or set_(), or made to share memory with "
+            "another field; or the object was built with views of other memory); build "
+            "buffers with PlanBuffers.allocate and change them only through resize()"
         )
 
     # --- status -------------------------------------------------------------------

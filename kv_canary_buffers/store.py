@@ -206,11 +206,12 @@ class CanaryStore:
     def check(self, *, views: bool = False) -> None:
         """Re-check that the arena is intact and this store owns it (as
         :meth:`PlanBuffers.check`: the arena's type, its storage at its address with its
-        size, the owner). Reads no data, never syncs; every launch of the write and the
-        verify runs it first. ``views=True`` also re-checks the private views behind the
+        size, the owner, and the first private view at the arena's construction-time
+        address). Reads no data, never syncs; every launch of the write and the verify runs
+        it first. ``views=True`` also re-checks the private views behind the
         :class:`~kv_canary_buffers.arena.FieldAlias` fields (address, dtype, shape,
-        contiguity): the references, the kernels' first launch of a variant and every
-        method run that."""
+        contiguity): the references, a launch not repeated from the launchers' cache and
+        the methods that read, write or copy through the views run that."""
         try:
             arena = self.arena
         except AttributeError:
@@ -223,24 +224,39 @@ class CanaryStore:
                 "kv-canary: CanaryStore.arena must be a kv_canary_buffers.arena.Arena, got "
                 f"{type(arena).__name__} (the object was tampered with)"
             )
+        try:
+            witness = self._records.data_ptr()
+        except (AttributeError, TypeError, RuntimeError):
+            self._check_private_views(arena)  # raises, naming the field
+            raise
         storage = arena.storage
         if storage.data_ptr() != arena.base or storage.nbytes() != arena.nbytes:
             self._raise_bad_view("<arena>")
         owner = arena._owner
         if (owner[0]() if owner else None) is not self:  # arena.owner(), inline
             raise ValueError(
-                "kv-canary: this CanaryStore does not own its arena (its fields were rebound "
-                "to another store's memory); build a store with CanaryStore.allocate"
+                "kv-canary: this CanaryStore does not own its arena (its arena was rebound "
+                "to another store's arena); build a store with CanaryStore.allocate"
+            )
+        if witness != arena._key[1]:
+            self._check_private_views(arena)  # a tampered first view: its own message
+            raise ValueError(
+                "kv-canary: CanaryStore.arena is not the memory its fields were built on (the "
+                "arena or its attributes were rebound, or its storage moved); build a store "
+                "with CanaryStore.allocate and change it only through its own methods"
             )
         if views:
-            try:
-                fields = _get_fields(self)
-            except AttributeError as err:
-                raise AttributeError(
-                    f"kv-canary: CanaryStore is missing a field ({err}); build a store with "
-                    "CanaryStore.allocate"
-                ) from None
-            self._check_views(arena, fields)
+            self._check_private_views(arena)
+
+    def _check_private_views(self, arena: Arena) -> None:
+        try:
+            fields = _get_fields(self)
+        except AttributeError as err:
+            raise AttributeError(
+                f"kv-canary: CanaryStore is missing a field ({err}); build a store with "
+                "CanaryStore.allocate"
+            ) from None
+        self._check_views(arena, fields)
 
     def _check_views(self, arena: Arena, fields: tuple[object, ...]) -> None:
         bad = arena.first_bad_field(fields)
@@ -249,11 +265,16 @@ class CanaryStore:
 
     @staticmethod
     def _raise_bad_view(bad: str) -> NoReturn:
-        what = "its arena's storage" if bad == "<arena>" else f"CanaryStore.{bad}"
+        if bad == "<arena>":
+            raise ValueError(
+                "kv-canary: its arena's storage is no longer the memory the store was built "
+                "with (the storage was resized or freed through a tensor read from a field); "
+                "use the store only through its own methods"
+            )
         raise ValueError(
-            f"kv-canary: {what} is no longer the memory the store was built with "
-            "(a field was rebound, swapped with .data/set_(), or the storage resized); "
-            "use the store only through its own methods"
+            f"kv-canary: CanaryStore.{bad} is no longer the memory the store was built with "
+            "(its private view was rebound or swapped with .data/set_(), or the store was "
+            "built with views of other memory); use the store only through its own methods"
         )
 
     # --- device flags ---------------------------------------------------------------
@@ -261,10 +282,12 @@ class CanaryStore:
         """Turn on the write stage's check that each written position follows the
         previous one of its row (from the seed's record). Flips the device flag in place
         on the current stream: a captured graph sees it at its next replay."""
+        self.check(views=True)
         self.chain_position_check.fill_(1)
 
     def disable_chain_position_check(self) -> None:
         """Turn the chain-position check off (in place, graph-safe like enabling)."""
+        self.check(views=True)
         self.chain_position_check.fill_(0)
 
     # --- reading back (syncs) -------------------------------------------------------

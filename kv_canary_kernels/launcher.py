@@ -18,9 +18,10 @@ tensor on the H200 host, 16 to 19 tensors a launch), and accepts a plain ``int``
 address instead. And the Python that assembles a launch's arguments costs about as much
 as the launch itself. So each stage keeps a :class:`FastPath`: after the first launch of
 a (store, plan buffers, real-KV sources, config) combination, which goes the whole way,
-every argument that combination fixes is kept as a tuple of ints (the addresses the
-validation re-proves at each call), and later calls hand the compiled kernel that tuple
-and the few values of their own.
+every argument that combination fixes is kept as a tuple of ints (addresses in the
+objects' arenas, taken from their views after ``check(views=True)``; the validation's
+``check()`` proves at each call that those arenas are still in place and the objects'),
+and later calls hand the compiled kernel that tuple and the few values of their own.
 """
 
 from __future__ import annotations
@@ -141,10 +142,10 @@ tensors, not addresses (a test turns it on to run the fast-path code on the CPU)
 def stage_key(
     store: object, buffers: object, real_kv: object, *flags: Hashable
 ) -> tuple[Hashable, ...] | None:
-    """The :class:`FastPath` key of a write or verify launch: the arenas' and the
-    sources' handles and ``flags``; None where the full path must run (under the
-    interpreter; a ``torch.compile`` copy of an arena or of the sources, whose addresses
-    are not the objects')."""
+    """The :class:`FastPath` key of a write or verify launch: the arenas' keys (handle and
+    base as at construction, ``Arena._key``), the sources' handle and ``flags``; None
+    where the full path must run (under the interpreter; a ``torch.compile`` copy of an
+    arena or of the sources, whose addresses are not the objects')."""
     if (
         not FAST_PATH
         or type(store) is not CanaryStore
@@ -153,8 +154,8 @@ def stage_key(
     ):
         return None
     return (
-        store.arena.handle,
-        buffers.arena.handle,
+        store.arena._key,
+        buffers.arena._key,
         0 if real_kv is None else real_kv._handle,
         *flags,
     )
@@ -173,10 +174,11 @@ def check_views(*objects: object) -> None:
 
 class FastPath(dict[Hashable, Any]):
     """A stage's launches ready to repeat, keyed by what fixes their arguments (the
-    handles of the arenas and sources involved, never reused in a process, and the
-    config's number). Entries hold ints and compiled kernels, never a tensor: a cached
-    launch keeps no memory alive. Emptied when it reaches :attr:`LIMIT` entries (those
-    of objects since freed are never looked up again)."""
+    construction-time handles and bases of the arenas and the handles of the sources
+    involved, never reused together in a process, and the config's number). Entries hold
+    ints and compiled kernels, never a tensor: a cached launch keeps no memory alive.
+    Emptied when it reaches :attr:`LIMIT` entries (those of objects since freed are never
+    looked up again)."""
 
     LIMIT = 256
 
@@ -296,14 +298,15 @@ class Launcher:
         ``fixed`` are tensors of ``owner`` (a ``PlanBuffers``, or None when there is no
         such object: a ``torch.compile`` copy) that every launch of this variant for
         ``owner`` passes alike, and ``head`` the caller's input tensors, whose addresses
-        (read by the validation) are ``head_addresses``. After the first such launch for
-        ``owner`` the fixed tensors go as the addresses ``owner.check`` keeps proving, and
-        the head as ``head_addresses``. ``build()`` returns ``(head, fixed, constexprs,
-        options)``; it is called only when the launch is not repeated from the cache, after
-        ``owner.check(views=True)`` (its views are then handed to Triton as tensors), so
-        that a repeated launch spends nothing on the arguments it does not pass."""
+        (read by the validation) are ``head_addresses``. ``build()`` returns ``(head,
+        fixed, constexprs, options)``; it is called only when the launch is not repeated
+        from the cache, after ``owner.check(views=True)`` (the views are then handed to
+        Triton as tensors). After such a launch for ``owner`` its fixed tensors' addresses
+        are kept, keyed by the arena's construction-time key: a repeated launch passes
+        them and ``head_addresses``, and relies on the validation's ``owner.check()`` (the
+        arena in place, the owner's) instead of building anything."""
         fast_key = (
-            None if owner is None or head_addresses is None else (owner.arena.handle, key)  # type: ignore[attr-defined]
+            None if owner is None or head_addresses is None else (owner.arena._key, key)  # type: ignore[attr-defined]
         )
         if fast_key is not None:
             hit = self.fixed.get(fast_key)

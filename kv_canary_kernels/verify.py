@@ -229,8 +229,8 @@ def canary_verify_kernel(
 def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) -> None:
     """Launch the verify kernel on validated arguments (no check at all)."""
     # Everything but the launch tag is fixed by the store, the plan buffers, the sources
-    # and the config (launcher.FastPath); the validation that ran before re-proved their
-    # addresses.
+    # and the config (launcher.FastPath): addresses in the arenas, which the validation's
+    # check() proved still in place and the objects'.
     fast_key = stage_key(
         store, buffers, args.real_kv, config.active.variant, args.check_expected_tokens
     )

@@ -602,8 +602,8 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
     # kernel's order, as the validation read them).
     aligned = True if args.aligned else tuple(p % 16 == 0 for p in args.addresses)
     # Only the inputs (their addresses, read by the validation), their count and the tag
-    # change from call to call (launcher.FastPath); the validation re-proved the fixed
-    # addresses.
+    # change from call to call (launcher.FastPath); the fixed addresses lie in the arenas,
+    # which the validation's check() proved still in place and the objects'.
     fast_key = stage_key(store, buffers, args.real_kv, variant, has_expected, aligned)
     if fast_key is not None:
         fast = _FAST.get(fast_key)

@@ -1,8 +1,10 @@
 """The launchers' host fast path (kv_canary_kernels/launcher.py), the parts a CPU can check:
 how a compiled variant is called (Triton 3.6's C launcher directly, any other Triton
-through ``run``), the bounded cache of prepared launches, and that the interpreter never
-takes the fast path. The GPU side (repeated launches equal to the references, the cache
-actually hit, a tampered object still refused) is tests/test_gpu_fast_path.py."""
+through ``run``), the bounded cache of prepared launches, that the interpreter never
+takes the fast path, and (with a recording stand-in for the compiled launch) that a cached
+launch refuses an arena whose own attributes were rebound. The GPU side (repeated launches
+equal to the references, the cache actually hit, a tampered object still refused) is
+tests/test_gpu_fast_path.py."""
 
 from __future__ import annotations
 
@@ -208,7 +210,8 @@ def test_compiled_op_with_copied_sources_takes_the_full_path(monkeypatch, stage,
     assert len(verify_module._FAST) == 0 and len(write_module._FAST) == 0
     if fast:  # the same objects with the genuine RealKV would take the fast path
         assert real_stage_key(store, plan, kv, 0) == (
-            store.arena.handle, plan.arena.handle, kv._handle, 0
+            (store.arena.handle, store.arena.base), (plan.arena.handle, plan.arena.base),
+            kv._handle, 0,
         )  # fmt: skip
 
 
@@ -313,3 +316,172 @@ def test_a_repeated_plan_launch_passes_the_first_launchs_arguments(
             assert len(differ) == 1 and got[differ[0]] == want[differ[0]] + 1
         else:
             assert differ == []
+
+
+# --- a cached launch and an arena tampered with after it ------------------------------------
+@pytest.fixture
+def simulated_fast_path(monkeypatch):
+    """Every launcher's fast path on, with a recording stand-in for the compiled launch (as
+    on a GPU, where a launch is cached from its first call): returns the list of launches,
+    ``("full", kernel, addresses)`` or ``("fast", kernel, addresses)``."""
+    from kv_canary_kernels import launcher
+    from kv_canary_kernels import plan as plan_module
+
+    calls: list[tuple] = []
+
+    def full_launch(self, device, grid, key, args, constexprs, options):
+        calls.append(("full", self.fn.__name__, addresses(args)))
+        return lambda programs, stream, *a: calls.append(("fast", self.fn.__name__, a))
+
+    monkeypatch.setattr(launcher.Launcher, "launch", full_launch)
+    monkeypatch.setattr(launcher, "FAST_PATH", True)
+    monkeypatch.setattr(launcher, "current_device", lambda: torch.device(DEVICE).index)
+    monkeypatch.setattr(launcher, "stream_of", lambda index: 0)
+    for name in ("_SMALL", "_LARGE", "_SUMS", "_OFFSETS", "_ENTRIES"):
+        monkeypatch.setattr(getattr(plan_module, name), "fixed", FastPath())
+    monkeypatch.setattr(write_module, "_FAST", FastPath())
+    monkeypatch.setattr(verify_module, "_FAST", FastPath())
+    monkeypatch.setattr(write_module, "current_device", launcher.current_device)
+    monkeypatch.setattr(verify_module, "current_device", launcher.current_device)
+    monkeypatch.setattr(write_module, "stream_of", launcher.stream_of)
+    monkeypatch.setattr(verify_module, "stream_of", launcher.stream_of)
+    return calls
+
+
+PLAN_KW = dict(
+    req_pool_indices=torch.tensor([1, 2]),
+    prefix_lens=torch.tensor([1, 2]),
+    extend_seq_lens=torch.tensor([1, 1]),
+    req_to_token=torch.arange(1, 49, dtype=torch.int32).reshape(6, 8),
+)
+
+
+def _plan_kw():
+    return {k: v.to(DEVICE) for k, v in PLAN_KW.items()}
+
+
+def _new_plan():
+    return PlanBuffers.allocate(write_req_capacity=2, verify_capacity=16, device=DEVICE)
+
+
+def _within(addrs, arena):
+    return sum(type(a) is int and arena.base <= a < arena.base + arena.nbytes for a in addrs)
+
+
+def _moved_and_base_rebound(obj):
+    arena = obj.arena
+    obj.status.resize_(1 << 20)  # through an alias: the shared storage moves
+    object.__setattr__(arena, "base", arena.storage.data_ptr())
+    object.__setattr__(arena, "nbytes", arena.storage.nbytes())
+
+
+def _freed_and_storage_faked(obj):
+    arena = obj.arena
+    base, nbytes = arena.base, arena.nbytes
+
+    class Storage:  # answers what a check of the storage alone would ask
+        def data_ptr(self):
+            return base
+
+        def nbytes(self):
+            return nbytes
+
+    obj.status.untyped_storage().resize_(0)
+    object.__setattr__(arena, "storage", Storage())
+
+
+ARENA_TAMPERINGS = {
+    "storage moved, then Arena.base and nbytes rebound to it": _moved_and_base_rebound,
+    "storage freed, then Arena.storage rebound to a look-alike": _freed_and_storage_faked,
+}
+
+
+@pytest.mark.parametrize("case", sorted(ARENA_TAMPERINGS))
+def test_a_cached_plan_launch_refuses_an_arena_whose_attributes_were_rebound(
+    simulated_fast_path, case
+):
+    """Found by review: once ``check()`` tested only the arena, rebinding the ``Arena``'s
+    own public attributes to match a moved or freed storage let a cached launch write the
+    freed memory. The first private view's address against the arena's construction-time
+    base refuses it."""
+    calls = simulated_fast_path
+    b = _new_plan()
+    for _ in range(2):
+        launch_plan_(b)
+    assert [c[0] for c in calls] == ["full", "fast"]
+    ARENA_TAMPERINGS[case](b)
+    calls.clear()
+    with pytest.raises(ValueError, match=r"^kv-canary: "):
+        launch_plan_(b)
+    assert calls == []
+
+
+@pytest.mark.parametrize("case", sorted(ARENA_TAMPERINGS))
+def test_a_cached_verify_launch_refuses_a_store_whose_arena_attributes_were_rebound(
+    simulated_fast_path, case
+):
+    calls = simulated_fast_path
+    store = CanaryStore.allocate(num_slots=64, violation_capacity=8, device=DEVICE)
+    plan = _new_plan()
+    for _ in range(2):
+        launch_verify(store, plan)
+    assert [c[0] for c in calls] == ["full", "fast"]
+    ARENA_TAMPERINGS[case](store)
+    calls.clear()
+    with pytest.raises(ValueError, match=r"^kv-canary: "):
+        launch_verify(store, plan)
+    assert calls == []
+
+
+def test_an_arena_claimed_and_rebound_from_dead_buffers_is_refused(simulated_fast_path):
+    import gc
+
+    calls = simulated_fast_path
+    other = _new_plan()
+    for _ in range(2):
+        launch_plan_(other)
+    arena = other.arena
+    del other
+    gc.collect()
+    b = _new_plan()
+    arena.claim(b, "PlanBuffers")  # a public method: the dead owner's arena, claimed
+    object.__setattr__(b, "arena", arena)
+    calls.clear()
+    for call in (b.check, lambda: launch_plan_(b)):
+        with pytest.raises(ValueError, match=r"^kv-canary: PlanBuffers\.\w+ is not the memory"):
+            call()
+    assert calls == []
+
+
+def test_a_rebound_arena_handle_does_not_reach_another_objects_cached_launch(
+    simulated_fast_path,
+):
+    """The caches are keyed by the arena's construction-time handle and base: a handle
+    rebound to another live object's leaves each object launching into its own arena."""
+    calls = simulated_fast_path
+    other, b = _new_plan(), _new_plan()
+    for _ in range(2):
+        launch_plan_(other)
+    object.__setattr__(b.arena, "handle", other.arena.handle)
+    calls.clear()
+    for _ in range(2):
+        launch_plan_(b)
+    assert [c[0] for c in calls] == ["full", "fast"]
+    for _kind, _name, addrs in calls:
+        assert _within(addrs, other.arena) == 0 and _within(addrs, b.arena) >= 10
+
+
+def test_the_chain_position_flag_is_not_written_through_a_tampered_private_view():
+    store = CanaryStore.allocate(num_slots=4, violation_capacity=2, device=DEVICE)
+    victim = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    store._chain_position_check.set_(victim)
+    for flip in (store.enable_chain_position_check, store.disable_chain_position_check):
+        with pytest.raises(ValueError, match=r"CanaryStore\.chain_position_check"):
+            flip()
+    assert victim.tolist() == [0]
+
+
+def launch_plan_(buffers):
+    from kv_canary_kernels import launch_plan
+
+    launch_plan(buffers, **_plan_kw())
