@@ -15,6 +15,7 @@ import torch
 
 from conftest import DEVICE
 from kv_canary_buffers import CanaryStore, PlanBuffers
+from kv_canary_buffers.devices import normalize_device
 from kv_canary_kernels import launch_verify, launch_write
 from kv_canary_kernels import verify as verify_module
 from kv_canary_kernels import write as write_module
@@ -335,7 +336,8 @@ def simulated_fast_path(monkeypatch):
 
     monkeypatch.setattr(launcher.Launcher, "launch", full_launch)
     monkeypatch.setattr(launcher, "FAST_PATH", True)
-    monkeypatch.setattr(launcher, "current_device", lambda: torch.device(DEVICE).index)
+    index = normalize_device(DEVICE).index  # (what the objects' devices hold: cuda:N)
+    monkeypatch.setattr(launcher, "current_device", lambda: index)
     monkeypatch.setattr(launcher, "stream_of", lambda index: 0)
     for name in ("_SMALL", "_LARGE", "_SUMS", "_OFFSETS", "_ENTRIES"):
         monkeypatch.setattr(getattr(plan_module, name), "fixed", FastPath())
