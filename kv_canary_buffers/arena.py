@@ -221,6 +221,57 @@ class Arena:
         return spans_overlap(tensor_span(t), (self.base, self.base + self.nbytes))
 
 
+def check_owned_arena(
+    obj: Any,
+    kind: str,
+    first_view: str,
+    raise_views: Callable[[Any], None],
+    raise_storage: Callable[[Any], None],
+) -> None:
+    """The launch-time check of a buffers object ``obj`` of class ``kind`` (what its
+    ``check()`` runs): its ``arena`` is an :class:`Arena`, the arena's storage is still at
+    its address with its size (``raise_storage(obj)`` raises otherwise), ``obj`` is the
+    owner that claimed it, and the private view ``first_view`` (the field at offset 0)
+    still starts at the base the arena had at construction (``Arena._key``), so that an
+    ``Arena`` whose own attributes were rebound to match a moved or freed storage, or an
+    arena claimed from a dead object and rebound, does not pass. ``raise_views(obj)``
+    re-checks every private view and raises naming the field, where one is the cause.
+    Reads no data, never syncs."""
+    try:
+        arena = obj.arena
+    except AttributeError:
+        raise AttributeError(
+            f"kv-canary: {kind} is missing its arena; build one with {kind}.allocate and "
+            "never delete its attributes"
+        ) from None
+    if type(arena) is not Arena:
+        raise TypeError(
+            f"kv-canary: {kind}.arena must be a kv_canary_buffers.arena.Arena, got "
+            f"{type(arena).__name__} (the object was tampered with)"
+        )
+    try:
+        witness = getattr(obj, first_view).data_ptr()
+    except (AttributeError, TypeError, RuntimeError):
+        raise_views(obj)
+        raise
+    storage = arena.storage
+    if storage.data_ptr() != arena.base or storage.nbytes() != arena.nbytes:
+        raise_storage(obj)
+    owner = arena._owner
+    if (owner[0]() if owner else None) is not obj:  # arena.owner(), inline
+        raise ValueError(
+            f"kv-canary: this {kind} does not own its arena (its arena was rebound to another "
+            f"{kind} object's arena); build one with {kind}.allocate"
+        )
+    if witness != arena._key[1]:
+        raise_views(obj)  # a tampered first view: its own message (SGLang's, say)
+        raise ValueError(
+            f"kv-canary: {kind}.arena is not the memory its fields were built on (the arena "
+            f"or its attributes were rebound, or its storage moved); build one with "
+            f"{kind}.allocate and change it only through its own methods"
+        )
+
+
 class FieldAlias:
     """A public tensor field of a buffers object, kept privately as ``_<name>``: each read
     returns a new alias of the private view (``Tensor.detach()``: the same memory, dtype,

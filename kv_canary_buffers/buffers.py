@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 import attrs
 import torch
 
-from .arena import Arena, ArenaField, FieldAlias, layout
+from .arena import Arena, ArenaField, FieldAlias, check_owned_arena, layout
 from .checks import check_capacity, check_need, nonnegative_field
 from .devices import DeviceLike, normalize_device
 from .layout import MAX_CAPACITY, PLAN_FIELDS, plan_specs
@@ -302,39 +302,9 @@ class PlanBuffers:
         torch references, a launch not repeated from the launchers' cache (the first of a
         variant, every launch under the interpreter), and the methods that read, write or
         copy through them."""
-        try:
-            arena = self.arena
-        except AttributeError:
-            raise AttributeError(
-                "kv-canary: PlanBuffers is missing its arena; build buffers with "
-                "PlanBuffers.allocate and never delete their attributes"
-            ) from None
-        if type(arena) is not Arena:
-            raise TypeError(
-                "kv-canary: PlanBuffers.arena must be a kv_canary_buffers.arena.Arena, got "
-                f"{type(arena).__name__} (the object was tampered with)"
-            )
-        try:
-            witness = self._write_offsets.data_ptr()
-        except (AttributeError, TypeError, RuntimeError):
-            self._check_views()  # raises, naming the field
-            raise
-        storage = arena.storage
-        if storage.data_ptr() != arena.base or storage.nbytes() != arena.nbytes:
-            self._raise_bad_field("<arena>")
-        owner = arena._owner
-        if (owner[0]() if owner else None) is not self:  # arena.owner(), inline
-            raise ValueError(
-                "kv-canary: this PlanBuffers does not own its arena (its arena was rebound to "
-                "another PlanBuffers' arena); build buffers with PlanBuffers.allocate"
-            )
-        if witness != arena._key[1]:
-            self._check_views()  # a tampered first view: its own message (SGLang's, say)
-            raise ValueError(
-                "kv-canary: PlanBuffers.arena is not the memory its fields were built on (the "
-                "arena or its attributes were rebound, or its storage moved); build buffers "
-                "with PlanBuffers.allocate and change them only through resize()"
-            )
+        check_owned_arena(
+            self, "PlanBuffers", "_write_offsets", PlanBuffers._check_views, _raise_storage
+        )
         if views:
             self._check(_FIELD_NAMES, _get_fields)
 
@@ -424,6 +394,10 @@ class PlanBuffers:
 PlanBuffers.__doc__ = docstring_with_fields(
     PlanBuffers.__doc__, PLAN_FIELDS, "after a plan of `bs` rows"
 )
+
+
+def _raise_storage(buffers: PlanBuffers) -> None:
+    buffers._raise_bad_field("<arena>")
 
 
 def _check_field_names(names: object) -> None:

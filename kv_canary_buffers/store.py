@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import attrs
 import torch
 
-from .arena import Arena, ArenaField, FieldAlias, layout
+from .arena import Arena, ArenaField, FieldAlias, check_owned_arena, layout
 from .checks import check_capacity, check_need, nonnegative_field
 from .devices import DeviceLike, normalize_device
 from .layout import STORE_FIELDS, store_specs
@@ -212,41 +212,9 @@ class CanaryStore:
         :class:`~kv_canary_buffers.arena.FieldAlias` fields (address, dtype, shape,
         contiguity): the references, a launch not repeated from the launchers' cache and
         the methods that read, write or copy through the views run that."""
-        try:
-            arena = self.arena
-        except AttributeError:
-            raise AttributeError(
-                "kv-canary: CanaryStore is missing its arena; build a store with "
-                "CanaryStore.allocate"
-            ) from None
-        if type(arena) is not Arena:
-            raise TypeError(
-                "kv-canary: CanaryStore.arena must be a kv_canary_buffers.arena.Arena, got "
-                f"{type(arena).__name__} (the object was tampered with)"
-            )
-        try:
-            witness = self._records.data_ptr()
-        except (AttributeError, TypeError, RuntimeError):
-            self._check_private_views(arena)  # raises, naming the field
-            raise
-        storage = arena.storage
-        if storage.data_ptr() != arena.base or storage.nbytes() != arena.nbytes:
-            self._raise_bad_view("<arena>")
-        owner = arena._owner
-        if (owner[0]() if owner else None) is not self:  # arena.owner(), inline
-            raise ValueError(
-                "kv-canary: this CanaryStore does not own its arena (its arena was rebound "
-                "to another store's arena); build a store with CanaryStore.allocate"
-            )
-        if witness != arena._key[1]:
-            self._check_private_views(arena)  # a tampered first view: its own message
-            raise ValueError(
-                "kv-canary: CanaryStore.arena is not the memory its fields were built on (the "
-                "arena or its attributes were rebound, or its storage moved); build a store "
-                "with CanaryStore.allocate and change it only through its own methods"
-            )
+        check_owned_arena(self, "CanaryStore", "_records", _raise_views, _raise_storage)
         if views:
-            self._check_private_views(arena)
+            self._check_private_views(self.arena)
 
     def _check_private_views(self, arena: Arena) -> None:
         try:
@@ -319,6 +287,14 @@ class CanaryStore:
         flags = CanaryStatus(int(self.status.item()) & int(_ALL_STATUS))
         self.status.zero_()
         return flags
+
+
+def _raise_views(store: CanaryStore) -> None:
+    store._check_private_views(store.arena)
+
+
+def _raise_storage(_store: CanaryStore) -> None:
+    CanaryStore._raise_bad_view("<arena>")
 
 
 CanaryStore.__doc__ = docstring_with_fields(CanaryStore.__doc__, STORE_FIELDS, "contents")
