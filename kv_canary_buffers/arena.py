@@ -221,30 +221,26 @@ class Arena:
         return spans_overlap(tensor_span(t), (self.base, self.base + self.nbytes))
 
 
-def check_owned_arena(
-    obj: Any,
-    kind: str,
-    first_view: str,
-    raise_views: Callable[[Any], None],
-    raise_storage: Callable[[Any], None],
-) -> None:
-    """The launch-time check of a buffers object ``obj`` of class ``kind`` (what its
-    ``check()`` runs): its ``arena`` is an :class:`Arena`, the arena's storage is still at
-    its address with its size (``raise_storage(obj)`` raises otherwise), ``obj`` is the
-    owner that claimed it, and the private view ``first_view`` (the field at offset 0)
-    still starts at the base the arena had at construction (``Arena._key``), so that an
-    ``Arena`` whose own attributes were rebound to match a moved or freed storage, or an
-    arena claimed from a dead object and rebound, does not pass. ``raise_views(obj)``
-    re-checks every private view and raises naming the field, where one is the cause.
-    Reads no data, never syncs."""
+def check_owned_arena(obj: Any, first_view: str) -> None:
+    """The launch-time check of a buffers object ``obj`` (what its ``check()`` runs): its
+    ``arena`` is an :class:`Arena`, the arena's storage is still at its address with its
+    size, ``obj`` is the owner that claimed it, and the private view ``first_view`` (the
+    field at offset 0) still starts at the base the arena had at construction
+    (``Arena._key``), so that an ``Arena`` whose own attributes were rebound to match a
+    moved or freed storage, or an arena claimed from a dead object and rebound, does not
+    pass. ``obj``'s own ``_raise_bad_field("<arena>")`` words a storage that moved, and its
+    ``_check_views()`` names a private view that is the cause. Reads no data, never
+    syncs."""
     try:
         arena = obj.arena
     except AttributeError:
+        kind = type(obj).__name__
         raise AttributeError(
             f"kv-canary: {kind} is missing its arena; build one with {kind}.allocate and "
             "never delete its attributes"
         ) from None
     if type(arena) is not Arena:
+        kind = type(obj).__name__
         raise TypeError(
             f"kv-canary: {kind}.arena must be a kv_canary_buffers.arena.Arena, got "
             f"{type(arena).__name__} (the object was tampered with)"
@@ -252,19 +248,22 @@ def check_owned_arena(
     try:
         witness = getattr(obj, first_view).data_ptr()
     except (AttributeError, TypeError, RuntimeError):
-        raise_views(obj)
+        obj._check_views()  # raises, naming the field
         raise
     storage = arena.storage
     if storage.data_ptr() != arena.base or storage.nbytes() != arena.nbytes:
-        raise_storage(obj)
+        obj._raise_bad_field("<arena>")
     owner = arena._owner
-    if (owner[0]() if owner else None) is not obj:  # arena.owner(), inline
+    owned = (owner[0]() if owner else None) is obj  # arena.owner(), inline
+    if not owned:
+        kind = type(obj).__name__
         raise ValueError(
             f"kv-canary: this {kind} does not own its arena (its arena was rebound to another "
             f"{kind} object's arena); build one with {kind}.allocate"
         )
     if witness != arena._key[1]:
-        raise_views(obj)  # a tampered first view: its own message (SGLang's, say)
+        obj._check_views()  # a tampered first view: its own message (SGLang's, say)
+        kind = type(obj).__name__
         raise ValueError(
             f"kv-canary: {kind}.arena is not the memory its fields were built on (the arena "
             f"or its attributes were rebound, or its storage moved); build one with "
@@ -282,14 +281,14 @@ class FieldAlias:
     change the memory the object, its methods and the launches use: only the arena's
     storage is shared (a storage resized or freed through any alias is what ``check()``
     re-tests at every launch). Writes of data through an alias are writes to the field.
-    A read costs about 0.3 us; hold the alias when a loop reads a field often."""
+    A read costs about 0.3 us; hold the alias when a loop reads a field often. Messages
+    name the class the field is declared in."""
 
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.name = ""
-        self.private = ""
+    def __init__(self) -> None:
+        self.kind = self.name = self.private = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
+        self.kind = owner.__name__
         self.name = name
         self.private = "_" + name
 

@@ -89,23 +89,23 @@ class PlanBuffers:
     _dummy_int32: torch.Tensor = attrs.field(repr=False)
 
     # The public fields: each read is a new alias of the private view above.
-    write_offsets = FieldAlias("PlanBuffers")
-    write_seed_slot_indices = FieldAlias("PlanBuffers")
-    write_num_valid_reqs = FieldAlias("PlanBuffers")
-    verify_slot_indices = FieldAlias("PlanBuffers")
-    verify_expected_tokens = FieldAlias("PlanBuffers")
-    verify_expected_positions = FieldAlias("PlanBuffers")
-    verify_prev_slot_indices = FieldAlias("PlanBuffers")
-    verify_num_valid = FieldAlias("PlanBuffers")
-    verify_enable = FieldAlias("PlanBuffers")
-    verify_offsets = FieldAlias("PlanBuffers")
-    scan_block_sums = FieldAlias("PlanBuffers")
-    verify_row_hints = FieldAlias("PlanBuffers")
-    launch_sync = FieldAlias("PlanBuffers")
-    scan_chunk_sums = FieldAlias("PlanBuffers")
-    status = FieldAlias("PlanBuffers")
-    dummy_int64 = FieldAlias("PlanBuffers")
-    dummy_int32 = FieldAlias("PlanBuffers")
+    write_offsets = FieldAlias()
+    write_seed_slot_indices = FieldAlias()
+    write_num_valid_reqs = FieldAlias()
+    verify_slot_indices = FieldAlias()
+    verify_expected_tokens = FieldAlias()
+    verify_expected_positions = FieldAlias()
+    verify_prev_slot_indices = FieldAlias()
+    verify_num_valid = FieldAlias()
+    verify_enable = FieldAlias()
+    verify_offsets = FieldAlias()
+    scan_block_sums = FieldAlias()
+    verify_row_hints = FieldAlias()
+    launch_sync = FieldAlias()
+    scan_chunk_sums = FieldAlias()
+    status = FieldAlias()
+    dummy_int64 = FieldAlias()
+    dummy_int32 = FieldAlias()
 
     def __attrs_post_init__(self) -> None:
         _check_arena_layout(self.arena, "PlanBuffers", _FIELD_NAMES, _plan_layout_of)
@@ -302,9 +302,7 @@ class PlanBuffers:
         torch references, a launch not repeated from the launchers' cache (the first of a
         variant, every launch under the interpreter), and the methods that read, write or
         copy through them."""
-        check_owned_arena(
-            self, "PlanBuffers", "_write_offsets", PlanBuffers._check_views, _raise_storage
-        )
+        check_owned_arena(self, "_write_offsets")
         if views:
             self._check(_FIELD_NAMES, _get_fields)
 
@@ -394,10 +392,6 @@ class PlanBuffers:
 PlanBuffers.__doc__ = docstring_with_fields(
     PlanBuffers.__doc__, PLAN_FIELDS, "after a plan of `bs` rows"
 )
-
-
-def _raise_storage(buffers: PlanBuffers) -> None:
-    buffers._raise_bad_field("<arena>")
 
 
 def _check_field_names(names: object) -> None:

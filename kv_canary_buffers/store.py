@@ -61,13 +61,13 @@ class CanaryStore:
     _status: torch.Tensor = attrs.field(repr=False)
 
     # The public fields: each read is a new alias of the private view above.
-    records = FieldAlias("CanaryStore")
-    violations = FieldAlias("CanaryStore")
-    violation_count = FieldAlias("CanaryStore")
-    kernel_runs = FieldAlias("CanaryStore")
-    slots_processed = FieldAlias("CanaryStore")
-    chain_position_check = FieldAlias("CanaryStore")
-    status = FieldAlias("CanaryStore")
+    records = FieldAlias()
+    violations = FieldAlias()
+    violation_count = FieldAlias()
+    kernel_runs = FieldAlias()
+    slots_processed = FieldAlias()
+    chain_position_check = FieldAlias()
+    status = FieldAlias()
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.arena, Arena):
@@ -77,7 +77,7 @@ class CanaryStore:
             )
         if tuple(f.name for f in self.arena.fields) != _FIELD_NAMES:
             raise ValueError("kv-canary: CanaryStore.arena must have a CanaryStore layout")
-        self._check_views(self.arena, _get_fields(self))
+        self._check_views()
         self.arena.claim(self, "CanaryStore")
 
     def __repr__(self) -> str:
@@ -212,11 +212,12 @@ class CanaryStore:
         :class:`~kv_canary_buffers.arena.FieldAlias` fields (address, dtype, shape,
         contiguity): the references, a launch not repeated from the launchers' cache and
         the methods that read, write or copy through the views run that."""
-        check_owned_arena(self, "CanaryStore", "_records", _raise_views, _raise_storage)
+        check_owned_arena(self, "_records")
         if views:
-            self._check_private_views(self.arena)
+            self._check_views()
 
-    def _check_private_views(self, arena: Arena) -> None:
+    def _check_views(self) -> None:
+        """The private views only (the constructor claims the arena after it)."""
         try:
             fields = _get_fields(self)
         except AttributeError as err:
@@ -224,15 +225,12 @@ class CanaryStore:
                 f"kv-canary: CanaryStore is missing a field ({err}); build a store with "
                 "CanaryStore.allocate"
             ) from None
-        self._check_views(arena, fields)
-
-    def _check_views(self, arena: Arena, fields: tuple[object, ...]) -> None:
-        bad = arena.first_bad_field(fields)
+        bad = self.arena.first_bad_field(fields)
         if bad is not None:
-            self._raise_bad_view(bad)
+            self._raise_bad_field(bad)
 
     @staticmethod
-    def _raise_bad_view(bad: str) -> NoReturn:
+    def _raise_bad_field(bad: str) -> NoReturn:
         if bad == "<arena>":
             raise ValueError(
                 "kv-canary: its arena's storage is no longer the memory the store was built "
@@ -287,14 +285,6 @@ class CanaryStore:
         flags = CanaryStatus(int(self.status.item()) & int(_ALL_STATUS))
         self.status.zero_()
         return flags
-
-
-def _raise_views(store: CanaryStore) -> None:
-    store._check_private_views(store.arena)
-
-
-def _raise_storage(_store: CanaryStore) -> None:
-    CanaryStore._raise_bad_view("<arena>")
 
 
 CanaryStore.__doc__ = docstring_with_fields(CanaryStore.__doc__, STORE_FIELDS, "contents")
