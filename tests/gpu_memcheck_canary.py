@@ -57,7 +57,7 @@ def case(name, mutate, expected, stage):
     kw = {"real_kv": None}
     mutate(plan, store, step, kw)
     # Twice: the second launch with the same objects takes the launchers' fast path
-    # (cached addresses, kv_canary_kernels/launcher.py), which memcheck must see too.
+    # (cached addresses, kv_canary_kernels/fast_launch.py), which memcheck must see too.
     for _ in range(2):
         if stage == "write":
             launch_write(store, plan, **step, real_kv=kw["real_kv"])

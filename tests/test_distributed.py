@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from kv_canary_buffers import CanaryStore, PlanBuffers, ViolationReport, plan_reference
 from kv_canary_buffers.distributed import gather_violation_reports
 from kv_canary_buffers.status import FailBits
-from kv_canary_buffers.verify_reference import verify_reference
+from kv_canary_buffers.verify import verify_reference
 
 WORLD = 2
 

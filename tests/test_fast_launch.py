@@ -1,4 +1,4 @@
-"""The launchers' host fast path (kv_canary_kernels/launcher.py), the parts a CPU can check:
+"""The launchers' host fast path (kv_canary_kernels/fast_launch.py), the parts a CPU can check:
 how a compiled variant is called (Triton 3.6's C launcher directly, any other Triton
 through ``run``), the bounded cache of prepared launches, that the interpreter never
 takes the fast path, and (with a recording stand-in for the compiled launch) that a cached
@@ -20,7 +20,7 @@ from kv_canary_kernels import launch_verify, launch_write
 from kv_canary_kernels import verify as verify_module
 from kv_canary_kernels import write as write_module
 from kv_canary_kernels.config import INTERPRETING
-from kv_canary_kernels.launcher import FastPath, addresses, direct
+from kv_canary_kernels.fast_launch import FastPath, addresses, direct
 
 GRID_ARGS = ("gridX", "gridY", "gridZ", "stream", "function")
 
@@ -101,7 +101,7 @@ def test_the_installed_tritons_launcher_is_recognised_where_it_is_36():
     the fast call off (and this test tells) instead of passing arguments in a wrong order."""
     import triton
 
-    from kv_canary_kernels.launcher import _LAUNCHER_CALL, _calls_c_launch_directly
+    from kv_canary_kernels.fast_launch import _LAUNCHER_CALL, _calls_c_launch_directly
 
     try:
         from triton.backends.nvidia.driver import CudaLauncher
@@ -166,11 +166,11 @@ def test_compiled_op_with_copied_sources_takes_the_full_path(monkeypatch, stage,
     runs in the interpreter). Found by review: the fast-path key read the stand-in's
     missing handle."""
     from kv_canary_buffers import RealKV, RealKVMode
-    from kv_canary_kernels import compiled, launch_plan, launcher
+    from kv_canary_kernels import compiled, fast_launch, launch_plan
 
-    monkeypatch.setattr(launcher, "FAST_PATH", fast)
+    monkeypatch.setattr(fast_launch, "FAST_PATH", fast)
     keys = []
-    real_stage_key = launcher.stage_key
+    real_stage_key = fast_launch.stage_key
 
     def spy(*args):
         keys.append(real_stage_key(*args))
@@ -252,13 +252,13 @@ def test_a_repeated_plan_launch_passes_the_first_launchs_arguments(
     the variant the first compiled, on the same grid, with the same arguments as
     addresses (the one-launch path's launch number one higher, the only argument that
     changes), and builds none of the first launch's constexprs or options."""
-    from kv_canary_kernels import launch_plan, launcher
-    from kv_canary_kernels import plan as plan_module
+    from kv_canary_kernels import fast_launch, launch_plan
+    from kv_canary_kernels.plan import dispatch as plan_module
     from kv_canary_kernels.config import launch_config
 
     calls: list[tuple] = []
     builds: list[str] = []
-    real_launch_fixed = launcher.Launcher.launch_fixed
+    real_launch_fixed = fast_launch.Launcher.launch_fixed
 
     def full_launch(self, device, grid, key, args, constexprs, options):
         # What `build` made fits the kernel: every runtime parameter once, in order, and
@@ -291,10 +291,10 @@ def test_a_repeated_plan_launch_passes_the_first_launchs_arguments(
 
         real_launch_fixed(self, owner, device, grid, key, head_addresses, tail, counted_build)
 
-    monkeypatch.setattr(launcher.Launcher, "launch", full_launch)  # nothing runs
-    monkeypatch.setattr(launcher.Launcher, "launch_fixed", spied_launch_fixed)
-    monkeypatch.setattr(launcher, "current_device", lambda: buffers.device.index)
-    monkeypatch.setattr(launcher, "stream_of", lambda index: 0)
+    monkeypatch.setattr(fast_launch.Launcher, "launch", full_launch)  # nothing runs
+    monkeypatch.setattr(fast_launch.Launcher, "launch_fixed", spied_launch_fixed)
+    monkeypatch.setattr(fast_launch, "current_device", lambda: buffers.device.index)
+    monkeypatch.setattr(fast_launch, "stream_of", lambda index: 0)
     for name in ("_SMALL", "_LARGE", "_SUMS", "_OFFSETS", "_ENTRIES"):
         monkeypatch.setattr(getattr(plan_module, name), "fixed", FastPath())
     changes = {} if one_launch_max_rows is None else {"one_launch_max_rows": one_launch_max_rows}
@@ -325,8 +325,8 @@ def simulated_fast_path(monkeypatch):
     """Every launcher's fast path on, with a recording stand-in for the compiled launch (as
     on a GPU, where a launch is cached from its first call): returns the list of launches,
     ``("full", kernel, addresses)`` or ``("fast", kernel, addresses)``."""
-    from kv_canary_kernels import launcher
-    from kv_canary_kernels import plan as plan_module
+    from kv_canary_kernels import fast_launch
+    from kv_canary_kernels.plan import dispatch as plan_module
 
     calls: list[tuple] = []
 
@@ -334,19 +334,19 @@ def simulated_fast_path(monkeypatch):
         calls.append(("full", self.fn.__name__, addresses(args)))
         return lambda programs, stream, *a: calls.append(("fast", self.fn.__name__, a))
 
-    monkeypatch.setattr(launcher.Launcher, "launch", full_launch)
-    monkeypatch.setattr(launcher, "FAST_PATH", True)
+    monkeypatch.setattr(fast_launch.Launcher, "launch", full_launch)
+    monkeypatch.setattr(fast_launch, "FAST_PATH", True)
     index = normalize_device(DEVICE).index  # (what the objects' devices hold: cuda:N)
-    monkeypatch.setattr(launcher, "current_device", lambda: index)
-    monkeypatch.setattr(launcher, "stream_of", lambda index: 0)
+    monkeypatch.setattr(fast_launch, "current_device", lambda: index)
+    monkeypatch.setattr(fast_launch, "stream_of", lambda index: 0)
     for name in ("_SMALL", "_LARGE", "_SUMS", "_OFFSETS", "_ENTRIES"):
         monkeypatch.setattr(getattr(plan_module, name), "fixed", FastPath())
     monkeypatch.setattr(write_module, "_FAST", FastPath())
     monkeypatch.setattr(verify_module, "_FAST", FastPath())
-    monkeypatch.setattr(write_module, "current_device", launcher.current_device)
-    monkeypatch.setattr(verify_module, "current_device", launcher.current_device)
-    monkeypatch.setattr(write_module, "stream_of", launcher.stream_of)
-    monkeypatch.setattr(verify_module, "stream_of", launcher.stream_of)
+    monkeypatch.setattr(write_module, "current_device", fast_launch.current_device)
+    monkeypatch.setattr(verify_module, "current_device", fast_launch.current_device)
+    monkeypatch.setattr(write_module, "stream_of", fast_launch.stream_of)
+    monkeypatch.setattr(verify_module, "stream_of", fast_launch.stream_of)
     return calls
 
 

@@ -7,10 +7,10 @@ import torch
 from helpers import assert_buffers_equal, make_rows, make_tables, poison
 from kv_canary_buffers import GraphInputs, PlanBuffers, PlanStatus, plan_reference
 from kv_canary_kernels import launch_plan
-from kv_canary_kernels.entries import plan_entries_kernel
-from kv_canary_kernels.large_batch import plan_large_batch_kernel
-from kv_canary_kernels.offsets import plan_offsets_kernel, scan_block_sums_kernel
-from kv_canary_kernels.small_batch import plan_small_batch_kernel
+from kv_canary_kernels.plan.entries import plan_entries_kernel
+from kv_canary_kernels.plan.large_batch import plan_large_batch_kernel
+from kv_canary_kernels.plan.offsets import plan_offsets_kernel, scan_block_sums_kernel
+from kv_canary_kernels.plan.small_batch import plan_small_batch_kernel
 
 pytestmark = [
     pytest.mark.gpu,

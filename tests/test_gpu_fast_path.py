@@ -1,6 +1,6 @@
 """GPU-only tests of the launchers' host fast path (skipped without CUDA): after the first
 launch for a (store, plan buffers, sources, config) combination, later launches hand the
-compiled kernel cached addresses (kv_canary_kernels/launcher.py). Repeated launches with
+compiled kernel cached addresses (kv_canary_kernels/fast_launch.py). Repeated launches with
 changing inputs, tags and sources must equal the references; the fast path must actually
 be taken; an object tampered with after caching must still be refused with nothing
 written; a config change must launch its own variant."""
@@ -24,11 +24,11 @@ from kv_canary_buffers import (
     write_reference,
 )
 from kv_canary_kernels import launch_plan, launch_verify, launch_write
-from kv_canary_kernels import plan as plan_module
+from kv_canary_kernels.plan import dispatch as plan_module
 from kv_canary_kernels import verify as verify_module
 from kv_canary_kernels import write as write_module
 from kv_canary_kernels.config import launch_config
-from kv_canary_kernels.launcher import Launcher
+from kv_canary_kernels.fast_launch import Launcher
 
 pytestmark = [
     pytest.mark.gpu,

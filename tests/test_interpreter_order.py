@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kv_canary_kernels.launcher import INTERPRETER_TOO_LATE
+from kv_canary_kernels.fast_launch import INTERPRETER_TOO_LATE
 
 ROOT = Path(__file__).resolve().parents[1]
 TROUBLESHOOTING = (ROOT / "docs" / "troubleshooting.md").read_text()

@@ -74,7 +74,7 @@ def test_every_atomic_in_the_kernel_sources_names_relaxed():
     """The plan's kernels too; acquire and release only in large_batch.py, whose programs
     wait for each other through its sync words."""
     calls = 0
-    for path in sorted((ROOT / "kv_canary_kernels").glob("*.py")):
+    for path in sorted((ROOT / "kv_canary_kernels").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if (
                 isinstance(node, ast.Call)
@@ -116,9 +116,9 @@ def test_ptx_products_immediates_are_the_multipliers_halves():
     a wrong digit would change every hash on the GPU alone. Checked here against layout's
     multipliers (and ``sm`` pairing each multiplier with its string), and the PTX's
     arithmetic on the halves against ``x * M`` in integers."""
-    from kv_canary_kernels import canary_common, constants
+    from kv_canary_kernels import constants, records
 
-    sm_source = inspect.getsource(canary_common.sm.fn)
+    sm_source = inspect.getsource(records.sm.fn)
     assert "_product_halves(lo, hi, MUL1, PTX_HIGH1)" in sm_source
     assert "_product_halves(lo, hi, MUL2, PTX_HIGH2)" in sm_source
     imm1 = _ptx_immediates(constants.PTX_HIGH1.value)

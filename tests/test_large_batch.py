@@ -1,4 +1,4 @@
-"""The one-launch large-batch plan (kv_canary_kernels/large_batch.py): which launches run,
+"""The one-launch large-batch plan (kv_canary_kernels/plan/large_batch.py): which launches run,
 the launch-numbered marks that let one buffers object plan batch after batch, and a launch
 whose programs cannot follow the protocol (two launches on the same buffers at once),
 which must finish, stay in bounds and say so.
@@ -14,7 +14,7 @@ import pickle
 import pytest
 import torch
 
-import kv_canary_kernels.plan as plan_module
+import kv_canary_kernels.plan.dispatch as plan_module
 from conftest import DEVICE
 from helpers import assert_buffers_equal, assert_in_bounds, poison, poison_arena
 from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference

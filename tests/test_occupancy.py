@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kv_canary_kernels import launcher
+from kv_canary_kernels import fast_launch as launcher
 
 H200 = (65536, 232448, 2048)
 """Registers, shared memory bytes (a block's opt-in maximum) and threads of an H200."""

@@ -44,13 +44,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..constants import PLAN_SYNC_LOST_BIT
 from .common import (
     load_rows,
     write_offsets_and_counters,
     write_seed_block,
     zero_offsets_tail,
 )
-from .constants import PLAN_SYNC_LOST_BIT
 from .entries import write_entry_blocks
 
 _RUNTIME_INTS = [

@@ -1,22 +1,90 @@
-"""``verify_reference``: the torch verify stage, the CPU path and the verify kernel's oracle.
+"""The verify stage in torch: its arguments, their host-side checks and the reference.
 
-It follows docs/contract.md ("Verify") with no Python loop over entries. It reads tensor
-data, so on a GPU it synchronizes: an oracle and a CPU path, not something to capture.
+- :func:`validate_verify_args` (-> :class:`VerifyArgs`): every host-side check of one
+  verify call, run first by both verify paths (``verify_reference`` here,
+  ``launch_verify`` in ``kv_canary_kernels``); reads no tensor data and never syncs.
+- :func:`verify_reference`: the torch verify stage, the CPU path and the verify kernel's
+  oracle. It follows docs/contract-canary.md ("Verify") with no Python loop over entries.
+  It reads tensor data, so on a GPU it synchronizes: an oracle and a CPU path, not
+  something to capture.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .buffers import PlanBuffers
-from .layout import POSITION, PREV_HASH, REAL_KV_HASH, RECORD_DTYPE, TOKEN, UNCHECKED_TOKEN
+from .checks import check_bool, check_int64, new_tuple
+from .layout import (
+    INT64_MAX,
+    INT64_MIN,
+    POSITION,
+    PREV_HASH,
+    REAL_KV_HASH,
+    RECORD_DTYPE,
+    TOKEN,
+    UNCHECKED_TOKEN,
+)
 from .real_kv import RealKV, first_row_past_sources, real_kv_hash
+from .records import (
+    append_rows,
+    chain_hash_of,
+    check_plan_buffers,
+    check_real_kv,
+    check_same_device,
+    check_store,
+    plan_count,
+    raise_bad,
+)
 from .status import FailBits
 from .store import CanaryStore
-from .validation import VerifyArgs, validate_verify_args
-from .write_reference import append_rows, chain_hash_of, plan_count, raise_bad
 
 
+# --- arguments and their checks ---------------------------------------------------------
+class VerifyArgs(NamedTuple):
+    """The validated arguments of one verify call."""
+
+    launch_tag: int
+    check_expected_tokens: bool
+    real_kv: RealKV | None
+
+
+def validate_verify_args(
+    store: object,
+    plan_buffers: object,
+    *,
+    launch_tag: int = 0,
+    check_expected_tokens: bool = True,
+    real_kv: RealKV | None = None,
+) -> VerifyArgs:
+    """Every host-side check of one verify call (both verify paths run it first)."""
+    if type(store) is not CanaryStore:
+        check_store(store)  # raises the TypeError
+    st: CanaryStore = store  # type: ignore[assignment]
+    st.check()
+    if type(plan_buffers) is not PlanBuffers:
+        check_plan_buffers(plan_buffers)  # raises the TypeError
+    bufs: PlanBuffers = plan_buffers  # type: ignore[assignment]
+    bufs.check()
+    if st.arena.device != bufs.arena.device:
+        check_same_device(st, bufs)
+    tag = (
+        launch_tag
+        if type(launch_tag) is int and INT64_MIN <= launch_tag <= INT64_MAX
+        else check_int64("launch_tag", launch_tag)
+    )
+    check = (
+        check_expected_tokens
+        if type(check_expected_tokens) is bool
+        else check_bool("check_expected_tokens", check_expected_tokens)
+    )
+    kv = None if real_kv is None else check_real_kv(real_kv, st)
+    return new_tuple(VerifyArgs, (tag, check, kv))
+
+
+# --- the torch reference ------------------------------------------------------------------
 def _verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) -> None:
     if int(buffers.verify_enable.item()) == 0:  # an overflowed plan: nothing is checked
         store.kernel_runs.add_(1)

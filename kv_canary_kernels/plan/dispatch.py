@@ -5,7 +5,6 @@ from __future__ import annotations
 import operator
 
 import torch
-from torch.compiler import is_compiling
 
 from kv_canary_buffers.buffers import PlanBuffers
 from kv_canary_buffers.layout import (
@@ -16,13 +15,12 @@ from kv_canary_buffers.layout import (
     ROW_HINT_STRIDE,
     SCAN_BLOCK,
 )
-from kv_canary_buffers.validation import PlanArgs, validate_plan_args
+from kv_canary_buffers.plan import PlanArgs
 
-from . import compiled
-from .config import INTERPRETING, DeviceConfig, device_config
+from ..config import INTERPRETING, DeviceConfig, device_config
+from ..fast_launch import Launcher, alignment_key, capturing, cdiv
 from .entries import plan_entries_kernel
 from .large_batch import plan_large_batch_kernel
-from .launcher import Launcher, alignment_key, capturing, cdiv
 from .offsets import plan_offsets_kernel, scan_block_sums_kernel
 from .small_batch import plan_small_batch_kernel
 
@@ -336,63 +334,3 @@ def int_classes(values: tuple[int, ...]) -> int:
         if not INT32_MIN <= v <= INT32_MAX:
             bits |= 1 << i
     return bits
-
-
-def launch_plan(
-    buffers: PlanBuffers,
-    *,
-    req_pool_indices: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    extend_seq_lens: torch.Tensor,
-    req_to_token: torch.Tensor,
-    swa_window_size: int = 0,
-    full_to_swa_index_mapping: torch.Tensor | None = None,
-    req_to_verify_expected_tokens: torch.Tensor | None = None,
-    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None,
-    kv_token_id_vs_position_offset: int = 0,
-) -> None:
-    """Fill ``buffers`` with the plan of one batch on the GPU, byte for byte equal to
-    :func:`kv_canary_buffers.plan_reference` (same arguments, shapes and dtypes).
-
-    Runs the shared host-side validation and ``buffers.check()`` first, so a rejected
-    call writes nothing; then one kernel launch on the current stream (``bs < 1024``, and
-    eager batches below ``LaunchConfig.one_launch_max_rows``) or three (in a CUDA graph
-    capture, and larger batches). It never allocates device memory, never syncs and is
-    safe to capture in a CUDA graph (see :class:`kv_canary_buffers.GraphInputs`). Input
-    data outside the tables is not read: the affected values become padding values and a
-    :class:`PlanStatus` bit is set in ``buffers.status`` (read it with
-    ``buffers.take_status()``).
-
-    Raises:
-        TypeError: ``buffers`` is not a :class:`PlanBuffers`, or an argument has the
-            wrong type.
-        ValueError: a host-side check failed (the message names the argument).
-        RuntimeError: Triton cannot run on ``buffers.device`` (a CPU tensor without
-            ``TRITON_INTERPRET=1``): use ``plan_reference`` there.
-    """
-    if is_compiling() and compiled.plan(  # traced by torch.compile: one custom operator
-        buffers,
-        req_pool_indices=req_pool_indices,
-        prefix_lens=prefix_lens,
-        extend_seq_lens=extend_seq_lens,
-        req_to_token=req_to_token,
-        swa_window_size=swa_window_size,
-        full_to_swa_index_mapping=full_to_swa_index_mapping,
-        req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-        kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
-    ):
-        return
-    args = validate_plan_args(
-        buffers,
-        req_pool_indices=req_pool_indices,
-        prefix_lens=prefix_lens,
-        extend_seq_lens=extend_seq_lens,
-        req_to_token=req_to_token,
-        swa_window_size=swa_window_size,
-        full_to_swa_index_mapping=full_to_swa_index_mapping,
-        req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-        kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
-    )
-    dispatch_plan(buffers, args)

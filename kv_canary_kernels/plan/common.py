@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .constants import (
+from ..constants import (
     DUMMY_SLOT,
     INT64_MAX,
     LUT_SLOT_BIT,

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
+from ..constants import PADDING_ROW
 from .common import (
     find_rows,
     load_valid_lens,
@@ -26,7 +27,6 @@ from .common import (
     write_entries,
     write_seed_block,
 )
-from .constants import PADDING_ROW
 
 _RUNTIME_INTS = [
     "bs",

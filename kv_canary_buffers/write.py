@@ -1,58 +1,173 @@
-"""``write_reference``: the torch write stage, the CPU path and the write kernel's oracle.
+"""The write stage in torch: its arguments, their host-side checks and the reference.
 
-It follows docs/contract.md ("Write") line by line. The chain within a row is serial by
-definition, so the loop runs over token positions within rows, each step vectorized across
-every row that still has tokens. It reads tensor data (to size the loop and to check it),
-so on a GPU it synchronizes: an oracle and a CPU path, not something to capture.
+- :func:`validate_write_args` (-> :class:`WriteArgs`): every host-side check of one write
+  call, run first by both write paths (``write_reference`` here, ``launch_write`` in
+  ``kv_canary_kernels``); reads no tensor data and never syncs.
+- :func:`write_reference`: the torch write stage, the CPU path and the write kernel's
+  oracle. It follows docs/contract-canary.md ("Write") line by line. The chain within a row
+  is serial by definition, so the loop runs over token positions within rows, each step
+  vectorized across every row that still has tokens. It reads tensor data (to size the
+  loop and to check it), so on a GPU it synchronizes: an oracle and a CPU path, not
+  something to capture.
 """
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple, NoReturn
+
 import torch
 
 from .buffers import PlanBuffers
-from .hashing import H0_SIGNED, mix3
-from .layout import POSITION, RECORD_DTYPE
+from .checks import check_int64, check_length, check_tensor, new_tuple
+from .hashing import mix3
+from .layout import INT64_MAX, INT64_MIN, POSITION, RECORD_DTYPE, ROW_DTYPE
 from .real_kv import RealKV, first_row_past_sources, real_kv_hash
+from .records import (
+    append_rows,
+    chain_hash_of,
+    check_not_aliasing_store,
+    check_plan_buffers,
+    check_real_kv,
+    check_same_device,
+    check_store,
+    plan_count,
+    raise_bad,
+)
 from .status import FailBits
 from .store import CanaryStore
-from .validation import WriteArgs, validate_write_args
 
 
-def chain_hash_of(records: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """The contract's ``hash_of(s)``: ``mix3(prev_hash, token, position)`` of each slot's
-    record, ``H0`` for a negative slot. ``slots`` int64 ``[m]``, each ``< num_slots``."""
-    rec = records.index_select(0, slots.clamp_min(0))
-    hashed = mix3(rec[:, 2], rec[:, 0], rec[:, 1])
-    return torch.where(slots < 0, H0_SIGNED, hashed)
+# --- arguments and their checks ---------------------------------------------------------
+class WriteArgs(NamedTuple):
+    """The validated arguments of one write call."""
+
+    n: int
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_cache_loc: torch.Tensor
+    launch_tag: int
+    expected_input_ids: torch.Tensor | None
+    expected_positions: torch.Tensor | None
+    real_kv: RealKV | None
+    """None when no real-KV hash is taken (no object, mode NONE or no sources)."""
+    aligned: bool
+    """Whether every per-token input starts 16-byte aligned (the kernels' fast variant)."""
+    addresses: tuple[int, ...]
+    """The data pointers of input_ids, positions, out_cache_loc, then of the expected
+    inputs or (without them) of input_ids and positions again, read once by the checks:
+    the kernel's launch passes them instead of the tensors."""
 
 
-def raise_bad(argument: str, index: int, value: int, rule: str) -> None:
-    """The references' error for data the kernels would skip with a status bit."""
-    raise ValueError(
-        f"kv-canary: {argument}[{index}] = {value} must be {rule} (data outside the store "
-        "or the inputs: the kernels skip it and raise a CanaryStatus bit)"
+def validate_write_args(
+    store: object,
+    plan_buffers: object,
+    *,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    launch_tag: int = 0,
+    expected_input_ids: torch.Tensor | None = None,
+    expected_positions: torch.Tensor | None = None,
+    real_kv: RealKV | None = None,
+) -> WriteArgs:
+    """Every host-side check of one write call (both write paths run it first).
+
+    ``TypeError`` for an object of the wrong type, ``ValueError`` for everything else;
+    reads no tensor data and never syncs."""
+    # check_store / check_plan_buffers / check_same_device, their common case inline
+    if type(store) is not CanaryStore:
+        check_store(store)  # raises the TypeError
+    st: CanaryStore = store  # type: ignore[assignment]
+    st.check()
+    if type(plan_buffers) is not PlanBuffers:
+        check_plan_buffers(plan_buffers)  # raises the TypeError
+    bufs: PlanBuffers = plan_buffers  # type: ignore[assignment]
+    bufs.check()
+    if st.arena.device != bufs.arena.device:
+        check_same_device(st, bufs)
+    has_expected = expected_input_ids is not None
+    if has_expected != (expected_positions is not None):
+        given = "expected_input_ids" if expected_positions is None else "expected_positions"
+        raise ValueError(
+            "kv-canary: expected_input_ids and expected_positions must be given together, "
+            f"got only {given}"
+        )
+    inputs = (
+        (input_ids, positions, out_cache_loc, expected_input_ids, expected_positions)
+        if has_expected
+        else (input_ids, positions, out_cache_loc)
+    )
+    # Hot path (every launch): a handful of attribute reads per input; the detailed
+    # checks below run only to word the error.
+    arena = st.arena
+    start, end = arena.base, arena.base + arena.nbytes
+    # get_device() alone is -1 on the CPU and on meta: compare the device type too
+    on_device = arena.on_device
+    n = out_cache_loc.shape[0] if isinstance(out_cache_loc, torch.Tensor) else -1
+    shape = (n,)
+    aligned = True
+    pointers = []
+    for t in inputs:
+        if not (
+            isinstance(t, torch.Tensor)
+            and t.dtype is ROW_DTYPE
+            and t.shape == shape
+            and on_device(t)
+            and t.is_contiguous()
+        ):
+            _raise_write_input_error(st, inputs)
+        ptr = t.data_ptr()
+        if ptr < end and start < ptr + 8 * n:
+            _raise_write_input_error(st, inputs)
+        aligned = aligned and ptr % 16 == 0
+        pointers.append(ptr)
+    if not has_expected:
+        pointers += pointers[:2]
+    tag = (
+        launch_tag
+        if type(launch_tag) is int and INT64_MIN <= launch_tag <= INT64_MAX
+        else (check_int64("launch_tag", launch_tag))
+    )
+    kv = None if real_kv is None else check_real_kv(real_kv, st)
+    return new_tuple(
+        WriteArgs,
+        (
+            n,
+            input_ids,
+            positions,
+            out_cache_loc,
+            tag,
+            expected_input_ids,
+            expected_positions,
+            kv,
+            aligned,
+            tuple(pointers),
+        ),
     )
 
 
-def plan_count(buffers: PlanBuffers, name: str, capacity: int) -> int:
-    """A plan counter, refused when outside ``[0, capacity]`` (never written by a plan)."""
-    value = int(getattr(buffers, name).item())
-    if not 0 <= value <= capacity:
-        raise_bad(f"plan_buffers.{name}", 0, value, f"in [0, {capacity}]")
-    return value
+_WRITE_INPUT_NAMES = (
+    "input_ids",
+    "positions",
+    "out_cache_loc",
+    "expected_input_ids",
+    "expected_positions",
+)
 
 
-def append_rows(store: CanaryStore, rows: torch.Tensor) -> None:
-    """Append int64 ``[m, 8]`` rows to the ring in order: fill once, count everything."""
-    count = int(store.violation_count.item())
-    capacity = store.violation_capacity
-    keep = max(0, min(rows.shape[0], capacity - count))
-    if keep:
-        store.violations[count : count + keep].copy_(rows[:keep])
-    store.violation_count.add_(rows.shape[0])
+def _raise_write_input_error(store: CanaryStore, inputs: tuple[Any, ...]) -> NoReturn:
+    """Word the first failing check of the write's per-token inputs."""
+    device = store.device
+    check_tensor("out_cache_loc", inputs[2], ROW_DTYPE, 1, device)
+    n = inputs[2].shape[0]
+    for name, t in zip(_WRITE_INPUT_NAMES, inputs):
+        check_length(name, t, n, device)
+    for name, t in zip(_WRITE_INPUT_NAMES, inputs):
+        check_not_aliasing_store(name, t, store)
+    raise AssertionError("kv-canary: internal error: the fast input check failed alone")
 
 
+# --- the torch reference ------------------------------------------------------------------
 def _rows(*columns: torch.Tensor) -> torch.Tensor:
     return torch.stack([c.to(RECORD_DTYPE) for c in columns], dim=1)
 
