@@ -4,10 +4,10 @@ generated code (a move, a rename, a refactor of the host side) is checked with.
     python scripts/sass_digest.py [--dump DIR]          # in each tree; compare the outputs
 
 Compiles each ``@triton.jit`` kernel of ``kv_canary_kernels`` (the working tree's, or the one
-first on ``PYTHONPATH``) in a few variants for sm_90 with Triton's own ptxas
-(pointers typed by parameter name and 16-byte aligned, runtime ints int32 unless
-annotated ``tl.int64``) and prints one line per variant: its name and the SHA-256 of its disassembly with
-addresses and the kernel's symbol name dropped. Two trees whose lines are equal generate the
+first on ``PYTHONPATH``) in a few variants for sm_90 with Triton's own ptxas (pointers typed
+by parameter name and 16-byte aligned, runtime ints int32 unless annotated ``tl.int64``) and
+prints one line per variant: its name and the SHA-256 of its disassembly with addresses and
+the kernel's symbol name dropped. Two trees whose lines are equal generate the
 same machine code. ``--dump DIR`` also writes each disassembly, for a diff.
 """
 
@@ -30,12 +30,25 @@ ROOT = Path(__file__).resolve().parents[1]
 PLAN = {"HAS_LUT": True, "HAS_POOL": True}
 VARIANTS: list[tuple[str, str, str, dict[str, Any], int]] = [
     # (name, module, kernel, constexprs, warps)
-    ("plan small", "plan.small_batch", "plan_small_batch_kernel", {**PLAN, "ROWS": 256, "BLOCK": 256}, 8),
+    (
+        "plan small",
+        "plan.small_batch",
+        "plan_small_batch_kernel",
+        {**PLAN, "ROWS": 256, "BLOCK": 256},
+        8,
+    ),
     (
         "plan large",
         "plan.large_batch",
         "plan_large_batch_kernel",
-        {**PLAN, "BLOCK": 1024, "CHUNK_ROWS": 1024, "ROW_WINDOW": 32, "HINT_STRIDE": 16, "MAX_POLLS": 1 << 20},
+        {
+            **PLAN,
+            "BLOCK": 1024,
+            "CHUNK_ROWS": 1024,
+            "ROW_WINDOW": 32,
+            "HINT_STRIDE": 16,
+            "MAX_POLLS": 1 << 20,
+        },
         8,
     ),
     ("plan sums", "plan.offsets", "scan_block_sums_kernel", {"BLOCK": 1024, "USE_PDL": True}, 8),
@@ -58,7 +71,14 @@ VARIANTS: list[tuple[str, str, str, dict[str, Any], int]] = [
             f"write expected={e} sources={n} mode={m}",
             "write",
             "canary_write_kernel",
-            {"HAS_EXPECTED": e, "NUM_SOURCES": n, "MODE": m, "ROWS": 32, "CHUNK": 16, "CHAIN_UNROLL": 2 if e else 4},
+            {
+                "HAS_EXPECTED": e,
+                "NUM_SOURCES": n,
+                "MODE": m,
+                "ROWS": 32,
+                "CHUNK": 16,
+                "CHAIN_UNROLL": 2 if e else 4,
+            },
             1,
         )
         for e, n, m in ((False, 0, 0), (True, 0, 0), (False, 2, 1), (True, 4, 2))
@@ -73,7 +93,7 @@ VARIANTS: list[tuple[str, str, str, dict[str, Any], int]] = [
         )
         for t, n, m in ((True, 0, 0), (False, 2, 1), (True, 4, 2))
     ),
-]  # fmt: skip
+]
 
 
 _INT32_POINTERS = {

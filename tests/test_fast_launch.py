@@ -253,8 +253,8 @@ def test_a_repeated_plan_launch_passes_the_first_launchs_arguments(
     addresses (the one-launch path's launch number one higher, the only argument that
     changes), and builds none of the first launch's constexprs or options."""
     from kv_canary_kernels import fast_launch, launch_plan
-    from kv_canary_kernels.plan import dispatch as plan_module
     from kv_canary_kernels.config import launch_config
+    from kv_canary_kernels.plan import dispatch as plan_module
 
     calls: list[tuple] = []
     builds: list[str] = []

@@ -24,11 +24,11 @@ from kv_canary_buffers import (
     write_reference,
 )
 from kv_canary_kernels import launch_plan, launch_verify, launch_write
-from kv_canary_kernels.plan import dispatch as plan_module
 from kv_canary_kernels import verify as verify_module
 from kv_canary_kernels import write as write_module
 from kv_canary_kernels.config import launch_config
 from kv_canary_kernels.fast_launch import Launcher
+from kv_canary_kernels.plan import dispatch as plan_module
 
 pytestmark = [
     pytest.mark.gpu,
