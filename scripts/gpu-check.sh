@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check of the project in one run (use a 2-GPU machine for tests/test_multi_gpu.py):
+# Every GPU check of the project in one run (use a 2-GPU machine for tests/launch/test_multi_gpu.py):
 # GPU tests (those of torch.compile in a run of their own), compute-sanitizer memcheck of the
 # plan and of write/verify, the demo on CUDA with corruption injected, and the benchmark of
 # every stage. Writes run.log, memcheck-h200.log
@@ -22,7 +22,7 @@ L=$OUT/run.log
 { date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; echo "sources $(find kv_canary_buffers kv_canary_kernels -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
 if part tests; then
 echo "== GPU tests $(date -u +%T)" >> $L
-timeout 300 python -m pytest -q tests/test_gpu.py tests/test_gpu_canary.py tests/test_gpu_fast_path.py tests/test_fast_launch.py tests/test_multi_gpu.py tests/test_end_to_end.py tests/test_demo.py tests/test_large_batch.py tests/test_property.py tests/test_out_of_range.py -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
+timeout 300 python -m pytest -q tests/launch/test_gpu_plan.py tests/launch/test_gpu_canary.py tests/launch/test_gpu_fast_path.py tests/launch/test_fast_launch.py tests/launch/test_multi_gpu.py tests/test_end_to_end.py tests/test_demo.py tests/plan/test_large_batch.py tests/plan/test_property.py tests/plan/test_out_of_range.py -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
 fi
 if [ "${CANARY:-1}" = 1 ] && part canary; then
   echo "== canary contract tests on CUDA $(date -u +%T)" >> $L
@@ -30,14 +30,14 @@ if [ "${CANARY:-1}" = 1 ] && part canary; then
   # CPU core each (a write variant 3.5-10 s); the out-of-range property alone compiles
   # about 45 variants, 110-125 s for each of its three write tests on the H200 host.
   python -c "import xdist" 2>/dev/null && X="-n auto" || X=""
-  timeout 420 python -m pytest -q $X tests/test_canary_contract.py tests/test_canary_property.py tests/test_canary_out_of_range.py tests/test_write_replay.py -p no:cacheprovider >> $L 2>&1; echo "canary pytest rc=$?" >> $L
+  timeout 420 python -m pytest -q $X tests/records/test_contract.py tests/records/test_property.py tests/records/test_out_of_range.py tests/records/test_write_replay.py -p no:cacheprovider >> $L 2>&1; echo "canary pytest rc=$?" >> $L
   timeout 30 python benchmarks/chain_floor.py >> $L 2>&1; echo "chain_floor rc=$?" >> $L
 fi
 if part memcheck; then
 echo "== memcheck $(date -u +%T)" >> $L
 M=$OUT/memcheck-h200.log
-timeout 100 compute-sanitizer --tool memcheck python tests/gpu_memcheck_canary.py > $M 2>&1; echo "memcheck canary rc=$?" >> $L
-timeout 200 compute-sanitizer --tool memcheck python tests/gpu_memcheck.py >> $M 2>&1; echo "memcheck plan rc=$?" >> $L
+timeout 100 compute-sanitizer --tool memcheck python scripts/memcheck/canary.py > $M 2>&1; echo "memcheck canary rc=$?" >> $L
+timeout 200 compute-sanitizer --tool memcheck python scripts/memcheck/plan.py >> $M 2>&1; echo "memcheck plan rc=$?" >> $L
 grep -E "ERROR SUMMARY|gpu_memcheck" $M >> $L
 fi
 if part demo; then
@@ -50,7 +50,7 @@ if part demo && [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
 fi
 if part compile; then
 echo "== torch.compile tests $(date -u +%T)" >> $L
-timeout 240 python -m pytest -q tests/test_gpu_compile.py -p no:cacheprovider >> $L 2>&1; echo "compile pytest rc=$?" >> $L
+timeout 240 python -m pytest -q tests/compile/test_gpu_compile.py -p no:cacheprovider >> $L 2>&1; echo "compile pytest rc=$?" >> $L
 timeout 90 python benchmarks/bench_compile_host.py >> $L 2>&1; echo "bench_compile_host rc=$?" >> $L
 fi
 if [ "${BENCH:-1}" = 1 ] && part bench; then
