@@ -66,7 +66,7 @@ class Violation:
         """This row as one line of SGLang's frozen key=value format, then this project's
         own fields (``key=value``, after SGLang's). ``tag_names`` names launch tags
         (``launch_tag=HEAD_FULL``); a tag without a name is written as its number."""
-        reasons = [_REASON_LABELS[bit] for bit in FailBits if bit and bit in self.fail_bits]
+        reasons = [reason_label(bit) for bit in FailBits if bit and bit in self.fail_bits]
         tag = tag_names.get(self.launch_tag) if tag_names is not None else None
         line = (
             "kv_canary violation: "
@@ -113,6 +113,12 @@ _REASON_LABELS = {
 }
 """SGLang's ``fail_reason`` label of each bit (its ``FailReason`` names, lower case, without
 ``_mismatch``): log parsers written for SGLang match these."""
+
+
+def reason_label(bit: FailBits) -> str:
+    """SGLang's ``fail_reason`` label of one fail bit (``FailBits.CHAIN`` ->
+    ``verify_chain_hash``), as in log lines and metrics."""
+    return _REASON_LABELS[bit]
 
 
 @attrs.frozen(kw_only=True)

@@ -153,3 +153,37 @@ def test_decode_from_the_command_line(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[1].startswith(f"kv-canary: {report.appended} violation(s)")
+
+
+def test_metrics_count_what_the_reports_say():
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from kv_canary_buffers.metrics import CanaryMetrics
+
+    registry = prometheus_client.CollectorRegistry()
+    metrics = CanaryMetrics(registry=registry, tag_names={7: "HEAD_FULL"})
+    store, report = _store_with_violations()
+
+    def value(name, **labels):
+        return registry.get_sample_value(f"kv_canary_{name}_total", labels) or 0
+
+    metrics.observe(report, store="head/full")
+    chain = sum(FailBits.CHAIN in v.fail_bits for v in report.violations)
+    assert chain > 0
+    assert (
+        value(
+            "violations", store="head/full", fail_reason="verify_chain_hash", launch_tag="HEAD_FULL"
+        )
+        == chain
+    )
+    assert value("kernel_runs", store="head/full") == report.kernel_runs == 1
+    assert value("slots_processed", store="head/full") == report.slots_processed == 3
+    # the next report adds the increase of the cumulative counters only
+    plan = new_plan(device="cpu")
+    set_verify_plan(plan, slots=[3], prevs=[-1], positions=[0])
+    verify_reference(store, plan, launch_tag=9)
+    metrics.observe(store.take_violations(), store="head/full")
+    assert value("kernel_runs", store="head/full") == 2
+    assert value("slots_processed", store="head/full") == 4
+    assert (
+        value("violations", store="head/full", fail_reason="verify_position", launch_tag="9") >= 0
+    )
