@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kv_canary_buffers.simulation import Corruption, LaunchTag, SimConfig, Simulation
-from kv_canary_buffers.status import FailBits
+from kv_canary_buffers import FailBits
+from kv_canary_demo.simulation import Corruption, LaunchTag, SimConfig, Simulation
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

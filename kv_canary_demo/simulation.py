@@ -88,18 +88,23 @@ from typing import Any, TypeAlias
 import attrs
 import torch
 
-from .buffers import PlanBuffers
-from .compare import plans_equal
-from .devices import normalize_device
-from .plan_reference import plan_reference
-from .real_kv import RealKV, RealKVMode
-from .report import Violation
-from .sizing import verify_entries_needed
-from .staging import GraphInputs
-from .status import CanaryStatus, FailBits, PlanStatus
-from .store import CanaryStore
-from .verify_reference import verify_reference
-from .write_reference import write_reference
+from kv_canary_buffers import (
+    CanaryStatus,
+    CanaryStore,
+    FailBits,
+    GraphInputs,
+    PlanBuffers,
+    PlanStatus,
+    RealKV,
+    RealKVMode,
+    Violation,
+    plan_reference,
+    plans_equal,
+    verify_entries_needed,
+    verify_reference,
+    write_reference,
+)
+from kv_canary_buffers.devices import normalize_device
 
 _EventPair: TypeAlias = tuple[torch.cuda.Event, torch.cuda.Event]
 

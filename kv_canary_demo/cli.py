@@ -33,7 +33,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ._version import __version__
+from kv_canary_buffers import __version__
+
 from .simulation import Corruption, SimConfig, Simulation
 
 DEVICES_THAT_WORK = "cpu, cuda, cuda:N"
@@ -93,7 +94,7 @@ def injection_schedule(steps: int, seed: int) -> list[tuple[int, Corruption]]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m kv_canary_buffers",
+        prog="python -m kv_canary_demo",
         description="Run the whole KV-cache canary (plan, HEAD verify, write, TAIL verify) "
         "around a simulated serving engine, step by step.",
     )
