@@ -1,4 +1,4 @@
-"""The main job, ``python -m kv_canary_buffers``: flags, --version, refused devices in one
+"""The main job, ``python -m kv_canary_demo``: flags, --version, refused devices in one
 line, a clean run (0 violations, exit 0), --inject-corruption catching every kind, the
 kernels in a tiny run, no progress bar and no traceback when the output is a closed pipe.
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from kv_canary_buffers import __version__
+from kv_canary_demo import Corruption
 from kv_canary_demo.cli import run
-from kv_canary_demo.simulation import Corruption
 
 CUDA = torch.cuda.is_available()
 # Where the Triton kernels can run in this session: the GPU, else the interpreter on CPU
