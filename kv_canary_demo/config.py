@@ -68,6 +68,8 @@ class SimConfig:
 
 @attrs.define
 class Stats:
+    """What a run counts (the demo's summary table); every part of the engine adds to it."""
+
     steps: int = 0
     admitted: int = 0
     finished: int = 0
