@@ -20,10 +20,10 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 L=$OUT/run.log
 # The sources' digest beside the commit (a copied working tree may carry a stale .git), in
 # C order: a glob's order follows the locale.
-{ date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; echo "sources $(find kv_canary_buffers kv_canary_kernels -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
+{ date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; echo "sources $(find kv_canary_buffers kv_canary_kernels kv_canary_demo -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
 if part tests; then
 echo "== GPU tests $(date -u +%T)" >> $L
-timeout 400 python -m pytest -q tests/launch tests/plan tests/buffers tests/api tests/test_demo.py tests/test_end_to_end.py -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
+timeout 400 python -m pytest -q tests/launch tests/plan tests/buffers tests/api tests/demo -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
 fi
 if [ "${CANARY:-1}" = 1 ] && part canary; then
   echo "== canary contract tests on CUDA $(date -u +%T)" >> $L
@@ -43,7 +43,7 @@ grep -E "ERROR SUMMARY|gpu_memcheck" $M >> $L
 fi
 if part demo; then
 echo "== demo $(date -u +%T)" >> $L
-timeout 60 python -m kv_canary_buffers --device cuda --inject-corruption --steps 120 >> $L 2>&1; echo "demo rc=$?" >> $L
+timeout 60 python -m kv_canary_demo --device cuda --inject-corruption --steps 120 >> $L 2>&1; echo "demo rc=$?" >> $L
 fi
 if part demo && [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   echo "== two GPUs: launch host cost, NCCL gather $(date -u +%T)" >> $L

@@ -1,9 +1,9 @@
-"""The main job, ``python -m kv_canary_buffers``: the whole canary around a toy engine.
+"""The main job, ``python -m kv_canary_demo``: the whole canary around a toy engine.
 
-It runs :class:`~kv_canary_buffers.simulation.Simulation` (read its docstring for the step
-order and the HEAD/TAIL stores) for ``--steps`` steps: two buffer groups (full attention,
-and a sliding window with its slot LUT), an expected-token pool, padding rows, a batch
-limit and KV pool that double mid-run (plan buffers grow a generation, stores are resized),
+It runs :class:`~kv_canary_demo.simulation.Simulation` (read the package docstring for
+the step order and the HEAD/TAIL stores) for ``--steps`` steps: two buffer groups (full
+attention, and a sliding window with its slot LUT), an expected-token pool, padding rows, a
+batch limit and KV pool that double mid-run (plan buffers grow a generation, stores are resized),
 and a full group whose verify capacity starts small so that a step overflows. Every plan
 is checked against the contract and ``plan_reference``; when the kernels run, reference
 stores fed the same inputs are compared with the kernels' stores every step.
@@ -13,7 +13,8 @@ which launch caught it; the run exits 0 only if every kind was caught and every 
 belongs to a request some injection damaged. A clean run exits 0 only with no violation
 at all. The stages are the Triton kernels where Triton can run (a GPU, replayed from CUDA
 graphs, or the CPU with ``TRITON_INTERPRET=1``) and the torch references elsewhere; this
-module imports Triton only in the first case, when the demo runs.
+module imports Triton only in the first case, when the demo runs. This is the only module
+of the project that imports rich.
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ._version import __version__
-from .simulation import Corruption, SimConfig, Simulation
+from kv_canary_buffers import __version__
+
+from .config import SimConfig
+from .corruption import Corruption
+from .simulation import Simulation
 
 DEVICES_THAT_WORK = "cpu, cuda, cuda:N"
 MIN_INJECTION_STEPS = 20
@@ -93,7 +97,7 @@ def injection_schedule(steps: int, seed: int) -> list[tuple[int, Corruption]]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m kv_canary_buffers",
+        prog="python -m kv_canary_demo",
         description="Run the whole KV-cache canary (plan, HEAD verify, write, TAIL verify) "
         "around a simulated serving engine, step by step.",
     )

@@ -1,4 +1,4 @@
-"""End to end: the toy engine (``kv_canary_buffers.simulation``) runs the whole canary,
+"""End to end: the toy engine (``kv_canary_demo``) runs the whole canary,
 plan, HEAD verify, forward, write and TAIL verify, for many steps: prefill in chunks, then
 decode, requests finishing and their slots reused, the KV pool and the plan buffers growing.
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kv_canary_buffers.simulation import Corruption, LaunchTag, SimConfig, Simulation
-from kv_canary_buffers.status import FailBits
+from kv_canary_buffers import FailBits
+from kv_canary_demo import Corruption, LaunchTag, SimConfig, Simulation
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"

@@ -1,4 +1,4 @@
-"""The main job, ``python -m kv_canary_buffers``: flags, --version, refused devices in one
+"""The main job, ``python -m kv_canary_demo``: flags, --version, refused devices in one
 line, a clean run (0 violations, exit 0), --inject-corruption catching every kind, the
 kernels in a tiny run, no progress bar and no traceback when the output is a closed pipe.
 
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from kv_canary_buffers import __version__
-from kv_canary_buffers.demo import run
-from kv_canary_buffers.simulation import Corruption
+from kv_canary_demo import Corruption
+from kv_canary_demo.cli import run
 
 CUDA = torch.cuda.is_available()
 # Where the Triton kernels can run in this session: the GPU, else the interpreter on CPU
@@ -30,7 +30,7 @@ def demo(*args: str, env_drop=("TRITON_INTERPRET",), **kwargs) -> subprocess.Com
     """The demo as a module in a fresh process (stdout and stderr are pipes)."""
     env = {k: v for k, v in os.environ.items() if k not in env_drop}
     return subprocess.run(
-        [sys.executable, "-m", "kv_canary_buffers", *args],
+        [sys.executable, "-m", "kv_canary_demo", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -236,7 +236,7 @@ def test_kernels_without_triton_are_refused_in_one_line():
 def test_a_closed_pipe_ends_the_demo_quietly():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kv_canary_buffers", "--steps", "40", "--inject-corruption", *SMALL],
+        [sys.executable, "-m", "kv_canary_demo", "--steps", "40", "--inject-corruption", *SMALL],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
@@ -254,8 +254,8 @@ def test_a_closed_pipe_ends_the_demo_quietly():
 def test_the_demo_modules_never_import_triton():
     code = (
         "import sys\n"
-        "from kv_canary_buffers import simulation\n"
-        "from kv_canary_buffers.demo import run\n"
+        "from kv_canary_demo import simulation\n"
+        "from kv_canary_demo.cli import run\n"
         "assert run(['--steps', '2', '--max-batch', '4', '--max-seq-len', '16']) == 0\n"
         "assert 'triton' not in sys.modules, 'triton was imported'\n"
     )
@@ -298,7 +298,7 @@ def test_on_a_terminal_messages_print_above_the_progress_bar():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(COLUMNS="120", TERM="xterm")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kv_canary_buffers", *args],
+        [sys.executable, "-m", "kv_canary_demo", *args],
         stdin=slave,
         stdout=slave,
         stderr=slave,
@@ -334,7 +334,7 @@ def test_importing_the_package_loads_neither_kernels_nor_triton():
     """The torch layer never imports the kernel package (nor Triton) at module level: the
     demo imports it only when it runs the kernels."""
     code = (
-        "import kv_canary_buffers, kv_canary_buffers.demo, kv_canary_buffers.simulation, sys; "
+        "import kv_canary_buffers, kv_canary_demo.cli, kv_canary_demo.simulation, sys; "
         "print('kv_canary_kernels' in sys.modules, 'triton' in sys.modules)"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
