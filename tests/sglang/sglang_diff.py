@@ -168,7 +168,8 @@ def draw_batch(rng: random.Random, spec: Spec) -> Batch:
         perm = list(range(1, num_slots))
         rng.shuffle(perm)
         lut = torch.tensor([0, *perm], dtype=I64)  # [D2] every lookup inside the LUT
-        window = rng.choice([0, 1, 3, 4])  # 0: a LUT without a window translates too
+        # 0: a LUT without a window translates too; 2**62: a window past every prefix
+        window = rng.choice([0, 1, 3, 4, 2**62])
     bs = rng.randint(1, 5)
     # [D3] distinct request rows: two rows of one batch never share a slot.
     active_rows = rng.sample(range(1, rows), k=bs)
@@ -191,11 +192,12 @@ def draw_batch(rng: random.Random, spec: Spec) -> Batch:
         extend[0] = rng.choice([0, 1, 2])
         prefix[0] = rng.randint(1, max_len - extend[0])
     batch = Batch(num_slots, rows, max_len, table, lut, window, rp, prefix, extend, None, None, 0)
+    bound = 2**31 if spec.pool else 2**63  # the pool holds int32 tokens; records int64
     for r in range(1, rows):
         for pos in range(max_len + 1):
-            batch.tokens[(r, pos)] = rng.randint(-(2**31), 2**31 - 1)  # int32: the pool's dtype
+            batch.tokens[(r, pos)] = rng.randint(-bound, bound - 1)
     if spec.pool:
-        batch.offset = rng.choice([0, 0, 1, -2])
+        batch.offset = rng.choice([0, 0, 1, -2, 2**40, -(2**62)])
         cols = max_len + 2
         pool = torch.full((rows, cols), -5, dtype=I32)
         for r in range(1, rows):
@@ -206,7 +208,7 @@ def draw_batch(rng: random.Random, spec: Spec) -> Batch:
         batch.pool = pool
         # [D2] valid lengths inside the pool's width; some shorter than the prefix (tokens
         # past them are not checked), some 0.
-        batch.valid_lens = [rng.randint(0, cols) for _ in range(bs)]
+        batch.valid_lens = [rng.choice([rng.randint(0, cols), -3]) for _ in range(bs)]
     return batch
 
 

@@ -1,9 +1,10 @@
 """This project against SGLang 0.5.23's own torch references: plan, write and verify.
 
 SGLang's references are downloaded at run time (``fetch_sglang.py``, a pinned wheel, into a
-cache outside the repository) and imported alone (``sglang_refs.py``); none of SGLang's
-code is in this repository. The module is skipped only when that download fails (no
-network), with the reason; with ``KV_CANARY_REQUIRE_SGLANG=1`` (CI) a failed download fails.
+cache outside the repository) and imported alone (``sglang_refs.py``), by the session
+fixture ``refs`` (``conftest.py``); none of SGLang's code is in this repository. The tests
+are skipped only when that download fails (no network), with the reason; with
+``KV_CANARY_REQUIRE_SGLANG=1`` (CI) a failed download fails them.
 
 - ``test_plan_*``: generated batches (padding rows, prefix and extend lengths, SWA windows
   and LUTs, an expected-token pool with valid lengths and offsets, overflowing capacities):
@@ -23,13 +24,9 @@ network), with the reason; with ``KV_CANARY_REQUIRE_SGLANG=1`` (CI) a failed dow
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import sglang_diff as diff
 import torch
-from fetch_sglang import FetchError, fetch
-from sglang_refs import SglangRefs, load_references
 
 from kv_canary_buffers import (
     CanaryStatus,
@@ -45,17 +42,6 @@ from kv_canary_buffers import (
 from kv_canary_kernels import launch_plan, launch_verify, launch_write
 
 I64, I32, U8 = torch.int64, torch.int32, torch.uint8
-
-
-@pytest.fixture(scope="session")
-def refs() -> SglangRefs:
-    try:
-        root = fetch()
-    except FetchError as err:
-        if os.environ.get("KV_CANARY_REQUIRE_SGLANG") == "1":
-            pytest.fail(f"KV_CANARY_REQUIRE_SGLANG=1 and SGLang's references are missing: {err}")
-        pytest.skip(f"SGLang 0.5.23's references could not be downloaded (no network?): {err}")
-    return load_references(root)
 
 
 # --- plan ---------------------------------------------------------------------------

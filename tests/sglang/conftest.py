@@ -1,0 +1,24 @@
+"""The ``refs`` fixture: SGLang 0.5.23's kv-canary torch references, downloaded once per
+session (``fetch_sglang.fetch``) and imported alone (``sglang_refs.load_references``).
+
+Skipped with the reason when the download fails (no network); failed instead when
+``KV_CANARY_REQUIRE_SGLANG=1`` (``.ci/run`` sets it: in CI these tests must run)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from fetch_sglang import FetchError, fetch
+from sglang_refs import SglangRefs, load_references
+
+
+@pytest.fixture(scope="session")
+def refs() -> SglangRefs:
+    try:
+        root = fetch()
+    except FetchError as err:
+        if os.environ.get("KV_CANARY_REQUIRE_SGLANG") == "1":
+            pytest.fail(f"KV_CANARY_REQUIRE_SGLANG=1 and SGLang's references are missing: {err}")
+        pytest.skip(f"SGLang 0.5.23's references could not be downloaded (no network?): {err}")
+    return load_references(root)
