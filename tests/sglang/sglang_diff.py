@@ -14,7 +14,8 @@ What is compared (``docs/porting-sglang.md`` gives the correspondence):
 - plan: ``write_offsets`` (all ``write_req_capacity + 1`` elements),
   ``write_seed_slot_indices[:bs]``, ``write_num_valid_reqs``, ``verify_num_valid``,
   ``enable`` / ``verify_enable`` and, when enabled, the four entry arrays up to
-  ``verify_num_valid``;
+  ``verify_num_valid``, against SGLang's ``plan_ref``; and (``run_plan_only``) all but the
+  entries against SGLang's Triton offsets kernel, run in the interpreter;
 - write and verify: the records byte for byte (``CanaryStore.records.view(uint8)`` against
   SGLang's ``canary_buf``), the violation rows each call appended (in order for the
   references; as a multiset for the kernels, whose row order within a call is unspecified),
@@ -107,8 +108,8 @@ class Spec:
 
 @dataclass
 class Geometry:
-    """One real-KV geometry shared by every source ([D-geometry]: a ``RealKV`` has one
-    geometry; per-source geometry is issue 26, section 3)."""
+    """One real-KV geometry shared by every source: a ``RealKV`` has one geometry today
+    (per-source geometry, issue 26 section 3, is ``test_per_source_geometry_*``)."""
 
     page_size: int
     bytes_per_token: int
@@ -155,8 +156,8 @@ class Batch:
 def draw_batch(rng: random.Random, spec: Spec) -> Batch:
     rows, max_len = 6, 10
     num_slots = rows * max_len + 1  # slot 0: the padding slot
-    # [D2] every active row's slots are distinct slots of [1, num_slots) (row 0, the padding
-    # row, stays 0 as SGLang's ReqToTokenPool leaves it).
+    # [D2, D3] every active row's slots are distinct slots of [1, num_slots) (row 0, the
+    # padding row, stays 0 as SGLang's ReqToTokenPool leaves it).
     universe = list(range(1, num_slots))
     rng.shuffle(universe)
     table = torch.zeros(rows, max_len, dtype=I32)
@@ -712,14 +713,55 @@ def run_scenario(refs: SglangRefs, spec: Spec) -> Outcome:
     return out
 
 
+def assert_offsets_equal(refs: SglangRefs, ours: Ours, kw: dict[str, Any], bs: int) -> None:
+    """SGLang's Triton offsets kernel (the half of its plan that is not CUDA C++), run in
+    the interpreter as ``launch_canary_plan_kernels`` runs it, against this project's plan:
+    write offsets, seeds, both counts and ``enable``."""
+    b = ours.plan_buffers
+    cw, cv = b.write_req_capacity, b.verify_capacity
+    out = dict(
+        out_write_offsets=torch.zeros(cw + 1, dtype=I64),  # the launcher zeroes it first
+        out_write_seed_slot_indices=torch.full((cw,), JUNK, dtype=I64),
+        out_verify_num_valid=torch.full((1,), JUNK, dtype=I32),
+        out_verify_enable=torch.full((1,), JUNK, dtype=I32),
+        out_write_num_valid_reqs=torch.full((1,), JUNK, dtype=I32),
+    )
+    refs.plan_offsets(
+        req_pool_indices=kw["req_pool_indices"],
+        prefix_lens=kw["prefix_lens"],
+        extend_seq_lens=kw["extend_seq_lens"],
+        req_to_token=kw["req_to_token"],
+        full_to_swa_index_mapping=kw["full_to_swa_index_mapping"],
+        out_verify_offsets_scratch=torch.zeros(4096 + 1, dtype=I64),
+        swa_window_size=kw["swa_window_size"],
+        verify_capacity=cv,
+        **out,
+    )
+    tag = f"{ours.name} plan vs SGLang's Triton offsets kernel"
+    assert out["out_write_offsets"].tolist() == b.write_offsets.tolist(), tag
+    assert (
+        out["out_write_seed_slot_indices"][:bs].tolist() == b.write_seed_slot_indices[:bs].tolist()
+    ), tag
+    for name, mine in (
+        ("out_verify_num_valid", b.verify_num_valid),
+        ("out_verify_enable", b.verify_enable),
+        ("out_write_num_valid_reqs", b.write_num_valid_reqs),
+    ):
+        assert int(out[name]) == int(mine), f"{tag}: {name}"
+
+
 def run_plan_only(refs: SglangRefs, spec: Spec) -> tuple[int, bool]:
-    """One plan of a drawn batch on every side, compared; returns (verify entries the batch
-    asks for, whether the plan overflowed)."""
+    """One plan of a drawn batch on every side (SGLang's reference and its Triton offsets
+    kernel, this project's reference and kernels), compared; returns (verify entries the
+    batch asks for, whether the plan overflowed)."""
     rng = random.Random(spec.seed)
     batch = draw_batch(rng, spec)
     cw = batch.bs + rng.randint(0, 3)  # [D5]
     entries = sum(len(_window(batch, p)) for r, p in enumerate(batch.prefix) if batch.active(r))
     cv = max(entries - 1, 1) if spec.overflow else entries + rng.randint(0, 3)
     run = Run(refs, spec, batch, cw, cv)
-    run.plan(plan_kwargs(batch, batch.prefix, batch.extend), "plan")
+    kw = plan_kwargs(batch, batch.prefix, batch.extend)
+    run.plan(kw, "plan")
+    for side in run.ours:
+        assert_offsets_equal(refs, side, kw, batch.bs)
     return entries, entries > cv

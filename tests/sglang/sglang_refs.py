@@ -1,7 +1,8 @@
 """Import SGLang's kv-canary torch references from the tree :mod:`fetch_sglang` extracted.
 
 Only ``sglang.kernels.ops.kv_canary``'s own modules are executed (``consts``, ``verify``,
-``write``, ``plan_ref``, ``write_ref``, ``verify_ref`` and ``_dispatch``). Their parent
+``write``, ``plan_ref``, ``write_ref``, ``verify_ref``, ``_dispatch``, and the ``plan``
+package, whose Triton offsets kernel runs in Triton's interpreter here). Their parent
 packages are empty stand-ins: ``sglang/__init__.py`` would import SGLang's whole runtime
 (transformers, FlashInfer, ...), and ``kv_canary/__init__.py`` its kernel registry. The one
 other module they import, ``sglang.kernels.jit.utils`` (the CUDA JIT: tvm-ffi, nvcc), is a
@@ -21,7 +22,15 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 PACKAGE = "sglang.kernels.ops.kv_canary"
-_MODULES = ("consts", "verify", "write", "plan_ref", "write_ref", "verify_ref")
+_MODULES = (
+    "consts",
+    "verify",
+    "write",
+    "plan_ref",
+    "write_ref",
+    "verify_ref",
+    "plan.offsets_kernel",
+)
 
 
 class SglangRefs(NamedTuple):
@@ -38,6 +47,9 @@ class SglangRefs(NamedTuple):
     """``launch_canary_write_kernel_torch_reference``."""
     verify_ref: Any
     """``launch_canary_verify_kernel_torch_reference``."""
+    plan_offsets: Any
+    """``launch_plan_offsets_kernel``: the Triton half of SGLang's plan (write offsets,
+    seeds, counts, ``enable``; its entries kernel is CUDA C++)."""
     root: Path
 
 
@@ -91,5 +103,6 @@ def load_references(root: Path) -> SglangRefs:
         plan_ref=mods["plan_ref"].launch_canary_plan_kernels_torch_reference,
         write_ref=mods["write_ref"].launch_canary_write_kernel_torch_reference,
         verify_ref=mods["verify_ref"].launch_canary_verify_kernel_torch_reference,
+        plan_offsets=mods["plan.offsets_kernel"].launch_plan_offsets_kernel,
         root=root,
     )

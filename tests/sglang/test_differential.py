@@ -301,18 +301,37 @@ def test_differs_valid_length_past_the_pool(refs):
 def test_differs_lut_lookup_past_the_lut(refs):
     """[D2] A slot looked up past ``full_to_swa_index_mapping``: both references raise
     (``ValueError``); the kernels here translate it to slot 0 and raise a status bit, where
-    SGLang's Triton helper ``_swa_translate_tile`` clamps the index to the LUT's last entry
-    (``plan/utils.py``: a plausible but wrong slot)."""
-    lut = torch.arange(6, dtype=I64)  # row 2 of the table holds slots 9..12
+    SGLang's kernels clamp the index to the LUT's last entry (its Triton helper
+    ``_swa_translate_tile``: a plausible but wrong slot), shown on the seed its Triton
+    offsets kernel writes."""
+    lut = 100 + torch.arange(6, dtype=I64)  # row 2 of the table holds slots 9..12
     bad = _plan_inputs([2], [3], [1], _table(), swa_window_size=2, full_to_swa_index_mapping=lut)
     with pytest.raises(ValueError, match="outside full_to_swa_index_mapping"):
         _sglang_plan(refs, 1, 8, bad)
+    seed = torch.full((1,), -7, dtype=I64)
+    refs.plan_offsets(
+        req_pool_indices=bad["req_pool_indices"],
+        prefix_lens=bad["prefix_lens"],
+        extend_seq_lens=bad["extend_seq_lens"],
+        req_to_token=bad["req_to_token"],
+        full_to_swa_index_mapping=lut,
+        out_verify_offsets_scratch=torch.zeros(4097, dtype=I64),
+        out_write_offsets=torch.zeros(2, dtype=I64),
+        out_write_seed_slot_indices=seed,
+        out_verify_num_valid=torch.zeros(1, dtype=I32),
+        out_verify_enable=torch.zeros(1, dtype=I32),
+        out_write_num_valid_reqs=torch.zeros(1, dtype=I32),
+        swa_window_size=2,
+        verify_capacity=8,
+    )
+    assert int(seed) == 105  # slot 11 looked up as lut[5]
     buffers = PlanBuffers.allocate(write_req_capacity=1, verify_capacity=8, device="cpu")
     with pytest.raises(ValueError, match="full_to_swa_index_mapping"):
         plan_reference(buffers, **bad)
     launch_plan(buffers, **bad)
     assert buffers.take_status() & PlanStatus.LUT_SLOT_OUT_OF_RANGE
     assert buffers.verify_slot_indices[:2].tolist() == [0, 0]
+    assert int(buffers.write_seed_slot_indices[0]) == 0
 
 
 def _sglang_log(ring=8):
