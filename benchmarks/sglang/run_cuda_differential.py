@@ -265,10 +265,12 @@ class World:
                 else sizes.all_bytes_per_token
             )
             self.bytes_per_token = bpt
+            # Random bytes made where they live (4 GB a source for ALL at 4096 rows).
+            gdev = torch.Generator(device=device).manual_seed(seed)
             self.kv = [
-                torch.randint(0, 256, (self.num_slots, bpt), dtype=U8, generator=g)
+                torch.empty((self.num_slots, bpt // 8), dtype=I64, device=device)
+                .random_(generator=gdev)
                 .view(torch.bfloat16)
-                .to(device)
                 for _ in range(2)
             ]
 

@@ -2,7 +2,7 @@
 
 SGLang's references are downloaded at run time (``fetch_sglang.py``, a pinned wheel, into a
 cache outside the repository) and imported alone (``sglang_refs.py``), by the session
-fixture ``refs`` (``conftest.py``); none of SGLang's code is in this repository. The tests
+fixture ``refs`` (``sglang_fixture.py``); none of SGLang's code is in this repository. The tests
 are skipped only when that download fails (no network), with the reason; with
 ``KV_CANARY_REQUIRE_SGLANG=1`` (CI) a failed download fails them.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 import pytest
 import sglang_diff as diff
 import torch
+from sglang_fixture import refs_fixture  # noqa: F401  (the session fixture ``refs``)
 
 from kv_canary_buffers import (
     CanaryStatus,

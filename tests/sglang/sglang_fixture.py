@@ -1,5 +1,7 @@
 """The ``refs`` fixture: SGLang 0.5.23's kv-canary torch references, downloaded once per
 session (``fetch_sglang.fetch``) and imported alone (``sglang_refs.load_references``).
+Test modules import it (not a ``conftest.py``: the tests import the top-level
+``tests/conftest.py`` as ``conftest``, which a second one would replace).
 
 Skipped with the reason when the download fails (no network); failed instead when
 ``KV_CANARY_REQUIRE_SGLANG=1`` (``.ci/run`` sets it: in CI these tests must run). Skipped
@@ -14,8 +16,8 @@ from fetch_sglang import FetchError, fetch
 from sglang_refs import SglangRefs, load_references
 
 
-@pytest.fixture(scope="session")
-def refs() -> SglangRefs:
+@pytest.fixture(scope="session", name="refs")
+def refs_fixture() -> SglangRefs:
     if os.environ.get("TRITON_INTERPRET") != "1":
         # tests/conftest.py sets it without CUDA. These tests keep every tensor on the CPU
         # (SGLang's references run there); on a GPU machine the comparison with SGLang's
