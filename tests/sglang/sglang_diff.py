@@ -94,6 +94,9 @@ class Spec:
     """The step's verify capacity one short of its entries."""
     ring: int = 64
     """Violation ring rows of this project's reference store (see :data:`KERNEL_RING`)."""
+    holes: bool = False
+    """``req_to_token`` entries of 0 (unfilled: the padding slot) and -1 (no slot) in the
+    active rows (plans only: a write would then give slot 0 to several rows, [D3])."""
 
     def __str__(self) -> str:
         parts = [f"seed{self.seed}", ("NONE", "PARTIAL", "ALL")[self.mode], self.corruption]
@@ -103,6 +106,7 @@ class Spec:
         parts += [] if self.chain_check else ["nochain"]
         parts += ["overflow"] if self.overflow else []
         parts += [f"ring{self.ring}"] if self.ring != 64 else []
+        parts += ["holes"] if self.holes else []
         return "-".join(parts)
 
 
@@ -163,6 +167,9 @@ def draw_batch(rng: random.Random, spec: Spec) -> Batch:
     table = torch.zeros(rows, max_len, dtype=I32)
     for r in range(1, rows):
         table[r] = torch.tensor(universe[(r - 1) * max_len : r * max_len], dtype=I32)
+    if spec.holes:
+        for _ in range(rng.randint(1, 8)):
+            table[rng.randrange(1, rows), rng.randrange(max_len)] = rng.choice([0, -1])
     lut = None
     window = 0
     if spec.swa:

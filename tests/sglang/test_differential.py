@@ -47,7 +47,7 @@ I64, I32, U8 = torch.int64, torch.int32, torch.uint8
 
 # --- plan ---------------------------------------------------------------------------
 PLAN_SPECS = [
-    diff.Spec(seed=1000 + i, swa=i % 3 == 1, pool=i % 4 != 3, overflow=i % 7 == 6)
+    diff.Spec(seed=1000 + i, swa=i % 3 == 1, pool=i % 4 != 3, overflow=i % 7 == 6, holes=i % 5 == 2)
     for i in range(48)
 ]
 
