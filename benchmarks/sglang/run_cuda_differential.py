@@ -325,7 +325,8 @@ class Ours:
 
     def rows(self) -> Counter[tuple[int, ...]]:
         n = min(int(self.store.violation_count), RING)
-        return Counter(tuple(r) for r in self.store.violations[:n].tolist())
+        # SGLang's 8 columns (this project may keep more beside them).
+        return Counter(tuple(r) for r in self.store.violations[:n, :8].tolist())
 
     def clear(self) -> None:
         self.store.take_violations()

@@ -421,7 +421,8 @@ class Ours:
 
     def rows(self, start: int, stop: int) -> list[tuple[int, ...]]:
         stop = min(stop, self.store.violation_capacity)
-        return [tuple(r) for r in self.store.violations[start:stop].tolist()]
+        # SGLang's 8 columns (this project may keep more beside them, issue 26 section 1).
+        return [tuple(r) for r in self.store.violations[start:stop, :8].tolist()]
 
 
 # --- comparisons ---------------------------------------------------------------------
