@@ -47,7 +47,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from sglang_refs import SglangRefs
 
 from kv_canary_buffers import (
     CanaryStore,
@@ -59,6 +58,7 @@ from kv_canary_buffers import (
     write_reference,
 )
 from kv_canary_kernels import launch_plan, launch_verify, launch_write
+from tests.sglang.sglang_refs import SglangRefs
 
 I64, I32, U8 = torch.int64, torch.int32, torch.uint8
 JUNK = -7777

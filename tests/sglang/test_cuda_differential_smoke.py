@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from sglang_fixture import refs_fixture  # noqa: F401  (the session fixture ``refs``)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "sglang" / "run_cuda_differential.py"
 

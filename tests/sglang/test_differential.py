@@ -2,7 +2,7 @@
 
 SGLang's references are downloaded at run time (``fetch_sglang.py``, a pinned wheel, into a
 cache outside the repository) and imported alone (``sglang_refs.py``), by the session
-fixture ``refs`` (``sglang_fixture.py``); none of SGLang's code is in this repository. The tests
+fixture ``refs`` (``tests/sglang/conftest.py``); none of SGLang's code is in this repository.
 are skipped only when that download fails (no network), with the reason; with
 ``KV_CANARY_REQUIRE_SGLANG=1`` (CI) a failed download fails them.
 
@@ -25,9 +25,7 @@ are skipped only when that download fails (no network), with the reason; with
 from __future__ import annotations
 
 import pytest
-import sglang_diff as diff
 import torch
-from sglang_fixture import refs_fixture  # noqa: F401  (the session fixture ``refs``)
 
 from kv_canary_buffers import (
     CanaryStatus,
@@ -41,6 +39,7 @@ from kv_canary_buffers import (
     write_reference,
 )
 from kv_canary_kernels import launch_plan, launch_verify, launch_write
+from tests.sglang import sglang_diff as diff
 
 I64, I32, U8 = torch.int64, torch.int32, torch.uint8
 

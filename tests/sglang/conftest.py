@@ -1,7 +1,5 @@
 """The ``refs`` fixture: SGLang 0.5.23's kv-canary torch references, downloaded once per
 session (``fetch_sglang.fetch``) and imported alone (``sglang_refs.load_references``).
-Test modules import it (not a ``conftest.py``: the tests import the top-level
-``tests/conftest.py`` as ``conftest``, which a second one would replace).
 
 Skipped with the reason when the download fails (no network); failed instead when
 ``KV_CANARY_REQUIRE_SGLANG=1`` (``.ci/run`` sets it: in CI these tests must run). Skipped
@@ -12,8 +10,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from fetch_sglang import FetchError, fetch
-from sglang_refs import SglangRefs, load_references
+
+from tests.sglang.fetch_sglang import FetchError, fetch
+from tests.sglang.sglang_refs import SglangRefs, load_references
 
 
 @pytest.fixture(scope="session", name="refs")
