@@ -3,7 +3,7 @@
 SGLang's references are downloaded at run time (``fetch_sglang.py``, a pinned wheel, into a
 cache outside the repository) and imported alone (``sglang_refs.py``), by the session
 fixture ``refs`` (``tests/sglang/conftest.py``); none of SGLang's code is in this repository.
-are skipped only when that download fails (no network), with the reason; with
+The tests are skipped only when that download fails (no network), with the reason; with
 ``KV_CANARY_REQUIRE_SGLANG=1`` (CI) a failed download fails them.
 
 - ``test_plan_*``: generated batches (padding rows, prefix and extend lengths, SWA windows
