@@ -1,32 +1,39 @@
-"""The large-batch plan's two paths side by side on the GPU: one launch (eager, below
-``LaunchConfig.one_launch_max_rows``) against three (captured graphs and larger batches).
+"""Which path should an eager large-batch plan take: one launch or three?
 
+    python -m benchmarks.probes.plan_launch_paths [--out DIR]
+
+The large-batch plan's two paths side by side on the GPU: one launch (eager, below
+``LaunchConfig.one_launch_max_rows``) against three (captured graphs and larger batches).
 Per batch (1024 to 8191 rows, SWA off and on, mean prefix 512): the one-launch path's GPU
 time for several worker counts (eager calls queued behind a sleeping kernel: its launches
 are numbered and must not be replayed from a graph), the three-launch path's both in a
 CUDA graph of 10 calls and queued the same way, and both paths' host time per eager call.
-Every plan is checked equal to ``plan_reference`` first.
+Every plan is checked equal to ``plan_reference`` first. ``--out DIR``: the rows as JSON
+too. Needs CUDA.
 
-    PYTHONPATH=. python benchmarks/bench_plan_paths.py [--out DIR]
+Last answer (H200, 2026-11-30 17:19 UTC, after the one-launch path's review fixes): at 4096
+rows the one launch takes 39.3 us of GPU time without SWA and 25.0 with it (4 workers an
+SM), the three launches 29.7 / 19.5 in a graph, but an eager call costs the larger of its
+host and GPU times and the host takes 34.8 us for one launch against 55.2 for three: one
+launch wins below 6144 rows (8191 rows: 75.7 us GPU against 54.4 host for three, without
+SWA), hence ``one_launch_max_rows = 6144``.
+Raw, in the tag ``benchmark-results-2026-12-01``:
+``benchmarks/results/h200-plan-paths-20261130T1719-after-review.log``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from harness import configure, gpu_time, host_time_stats_us, queued_gpu_time
+from benchmarks.harness import configure, gpu_time, host_time_stats_us, logged, queued_gpu_time
+from benchmarks.plan_cases import WINDOW, make_batch, verify_entries
 from kv_canary_buffers import PlanBuffers, plan_reference, plans_equal
 from kv_canary_kernels import launch_plan
 from kv_canary_kernels.config import launch_config
-from plan_cases import WINDOW, make_batch, verify_entries
 
 BATCHES = (1024, 2048, 4096, 8191)
 WORKERS_PER_SM = (2, 4, 8)
@@ -90,4 +97,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with logged(Path(__file__).stem):
+        raise SystemExit(main())

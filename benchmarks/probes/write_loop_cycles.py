@@ -1,19 +1,21 @@
-"""A static model of the write's token loop on the H200, from its sm_90 SASS, without a GPU.
+"""How many cycles a token does the write's token loop cost, as ptxas scheduled it?
 
-    PYTHONPATH=. python benchmarks/sass_model.py [PACKAGE_DIR] [--load-latency 300] [--json]
+    python -m benchmarks.probes.write_loop_cycles [REV_OR_DIR] [--load-latency 300] [--json]
 
+A static model of the write's token loop on the H200, from its sm_90 SASS, without a GPU.
 Compiles ``canary_write_kernel`` (without real-KV sources, with and without expected
-inputs; ``PACKAGE_DIR``: a copy of ``kv_canary_kernels``, default the working tree's) for
-sm_90 with Triton's own ptxas, disassembles it with Triton's cuobjdump, finds the token
-loop (the backward branch whose body holds the most chain products: since the write's
-split, the chain program's loop) and reads each instruction's stall count from its
-control bits (bits 105-108 of the 128-bit word: the cycles before the warp issues its
-next instruction, as ptxas scheduled it). A long row's write is one warp issuing that
-loop, so its time a token is about the loop's stall sum over the tokens a body handles
-(its ``IMAD.HI`` / 6: each ``mix3`` of the chain takes the high halves of six products
-with one each), plus the waits for loads whose result is used before it arrives: each
-load is given ``--load-latency`` cycles (an L2 hit, about 300) and the loop is run a few
-times.
+inputs; ``REV_OR_DIR``: a git revision, or a directory holding a copy of a revision's
+``kv_canary_kernels``, loaded as in ``kernels_vs_revisions``; default the working tree's)
+for sm_90 with Triton's own ptxas (``benchmarks/sass.py``), disassembles it with Triton's
+cuobjdump, finds the token loop (the backward branch whose body holds the most chain
+products: since the write's split, the chain program's loop) and reads each
+instruction's stall count from its control bits (bits 105-108 of the 128-bit word: the
+cycles before the warp issues its next instruction, as ptxas scheduled it). A long row's
+write is one warp issuing that loop, so its time a token is about the loop's stall sum
+over the tokens a body handles (its ``IMAD.HI`` / 6: each ``mix3`` of the chain takes the
+high halves of six products with one each), plus the waits for loads whose result is used
+before it arrives: each load is given ``--load-latency`` cycles (an L2 hit, about 300) and
+the loop is run a few times.
 
 Calibration on the H200 (session of 2026-12-01, third part; docs/performance.md): the
 model's cycles a token divided by 1.8 GHz (a fitted constant: the SM clock measured
@@ -23,55 +25,27 @@ each of the ten loop variants timed for 16 x 2048 without expected inputs, withi
 with them. It also ranked the write split's variants (fourth part) in their measured
 order. Use it to sort candidate loops before spending device time, never as a
 measurement.
+
+Last answer (compiled on this project's CPU machine, 2026-12-01, d175989's kernels and
+5a7b446's, which are equal here): 196.5 scheduled cycles a token without expected inputs
+(4 tokens a body, 411 instructions), 236.0 with them (2 tokens, 264 instructions); 282.5 and
+260.5 with load waits of 300 cycles. Divided by 1.8 GHz: 109 ns a token, against 110 ns
+measured on the H200 for 16 x 2048 (226.3 us, docs/performance.md, the write split). The
+chain-only knock-out scheduled 178.8 cycles a token and one ``mix3`` alone 165.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import json
 import re
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-
-_INT32 = {"num_rows_ptr", "check_ptr", "status_ptr", "num_valid_ptr", "enable_ptr"}
-"""The kernels' int32 pointer arguments (flags, counts, status words), by name."""
-
-
-def cuobjdump() -> str:
-    """Triton's bundled cuobjdump (the same toolkit as its ptxas)."""
-    import triton.backends.nvidia as nvidia
-
-    return str(Path(nvidia.__file__).parent / "bin" / "cuobjdump")
-
-
-def compile_sm90(fn: Any, constexprs: dict[str, Any], num_warps: int) -> Any:
-    """``fn`` (a ``@triton.jit`` kernel of this project) compiled for sm_90 on any machine:
-    its pointers typed by name (``src*`` bf16, the int32 flags and counts, the rest int64)
-    and 16-byte aligned, as the launchers pass them; ``.asm`` holds its PTX and cubin."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    sig = {}
-    for name, p in inspect.signature(fn.fn).parameters.items():
-        ann = str(p.annotation)
-        if "constexpr" in ann:
-            sig[name] = "constexpr"
-        elif "int64" in ann:
-            sig[name] = "i64"
-        elif name.startswith("src"):
-            sig[name] = "*bf16"
-        else:
-            sig[name] = "*i32" if name in _INT32 else "*i64"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(sig.values()) if v[0] == "*"}
-    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+from benchmarks.harness import logged
+from benchmarks.revisions import export_kernels
+from benchmarks.sass import compile_sm90, instructions
 
 
 def compile_write(package: str, expected: bool) -> bytes:
@@ -82,35 +56,6 @@ def compile_write(package: str, expected: bool) -> bytes:
     if hasattr(write, "CHAIN_UNROLL"):
         constexprs["CHAIN_UNROLL"] = write.CHAIN_UNROLL[expected]
     return compile_sm90(write.canary_write_kernel, constexprs, 1).asm["cubin"]
-
-
-def instructions(cubin: bytes) -> list[dict]:
-    """Address, stall cycles, write barrier, wait mask and text of each instruction."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run(
-            [cuobjdump(), "-sass", f.name], capture_output=True, text=True, check=True
-        ).stdout
-    lines = sass.splitlines()
-    out = []
-    for i, line in enumerate(lines):
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);\s*/\* (0x[0-9a-f]+) \*/", line)
-        if not m:
-            continue
-        high = re.search(r"/\* (0x[0-9a-f]+) \*/", lines[i + 1])
-        assert high, f"no second word after {line!r}"
-        word = (int(high.group(1), 16) << 64) | int(m.group(3), 16)
-        out.append(
-            {
-                "address": int(m.group(1), 16),
-                "stall": (word >> 105) & 0xF,
-                "write_barrier": (word >> 110) & 7,
-                "wait_mask": (word >> 116) & 0x3F,
-                "text": re.sub(r"\s+", " ", m.group(2).strip()),
-            }
-        )
-    return out
 
 
 def products(body: list[dict]) -> int:
@@ -194,20 +139,25 @@ def model(package: str, load_latency: int) -> dict[str, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("package", nargs="?", default=str(ROOT / "kv_canary_kernels"))
+    parser.add_argument(
+        "revision",
+        nargs="?",
+        default=None,
+        help="a git revision or a copy of its kv_canary_kernels (default: the working tree's)",
+    )
     parser.add_argument("--load-latency", type=int, default=300)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    path = Path(args.package).resolve()
-    sys.path.insert(0, str(path.parent))
-    sys.path.insert(0, str(ROOT))
-    result = model(path.name, args.load_latency)
+    label = args.revision or "kv_canary_kernels"
+    with tempfile.TemporaryDirectory() as tmp:
+        package = export_kernels(args.revision, Path(tmp)).__name__ if args.revision else label
+        result = model(package, args.load_latency)
     if args.json:
         print(json.dumps(result))
         return 0
     for name, r in result.items():
         print(
-            f"{path.name} {name}: {r['instructions']} instructions for "
+            f"{label} {name}: {r['instructions']} instructions for "
             f"{r['tokens_per_body']} tokens; {r['stall_cycles_per_token']:.1f} cycles a token "
             f"scheduled, {r['cycles_per_token_with_load_waits']:.1f} with load waits "
             f"({args.load_latency} cycles a load)"
@@ -216,4 +166,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with logged(Path(__file__).stem):
+        raise SystemExit(main())

@@ -1,4 +1,5 @@
-"""benchmarks/sass_model.py on the working tree's write kernel (sm_90, compiled on the CPU).
+"""The write-loop model (``benchmarks.probes.write_loop_cycles``) on the working tree's write
+kernel (sm_90, compiled on the CPU).
 
 The model guided the write loop's last changes (docs/performance.md, sessions of
 2026-12-01, third and fourth parts); this keeps it running and holds the chain program's
@@ -21,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_sass_model_of_the_write_loop():
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "sass_model.py"), "--json"],
+        [sys.executable, "-m", "benchmarks.probes.write_loop_cycles", "--json"],
+        cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
@@ -33,7 +35,7 @@ def test_sass_model_of_the_write_loop():
     assert model["expected=False"]["tokens_per_body"] == 4
     assert model["expected=True"]["tokens_per_body"] == 2
     for r in model.values():
-        # One mix3 alone is about 165 scheduled cycles (chain_floor.py's kernel); a token
+        # One mix3 alone is about 165 scheduled cycles (write_chain_floor's kernel); a token
         # of the write costs more, and far less than a loop that lost its unroll.
         assert 165 < r["stall_cycles_per_token"] < 400, r
         assert r["cycles_per_token_with_load_waits"] >= r["stall_cycles_per_token"], r

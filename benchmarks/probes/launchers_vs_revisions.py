@@ -1,56 +1,53 @@
-"""Host time per eager call of the launchers of several git revisions, side by side in one run.
+"""Did a change make the launchers' host time shorter?
 
-Each revision's ``kv_canary_kernels`` is exported into a package of its own (as in
-``compare_kernel_versions.py``); the working tree's kernels run as ``HEAD``. Per case, every
-revision's ``launch_plan``, ``launch_verify`` (real-KV NONE and PARTIAL), ``launch_write``
-and a whole eager step (plan, verify, write) run on the same buffers and inputs, validated
-launchers as an engine calls them. Host time per eager call: batches of calls without a
-sync, every variant of a case interleaved batch by batch so that the host's drift hits all
-alike, a sync after each batch (outside the timing); the median over batches
-(``harness.host_time_stats_us``). ``HEAD bare`` is the working tree's dispatch on
-pre-validated arguments (no check), the floor of what validation costs. After the timing,
-the stores must hold no violation and no status bit, and ``launch_plan`` must still
-equal ``plan_reference``.
+    python -m benchmarks.probes.launchers_vs_revisions REV [REV ...] [--rounds 9]
 
-    PYTHONPATH=. python benchmarks/compare_host_versions.py REV [REV ...] [--rounds 9]
+Host time per eager call of the launchers of several git revisions, side by side in one
+run. Each revision's ``kv_canary_kernels`` is exported into a package of its own (either
+layout, as in ``kernels_vs_revisions``; ``benchmarks/revisions.py``); the working tree's
+kernels run as ``HEAD``. Per case, every revision's ``launch_plan``, ``launch_verify``
+(real-KV NONE and PARTIAL), ``launch_write`` and a whole eager step (plan, verify, write)
+run on the same buffers and inputs, validated launchers as an engine calls them (an
+exported revision's launchers run this tree's validation). Host time per eager call:
+batches of calls without a sync, every variant of a case interleaved batch by batch so
+that the host's drift hits all alike, a sync after each batch (outside the timing); the
+median over batches (``harness.host_time_stats_us``). ``HEAD bare`` is the working tree's
+dispatch on pre-validated arguments (no check), the floor of what validation costs. After
+the timing, the stores must hold no violation and no status bit, and ``launch_plan`` must
+still equal ``plan_reference``.
 
 Cases: decode plans of 64, 256 and 4096 rows (prefix uniform in [1, 1023], SWA off; 4096
 rows takes the eager one-launch plan), their verify and one new token a row; PARTIAL
-real-KV as in ``bench.py`` (K and V of one layer, 256 bytes a token). Needs CUDA and git.
+real-KV as in the benchmark (K and V of one layer, 256 bytes a token). Needs CUDA and git.
+
+Last answer (H200, 2026-11-30 20:26 UTC, ``--rows 64 4096 --calls 10 --rounds 15``:
+29143c9 against that evening's code, us): ``launch_plan`` 47.6 -> 45.5 at 64 rows and
+31.8 -> 29.6 at 4096 (bare dispatch 15.5 and 13.5), a whole step 106.8 -> 106.3 and 79.1
+-> 74.3; verify and write within 1 us.
+Raw, in the tag ``benchmark-results-2026-12-01``:
+``benchmarks/results/h200-compare-host-versions-20261130T2026.txt``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import kv_canary_kernels  # noqa: E402
-from canary_cases import GPU_SIZES, World, expect_clean  # noqa: E402
-from compare_kernel_versions import export  # noqa: E402
-from harness import configure, host_time_stats_us  # noqa: E402
-from kv_canary_buffers import PlanBuffers, plan_reference, plans_equal  # noqa: E402
-from kv_canary_buffers.plan import validate_plan_args  # noqa: E402
-from kv_canary_buffers.verify import validate_verify_args  # noqa: E402
-from kv_canary_buffers.write import validate_write_args  # noqa: E402
-from kv_canary_kernels.plan import dispatch_plan  # noqa: E402
-from kv_canary_kernels.verify import dispatch_verify  # noqa: E402
-from kv_canary_kernels.write import dispatch_write  # noqa: E402
-
-
-def package(rev: str, into: Path) -> ModuleType:
-    """``rev``'s ``kv_canary_kernels`` as a package of its own."""
-    write, _verify = export(rev, into)
-    return importlib.import_module(write.__name__.rpartition(".")[0])
+import kv_canary_kernels
+from benchmarks.canary_cases import GPU_SIZES, World, expect_clean
+from benchmarks.harness import configure, host_time_stats_us, logged
+from benchmarks.revisions import export_kernels
+from kv_canary_buffers import PlanBuffers, plan_reference, plans_equal
+from kv_canary_buffers.plan import validate_plan_args
+from kv_canary_buffers.verify import validate_verify_args
+from kv_canary_buffers.write import validate_write_args
+from kv_canary_kernels.plan import dispatch_plan
+from kv_canary_kernels.verify import dispatch_verify
+from kv_canary_kernels.write import dispatch_write
 
 
 def variants(pkg: ModuleType, w: World, bufs, store, store_kv, kv) -> dict:
@@ -102,7 +99,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     configure("cuda", smoke=False)
     with tempfile.TemporaryDirectory() as tmp:
-        packages = {rev: package(rev, Path(tmp)) for rev in args.revs}
+        packages = {rev: export_kernels(rev, Path(tmp)) for rev in args.revs}
         packages["HEAD"] = kv_canary_kernels
         names = [*packages, "HEAD bare"]
         print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
@@ -141,4 +138,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with logged(Path(__file__).stem):
+        raise SystemExit(main())

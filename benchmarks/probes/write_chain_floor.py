@@ -1,42 +1,50 @@
-"""The write's hash-chain floor: one lane computing ``running = mix3(running, t, p)`` n
-times and nothing else (no loads or stores in the loop), timed in a CUDA graph, with the
-products as the write's chain computes them (``LATENCY=True``: inline PTX on NVIDIA GPUs)
-and as Triton compiles them (``LATENCY=False``, what the verify uses).
+"""How fast can the write's hash chain go on this GPU: the chain alone, and the chain with
+the memory accesses a prefill write cannot avoid?
 
-    PYTHONPATH=. python benchmarks/chain_floor.py
+    python -m benchmarks.probes.write_chain_floor            # needs CUDA
+    python -m benchmarks.probes.write_chain_floor --smoke    # the records checked on the CPU
 
-A row's chain is serial by definition (docs/contract-canary.md), so no write kernel can
-spend less than this per token on its longest row. Measured on the H200 in the sessions of
-2026-11-30 and 2026-12-01: 104 ns per mix3 with Triton's products, 92 ns with the PTX ones
-(benchmarks/results/h200-write-loop-20261201.txt).
+The chain floor: one lane computing ``running = mix3(running, t, p)`` n times and nothing
+else (no loads or stores in the loop), timed in a CUDA graph, with the products as the
+write's chain computes them (``LATENCY=True``: inline PTX on NVIDIA GPUs) and as Triton
+compiles them (``LATENCY=False``, what the verify uses). A row's chain is serial by
+definition (docs/contract-canary.md), so no write kernel can spend less than this per
+token on its longest row.
 
 Beside it, the chain with the memory accesses a prefill write cannot avoid
 (``chain_traffic_kernel``): per token, its slot, id and position read (two tokens ahead,
 as the write does; the loop unrolled by 2: by 3, ptxas tested a token's loads in the body
-that issued them, 85 cycles of load waits a token in sass_model.py's terms against 4) and
-its record's four words stored, masked by the slot's sign; no other check, no
-flag, no counter. One warp, as the write's program. Between the two floors lies what
-the loads and stores cost the chain; above the second, what the write's logic costs.
-Measured on the H200 in the session of 2026-12-01, third part: 255.8 us for 16 x 2048
-and 947.8 us for 1 x 8192, the write then 257.8 and 974.1
-(benchmarks/results/h200-write-loop-third-part-20261201.txt). ``--smoke`` runs both on
-the CPU under the interpreter and checks the records against the contract's hash in
-plain Python.
+that issued them, 85 cycles of load waits a token in ``write_loop_cycles``' terms against
+4) and its record's four words stored, masked by the slot's sign; no other check, no flag,
+no counter. One warp, as the write's program. Between the two floors lies what the loads
+and stores cost the chain; above the second, what the write's logic costs. ``--smoke``
+runs the traffic kernel on the CPU under the interpreter (``TRITON_INTERPRET=1``, set
+when the flag is given) and checks its records against the contract's hash in plain
+Python.
+
+Last answer (H200, 2026-12-01 10:00 UTC, 5a7b446, ``scripts/gpu-check.sh``'s canary
+part): the chain alone 92.6 ns a ``mix3`` with the PTX products (758.6 us for 8192, 191.6
+for 2048), 104.1 ns with Triton's (853.1 us for 8192); the chain with its unavoidable
+traffic 256.7 us for 16 x 2048 and 946.5 us for 1 x 8192, against the write's 226 and 900
+us (docs/performance.md, the write split).
+Raw, in the tag ``benchmark-results-2026-12-01``:
+``benchmarks/results/h200-canary-tests-5a7b446-20261201.log``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+if __name__ == "__main__" and "--smoke" in sys.argv:  # before Triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from harness import configure, gpu_time
+from benchmarks.harness import configure, gpu_time, logged
 from kv_canary_kernels.constants import (
     ANCHOR,
     REC_POSITION,
@@ -116,7 +124,7 @@ def smoke() -> int:
             want = [int(ids[i]), int(pos[i]), h, 0]
             assert records[int(ocl[i])].tolist() == want, (r, i)
             h = mix3_int(h, int(ids[i]), int(pos[i]))
-    print("chain_floor --smoke: the traffic kernel's records follow the contract's chain")
+    print("write_chain_floor --smoke: the traffic kernel's records follow the contract's chain")
     return 0
 
 
@@ -124,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if (argv if argv is not None else sys.argv[1:]) == ["--smoke"]:
         return smoke()
     if not torch.cuda.is_available():
-        print("chain_floor: needs CUDA")
+        print("write_chain_floor: needs CUDA (or --smoke under TRITON_INTERPRET=1)")
         return 1
     configure("cuda", smoke=False)  # without it gpu_time times eager calls on the host
     x = torch.arange(32, device="cuda")
@@ -153,4 +161,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with logged(Path(__file__).stem):
+        raise SystemExit(main())

@@ -1,8 +1,10 @@
-"""What the host does during its slow stretches: host time of ``launch_plan`` sampled over
-minutes beside two fixed reference workloads and the machine's own counters (H200; needs
-CUDA).
+"""What does the host do in its slow stretches, and how far is ``launch_plan`` above the
+floor of the checks it must make?
 
-    PYTHONPATH=. python benchmarks/probe_host_stretches.py [--seconds 150] [--rows 64] [--pin CPU]
+    python -m benchmarks.probes.host_slow_stretches [--seconds 150] [--rows 64] [--pin CPU]
+
+Host time of ``launch_plan`` sampled over minutes beside two fixed reference workloads and
+the machine's own counters (H200; needs CUDA).
 
 Every ``--every`` seconds one sample times, interleaved, on the benchmark's plan case (64
 rows, SWA on, the token pool given):
@@ -26,7 +28,23 @@ any launcher making the same checks: ``reads_floor`` plus ``c_launch``. A slowdo
 hits the reference loops as much as ``launch_plan`` is the host's, not the launcher's.
 ``--rows`` sets the batch (the eager one-launch path from ``SCAN_BLOCK`` rows, whose numbered
 launches cannot be replayed: no ``c_launch`` there); ``--pin CPU`` pins the process to one
-CPU first.
+CPU first. It runs on either layout of the library (before and since the layout by stage),
+so the same probe times another revision, its packages first on ``sys.path``:
+
+    git archive REV kv_canary_buffers kv_canary_kernels | tar -x -C DIR
+    cd DIR && PYTHONPATH=ROOT python -m benchmarks.probes.host_slow_stretches --seconds 35
+
+(``ROOT``: this checkout; ``python -m`` puts ``DIR`` first.)
+
+Last answer (H200, 2026-12-01, 2530084: the fields as aliases): the host flips
+between two speeds every fraction of a second (the Python loop 0.9 to 1.1 ms against 1.6
+to 1.9 ms), outside the process (no steal, no throttling; pinning changes nothing); at 64
+rows ``launch_plan`` takes 19.6 us in the fast half of the samples and 28.1 in the slow
+half, against a floor (reads + C launch) of 9.7 and 14.1; at 4096 rows 20.1 and 29.8. On
+c6e2ce1 (before the aliases) 25.3 and 38.5 us at 64 rows.
+Raw, in the tag ``benchmark-results-2026-12-01``:
+``benchmarks/results/h200-host-floor-fieldalias-new_1-64rows-20261201.csv``
+(and ``...-new4096_2-...``, ``h200-host-floor-c6e2ce1-20261201.csv``).
 """
 
 from __future__ import annotations
@@ -36,7 +54,6 @@ import math
 import operator
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,17 +61,18 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import kv_canary_kernels.plan.dispatch as plan_module
-from kv_canary_buffers import PlanBuffers
+from benchmarks.harness import logged
+from benchmarks.plan_cases import make_batch, verify_entries
+from kv_canary_buffers import PlanBuffers, validate_plan_args
 from kv_canary_buffers.buffers import STAGING_LINK_ATTR
 from kv_canary_buffers.layout import PLAN_FIELDS, SCAN_BLOCK
-from kv_canary_buffers.plan import validate_plan_args
 from kv_canary_kernels import launch_plan
 from kv_canary_kernels.plan import dispatch_plan
-from plan_cases import make_batch, verify_entries
+
+try:  # the plan's launchers: since the layout by stage in plan/dispatch.py, before in plan.py
+    import kv_canary_kernels.plan.dispatch as plan_module
+except ModuleNotFoundError:
+    import kv_canary_kernels.plan as plan_module  # type: ignore[no-redef]
 
 
 def cpu_times() -> tuple[int, int, int]:
@@ -121,7 +139,7 @@ def main() -> int:
     parser.add_argument("--pin", type=int, default=None)
     opts = parser.parse_args()
     if not torch.cuda.is_available():
-        print("probe_host_stretches: needs CUDA")
+        print("host_slow_stretches: needs CUDA")
         return 1
     if opts.pin is not None:
         os.sched_setaffinity(0, {opts.pin})
@@ -292,4 +310,5 @@ def reads_floor(bufs: PlanBuffers, kw: dict[str, Any]) -> Callable[[], None]:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with logged(Path(__file__).stem):
+        raise SystemExit(main())

@@ -1,20 +1,27 @@
-"""Count the Python-level calls (functions, and C functions/methods such as
-``t.data_ptr()``) that one ``PlanBuffers.check()`` and one ``validate_plan_args`` make:
-a deterministic companion of ``bench_host_checks.py`` on a noisy host. Attribute reads
-served by C getters (``t.shape``, ``t.dtype``) are not calls and are not counted.
+"""How many Python-level calls do the plan's per-launch checks make?
 
-    PYTHONPATH=. python benchmarks/count_calls.py
+    python -m benchmarks.probes.plan_checks_calls
+
+Counts the calls (functions, and C functions and methods such as ``t.data_ptr()``) that one
+``PlanBuffers.check()`` and one ``validate_plan_args`` make: a deterministic companion of
+``plan_checks_host`` on a noisy host. Attribute reads served by C getters (``t.shape``,
+``t.dtype``) are not calls and are not counted.
+
+Last answer (CPU, 2026-12-01, this tree: d175989's library): ``PlanBuffers.check()`` 7 calls
+(2 of Python functions), ``validate_plan_args`` 32 (4): since the fields became aliases,
+``check()`` re-tests the arena only. Before (2026-11-30, d75635c): 30 (3) and 56 (6).
 """
 
 from __future__ import annotations
 
 import sys
 from collections import Counter
+from pathlib import Path
 
 import torch
 
-from kv_canary_buffers import PlanBuffers
-from kv_canary_buffers.plan import validate_plan_args
+from benchmarks.harness import logged
+from kv_canary_buffers import PlanBuffers, validate_plan_args
 
 
 def count(fn) -> Counter:
@@ -62,4 +69,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with logged(Path(__file__).stem):
+        raise SystemExit(main())

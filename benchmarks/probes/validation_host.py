@@ -1,14 +1,24 @@
-"""Host time of the shared validation of the three stages (``validate_plan_args``,
+"""What does each stage's validation cost on the host, and did a change make it cheaper?
+
+    python -m benchmarks.probes.validation_host [--rounds 25] [--baseline DIR]
+
+Host time of the shared validation of the three stages (``validate_plan_args``,
 ``validate_verify_args``, ``validate_write_args``): everything a launcher does on the host
 besides the bare dispatch. Min and median over rounds of many calls (``timeit``), on the
 CPU (no kernel is launched).
 
-    PYTHONPATH=. python benchmarks/bench_validation.py [--rounds 25] [--baseline DIR]
-
 ``--baseline DIR``: also time the ``kv_canary_buffers`` package found in ``DIR`` (for
 example ``git archive <rev> kv_canary_buffers | tar -x -C DIR``), interleaved round by
 round with this checkout's, so that drift of a noisy CPU hits both alike. The baseline is
-loaded under another module name; both packages use only relative imports.
+loaded under another module name (its imports are relative); either layout of the
+package, before and since the layout by stage (``benchmarks/revisions.py``).
+
+Last answer (this project's 2-core CPU machine, 2026-12-01, ``--rounds 15
+--baseline`` c6e2ce1 against the fields as aliases, medians in us): plan 9.7 / 10.1 / 10.0
+-> 4.3 / 4.5 / 4.2 (1, 256, 4096 rows); verify NONE / PARTIAL / ALL 7.4 / 7.7 / 7.7 -> 2.7 /
+3.0 / 3.0; write 256 x 1 (plain, expected, PARTIAL, both) 7.0 / 7.9 / 8.9 / 9.8 -> 3.3 /
+4.1 / 5.2 / 6.0. Raw, in the tag ``benchmark-results-2026-12-01``:
+``benchmarks/results/validation-cpu-fieldalias-20261201.log``.
 """
 
 from __future__ import annotations
@@ -16,9 +26,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
-import importlib.util
 import statistics
-import sys
 import timeit
 from collections.abc import Callable
 from pathlib import Path
@@ -27,22 +35,12 @@ from typing import Any
 
 import torch
 
-
-def load_package(directory: str, alias: str) -> ModuleType:
-    """``kv_canary_buffers`` from ``directory``, imported as ``alias``."""
-    init = Path(directory) / "kv_canary_buffers" / "__init__.py"
-    spec = importlib.util.spec_from_file_location(
-        alias, init, submodule_search_locations=[str(init.parent)]
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[alias] = module
-    spec.loader.exec_module(module)
-    return module
+from benchmarks.harness import logged
+from benchmarks.revisions import load_buffers, validators
 
 
 def plan_batch(bs: int) -> dict[str, Any]:
-    """All rows active, window 128 with its LUT, token pool on (as bench_host_checks.py)."""
+    """All rows active, window 128 with its LUT, token pool on (as ``plan_checks_host``)."""
     g = torch.Generator().manual_seed(bs)
     cols = 1032
     rows = bs + 1
@@ -63,7 +61,7 @@ def plan_batch(bs: int) -> dict[str, Any]:
 
 def cases(lib: ModuleType) -> dict[str, Callable[[], object]]:
     """The timed calls, built with the package ``lib``."""
-    validation = importlib.import_module(lib.__name__ + ".validation")
+    validate_plan, validate_verify, validate_write = validators(lib)
     plan_buffers, store_cls = lib.PlanBuffers, lib.CanaryStore
     real_kv_cls, mode = lib.RealKV, lib.RealKVMode
     out: dict[str, Callable[[], object]] = {}
@@ -71,7 +69,7 @@ def cases(lib: ModuleType) -> dict[str, Callable[[], object]]:
         kwargs = plan_batch(bs)
         entries = int(kwargs["prefix_lens"].clamp(max=128).sum())
         bufs = plan_buffers.allocate(write_req_capacity=bs, verify_capacity=entries, device="cpu")
-        out[f"plan bs={bs}"] = functools.partial(validation.validate_plan_args, bufs, **kwargs)
+        out[f"plan bs={bs}"] = functools.partial(validate_plan, bufs, **kwargs)
     store = store_cls.allocate(num_slots=1 << 16, violation_capacity=64, device="cpu")
     bufs = plan_buffers.allocate(write_req_capacity=256, verify_capacity=4096, device="cpu")
     sources = tuple(torch.zeros(1 << 16, 128, dtype=torch.bfloat16) for _ in range(2))
@@ -81,7 +79,7 @@ def cases(lib: ModuleType) -> dict[str, Callable[[], object]]:
     }
     for name, real_kv in kv.items():
         out[f"verify {name}"] = functools.partial(
-            validation.validate_verify_args, store, bufs, launch_tag=7, real_kv=real_kv
+            validate_verify, store, bufs, launch_tag=7, real_kv=real_kv
         )
     n = 256
     ids = torch.arange(n)
@@ -96,7 +94,7 @@ def cases(lib: ModuleType) -> dict[str, Callable[[], object]]:
     ):
         extra = dict(expected_input_ids=exp_ids, expected_positions=exp_pos) if expected else {}
         out[label] = functools.partial(
-            validation.validate_write_args,
+            validate_write,
             store,
             bufs,
             input_ids=ids,
@@ -117,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     libs = {"now": importlib.import_module("kv_canary_buffers")}
     if args.baseline:
-        libs = {"base": load_package(args.baseline, "kv_canary_buffers_baseline"), **libs}
+        libs = {"base": load_buffers(args.baseline, "kv_canary_buffers_baseline"), **libs}
     built = {tag: cases(lib) for tag, lib in libs.items()}
     names = list(built["now"])
     times: dict[tuple[str, str], list[float]] = {(t, n): [] for t in libs for n in names}
@@ -142,4 +140,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with logged(Path(__file__).stem):
+        raise SystemExit(main())

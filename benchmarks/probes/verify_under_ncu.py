@@ -1,27 +1,36 @@
-"""A target for Nsight Compute: one verify case of ``bench.py`` (``canary_cases.World``,
-seed ``bs``, SWA off), ``launch_verify`` and the traffic-only kernel twice each, eagerly.
+"""Where does the verify kernel spend its time against the traffic-only kernel of the same
+case?
 
     ncu -k regex:"canary_verify_kernel|_verify_traffic_kernel" -c 4 --set full \\
-        python benchmarks/profile_verify.py 256 PARTIAL
+        python -m benchmarks.probes.verify_under_ncu 256 PARTIAL
+    python -m benchmarks.probes.verify_under_ncu 256 PARTIAL --time
 
-Arguments: rows (64, 256 or 4096 as in the benchmark; default 256) and real-KV mode
-(NONE, PARTIAL or ALL; default PARTIAL). ``--time`` also prints each one's GPU time (a
-CUDA graph of 10 calls, median of 30 replays). Needs CUDA.
+A target for Nsight Compute: one verify case of the benchmark (``canary_cases.World``,
+seed ``bs``, SWA off), ``launch_verify`` and the traffic-only kernel twice each, eagerly.
+Arguments: rows (64, 256 or 4096 as in the benchmark; default 256) and real-KV mode (NONE,
+PARTIAL or ALL; default PARTIAL). ``--time`` also prints each one's GPU time (a CUDA
+graph of 10 calls, median of 30 replays). Needs CUDA (and, for ``ncu``, a GPU that allows
+the counters: the device tool's H200 does).
+
+Last answer (H200, 2026-12-01 00:21 UTC, the verify in two round trips): ``--time`` at 256
+rows PARTIAL: ``launch_verify`` 7.95 us, the traffic-only kernel 7.15; under ``ncu`` (bs=256
+PARTIAL, a6e6727) the kernel issues 2.1 M instructions against the traffic kernel's 0.8
+M, at 46 registers, its stalls on the records' and KV bytes' round trip: the contract's
+real-KV hash is the difference.
+Raw, in the tag ``benchmark-results-2026-12-01``:
+``benchmarks/results/h200-ncu-verify-bs256-partial-a6e6727-20261201T0018.txt``.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from canary_baselines import verify_traffic, verify_traffic_grid
-from canary_cases import GPU_SIZES, World
-from harness import configure, gpu_time
+from benchmarks.canary_baselines import verify_traffic, verify_traffic_grid
+from benchmarks.canary_cases import GPU_SIZES, World
+from benchmarks.harness import configure, gpu_time, logged
 from kv_canary_kernels import launch_verify
 
 
@@ -58,4 +67,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with logged(Path(__file__).stem):
+        raise SystemExit(main())

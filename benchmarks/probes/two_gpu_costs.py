@@ -1,4 +1,5 @@
-"""Two GPUs: the host cost of launching on the buffers' device, and of the violation gather.
+"""What does a second GPU cost the launchers (buffers on a device that is not current), and
+what does the violation gather over NCCL cost?
 
 1. Host time per eager call of ``launch_plan``, ``launch_verify`` and ``launch_write`` (a
    small decode batch, 8 rows) in three set-ups, interleaved in one run (median over rounds
@@ -14,9 +15,17 @@
 2. ``gather_violation_reports`` over NCCL with 2 processes (one per GPU): the median time of
    one call when no rank has violations (one small all-gather) and when rank 1 has 100 rows.
 
-    PYTHONPATH=. python benchmarks/bench_multi_gpu.py [--calls 2000] [--rounds 9]
+    python -m benchmarks.probes.two_gpu_costs [--calls 2000] [--rounds 9]
 
 Needs two CUDA devices. Prints two markdown tables (docs/performance.md, "Many GPUs").
+
+Last answer (two H200s, 2026-11-30 15:46 UTC, the session's final code): host us per eager
+call, cuda:0 current 0 / cuda:1 current 1 / cuda:1 current 0: ``launch_plan`` 30.0 / 29.2
+/ 31.3, ``launch_verify`` 22.6 / 21.9 / 23.7, ``launch_write`` 24.3 / 32.1 / 28.0; the
+device check 189 ns a call; ``gather_violation_reports`` 156 us (rank 0) / 144 us (rank 1)
+with no violations, 682 / 397 us when rank 1 has 100 rows.
+Raw, in the tag ``benchmark-results-2026-12-01``:
+``benchmarks/results/h200x2-final-20261130T1546.log``.
 """
 
 from __future__ import annotations
@@ -28,12 +37,11 @@ import sys
 import tempfile
 import time
 import timeit
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from harness import markdown_table
+from benchmarks.harness import logged, markdown_table
 from kv_canary_buffers import CanaryStore, PlanBuffers
 from kv_canary_kernels import launch_plan, launch_verify, launch_write
 from kv_canary_kernels.fast_launch import current_device
@@ -154,7 +162,7 @@ def main(argv=None) -> int:
     parser.add_argument("--gather-calls", type=int, default=50)
     args = parser.parse_args(argv)
     if torch.cuda.device_count() < 2:
-        print("kv-canary: bench_multi_gpu.py needs two CUDA devices", file=sys.stderr)
+        print("kv-canary: two_gpu_costs needs two CUDA devices", file=sys.stderr)
         return 2
     print(
         f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, torch {torch.__version__}"
@@ -166,4 +174,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with logged(Path(__file__).stem):
+        raise SystemExit(main())

@@ -1,5 +1,9 @@
-"""GPU time of the write and verify kernels of several git revisions, side by side in one run.
+"""Did a change make the write and verify kernels faster?
 
+    python -m benchmarks.probes.kernels_vs_revisions REV [REV ...] [--rounds 3]
+        [--geometry own|bench] [--stages write|verify|both]
+
+GPU time of the write and verify kernels of several git revisions, side by side in one run.
 Each revision's ``kv_canary_kernels`` is exported (``git archive``) into a temporary package
 of its own and dispatched on the same inputs (validated once by the current
 ``kv_canary_buffers``); the current working tree's kernels run as ``HEAD``. Rounds are
@@ -7,83 +11,58 @@ interleaved so that drift hits every revision alike; each figure is the median o
 of a CUDA graph of ``--calls`` back-to-back launches timed with CUDA events (median of
 ``--replays`` replays). Records written by every revision are checked equal.
 
-    PYTHONPATH=. python benchmarks/compare_kernel_versions.py REV [REV ...] [--rounds 3]
-        [--geometry own|bench] [--stages write|verify|both]
-
 A REV may also be a directory holding a copy of a revision's ``kv_canary_kernels`` (where
 the repository's history is not at hand: ``git archive REV kv_canary_kernels | tar -x``).
+Revisions of either layout load, before and since the layout by stage (bf15e2c), and an
+exported revision's ``compiled.py`` (which registers the ``kv_canary::*`` operators at
+import, once per process) is replaced by a stand-in, so any revision can be compared
+(``benchmarks/revisions.py``).
 
 Cases: write decode 4096 x 1 and 256 x 1, mixed prefill 16 x 2048, long prefill 1 x 8192
-(the chain-position check on, as in bench.py), and 16 x 2048 with the write-input check on
-(expected inputs equal to the inputs); verify after decode
-plans of 64, 256 and 4096 rows (prefix uniform in [1, 1023]), real-KV NONE and PARTIAL
-(two sources, K and V, 1 KB a token each, page size 1; runs before 2026-11-30T21:00 passed
-one tensor as both sources). Needs CUDA and git. An exported revision's
-``compiled.py`` (which registers the ``kv_canary::*`` operators at import, once per
-process) is replaced by a stand-in, so any revision can be compared.
+(the chain-position check on, as in the benchmark), and 16 x 2048 with the write-input
+check on (expected inputs equal to the inputs); verify after decode plans of 64, 256 and
+4096 rows (prefix uniform in [1, 1023]), real-KV NONE and PARTIAL (two sources, K and V, 1
+KB a token each, page size 1; runs before 2026-11-30T21:00 passed one tensor as both
+sources). Needs CUDA and git.
+
+Last answer (H200, 2026-12-01, ``--stages write --rounds 9``: cf9dbcf, the kernels before
+the write split, against the committed split 5a7b446, us): decode 4096 x 1 2.59 -> 2.65,
+256 x 1 2.40 -> 2.45, mixed prefill 16 x 2048 257.90 -> 226.28, long prefill 1 x 8192
+974.91 -> 899.96, 16 x 2048 with expected inputs 302.45 -> 270.50.
+Raw, in the tag ``benchmark-results-2026-12-01``:
+``benchmarks/results/h200-compare-write-5a7b446-20261201.txt``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import shutil
 import statistics
-import subprocess
-import sys
-import tarfile
 import tempfile
-from io import BytesIO
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from harness import configure, gpu_time  # noqa: E402
-from kv_canary_buffers import (  # noqa: E402
+from benchmarks.harness import configure, gpu_time, logged
+from benchmarks.revisions import export_kernels, stage_module
+from kv_canary_buffers import (
     CanaryStore,
     PlanBuffers,
     RealKV,
     RealKVMode,
     plan_reference,
 )
-from kv_canary_buffers.verify import validate_verify_args  # noqa: E402
-from kv_canary_buffers.write import validate_write_args  # noqa: E402
-from kv_canary_kernels import launch_write  # noqa: E402
+from kv_canary_buffers.verify import validate_verify_args
+from kv_canary_buffers.write import validate_write_args
+from kv_canary_kernels import launch_write
 
 DEV = torch.device("cuda")
 
 
-_COMPILED_STUB = '''"""Stand-in for an exported revision's compiled.py (see export)."""
-
-
-def __getattr__(name):
-    raise RuntimeError("kv-canary: an exported revision's kernels are not for torch.compile")
-'''
-
-
 def export(rev: str, into: Path) -> tuple[ModuleType, ModuleType]:
     """``rev``'s write and verify modules, imported from a package of their own."""
-    name = "kvk_" + "".join(c if c.isalnum() else "_" for c in rev)
-    if Path(rev, "write.py").is_file():  # a copy of a revision's kv_canary_kernels
-        shutil.copytree(rev, into / name)
-    else:
-        data = subprocess.run(
-            ["git", "archive", rev, "kv_canary_kernels"], cwd=ROOT, capture_output=True, check=True
-        ).stdout
-        with tarfile.open(fileobj=BytesIO(data)) as tar:
-            tar.extractall(into / "_src", filter="data")
-        (into / "_src" / "kv_canary_kernels").rename(into / name)
-    # compiled.py registers the kv_canary::* operators at import, once per process: the
-    # copy gets a stand-in (only torch.compile's tracing reaches it, never this tool).
-    if (into / name / "compiled.py").is_file():
-        (into / name / "compiled.py").write_text(_COMPILED_STUB)
-    if str(into) not in sys.path:
-        sys.path.insert(0, str(into))
-    return importlib.import_module(f"{name}.write"), importlib.import_module(f"{name}.verify")
+    package = export_kernels(rev, into)
+    return stage_module(package, "write"), stage_module(package, "verify")
 
 
 def write_case(rows: int, length: int, expected: bool = False):
@@ -98,7 +77,7 @@ def write_case(rows: int, length: int, expected: bool = False):
     step = dict(
         input_ids=torch.randint(0, 50000, (n,), generator=g).to(DEV),
         # Each row continues its seed's record (position 0 in a zeroed store): the
-        # chain-position check, on as in bench.py, finds nothing.
+        # chain-position check, on as in the benchmark, finds nothing.
         positions=(torch.arange(n) % length + 1).to(DEV),
         out_cache_loc=perm[rows : rows + n].to(DEV),
     )
@@ -162,7 +141,7 @@ def verify_case(bs: int, mode: RealKVMode):
 def bench_verify_case(bs: int, mode: RealKVMode):
     """The benchmark's own verify case (``canary_cases.World``, seed ``bs``, SWA off):
     capacity equal to the entries, expected tokens checked, K and V of 256 bytes a slot."""
-    from canary_cases import GPU_SIZES, World
+    from benchmarks.canary_cases import GPU_SIZES, World
 
     world = World(bs, GPU_SIZES.prefix, 1, 0, "cuda", seed=bs)
     plan = world.plan()
@@ -185,7 +164,7 @@ def main(argv=None) -> int:
         choices=("own", "bench"),
         default="own",
         help="verify cases: this script's own (capacity 1024 a row, tokens not checked, "
-        "1 KB a slot) or bench.py's (capacity equal to the entries, tokens checked, 256 B a "
+        "1 KB a slot) or the benchmark's (capacity equal to the entries, tokens checked, 256 B a "
         "slot); bench also skips the write cases",
     )
     parser.add_argument(
@@ -238,4 +217,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with logged(Path(__file__).stem):
+        raise SystemExit(main())

@@ -1,12 +1,27 @@
-"""Host time of the plan's per-launch checks: ``PlanBuffers.check()`` and
-``validate_plan_args`` (everything ``launch_plan`` does on the host besides the bare
-dispatch), median over rounds of many calls (``timeit``); on CUDA also the eager host
-time of ``launch_plan`` against the bare ``dispatch_plan`` of the same kernels.
+"""What do the plan's per-launch host checks cost?
 
-    PYTHONPATH=. python benchmarks/bench_host_checks.py [--device cpu|cuda] [--rounds 15]
+    python -m benchmarks.probes.plan_checks_host [--device cpu|cuda] [--rounds 15]
 
-It imports only the library, so the same script times any revision of it (run it from
-that revision's root with ``PYTHONPATH=.``). On the CPU no kernel is launched.
+Host time of ``PlanBuffers.check()`` and ``validate_plan_args`` (everything ``launch_plan``
+does on the host besides the bare dispatch), median over rounds of many calls
+(``timeit``); on CUDA also the eager host time of ``launch_plan`` against the bare
+``dispatch_plan`` of the same kernels. On the CPU no kernel is launched. It names only
+what both layouts of the library export, so it times whichever packages come first on
+``sys.path``; for another revision:
+
+    git archive REV kv_canary_buffers kv_canary_kernels | tar -x -C DIR
+    cd DIR && PYTHONPATH=ROOT python -m benchmarks.probes.plan_checks_host
+
+(``ROOT``: this checkout; ``python -m`` puts ``DIR`` first.)
+
+Last answer (this project's 2-core CPU machine, 2026-12-01, d175989's library, the machine
+loaded by other jobs: load average 5): ``check()`` 0.42 to 0.65 us, ``validate_plan_args``
+5.1 to 9.5 us at 1, 256 and 4096 rows, in two runs. The last quiet runs (2026-11-30,
+d75635c, before the fields became aliases): ``check()`` 5.0 to 5.2 us, the validation 9.3
+to 9.8; on the H200 host ``launch_plan`` 1.46 to 1.65 times its bare dispatch up to 256
+rows, 1.26 to 1.30 at 4096. Raw, in the tag ``benchmark-results-2026-12-01``:
+``benchmarks/results/host-checks-cpu-20261130T131645Z-final.log``,
+``benchmarks/results/host-checks-cuda-20261130-merged.log``.
 """
 
 from __future__ import annotations
@@ -15,11 +30,12 @@ import argparse
 import statistics
 import time
 import timeit
+from pathlib import Path
 
 import torch
 
-from kv_canary_buffers import PlanBuffers
-from kv_canary_buffers.plan import validate_plan_args
+from benchmarks.harness import logged
+from kv_canary_buffers import PlanBuffers, validate_plan_args
 
 
 def median_us(fn, rounds: int, calls: int) -> float:
@@ -30,7 +46,7 @@ def median_us(fn, rounds: int, calls: int) -> float:
 
 def make_batch(bs: int, device: torch.device) -> dict:
     """All rows active, prefixes in [1, 1023], window 128 with its LUT, token pool on (the
-    host-overhead case of bench_plan.py)."""
+    host-overhead case of the benchmark's plan stage)."""
     g = torch.Generator().manual_seed(bs)
     cols = 1032
     rows = bs + 1
@@ -98,4 +114,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with logged(Path(__file__).stem):
+        raise SystemExit(main())

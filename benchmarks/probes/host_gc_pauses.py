@@ -1,35 +1,39 @@
-"""Host time per eager call of ``launch_plan``, its bare dispatch and its validation alone,
+"""Are the H200 host's slow stretches the garbage collector's pauses?
+
+    python -m benchmarks.probes.host_gc_pauses
+
+Host time per eager call of ``launch_plan``, its bare dispatch and its validation alone,
 with Python's garbage collector on, off, on again and with the heap frozen, in one process
-(H200; needs CUDA).
+(needs CUDA). The plan section's cases of the benchmark (SWA on, the token pool given; 1,
+64, 256 and 4096 rows), 9 batches of 100 calls each, median and fastest batch, beside a
+heap of 300,000 objects such as a long benchmark process holds, and the number of full
+collections during each case.
 
-    PYTHONPATH=. python benchmarks/probe_host_gc.py
-
-The plan section's cases of ``bench.py`` (SWA on, the token pool given; 1, 64, 256 and
-4096 rows), 9 batches of 100 calls each, median and fastest batch, beside a heap of 300,000
-objects such as a long benchmark process holds, and the number of full collections during
-each case. Written to tell a collector's pauses from the host's own slow stretches
-(docs/performance.md, session of 2026-12-01, fifth part).
+Last answer (H200, 2026-12-01, before the fields became aliases): no. No batch ran a full
+collection, and the collector's state changed nothing beyond the batches' noise: up to
+256 rows ``launch_plan`` 24.3 to 35.1 us (fastest batches 23.5 to 25.4), the validation
+13.4 to 16.0, the bare dispatch 9.6 to 10.4, in every state; at 4096 rows, 30 s into the
+run, every figure 1.5 to 1.8 times higher (the host's own slow state, which
+``host_slow_stretches`` measured next).
+Raw, in the tag ``benchmark-results-2026-12-01``:
+``benchmarks/results/h200-probe-host-gc-20261201.txt``.
 """
 
 from __future__ import annotations
 
 import gc
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from kv_canary_buffers import PlanBuffers
-from kv_canary_buffers.plan import validate_plan_args
+from benchmarks.harness import logged
+from benchmarks.plan_cases import make_batch, verify_entries
+from kv_canary_buffers import PlanBuffers, validate_plan_args
 from kv_canary_kernels import launch_plan
 from kv_canary_kernels.plan import dispatch_plan
-from plan_cases import make_batch, verify_entries
 
 
 def batches(fn: Callable[[], object], calls: int = 100, rounds: int = 9) -> tuple[float, float]:
@@ -47,7 +51,7 @@ def batches(fn: Callable[[], object], calls: int = 100, rounds: int = 9) -> tupl
 
 def main() -> int:
     if not torch.cuda.is_available():
-        print("probe_host_gc: needs CUDA")
+        print("host_gc_pauses: needs CUDA")
         return 1
     heap = [[i, str(i)] for i in range(300_000)]
     for bs in (1, 64, 256, 4096):
@@ -84,4 +88,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    with logged(Path(__file__).stem):
+        raise SystemExit(main())

@@ -1,34 +1,39 @@
-"""Where the host time of an eager launch goes (H200 probe).
+"""Where does the host time of an eager launch go?
 
-    PYTHONPATH=. python benchmarks/probe_launch_host.py
+    python -m benchmarks.probes.launch_host_breakdown
 
-Measured on 998a801's launchers (benchmarks/results/h200-probe-host-launch-20261130T1830.txt),
-which led to the launchers' fast path (docs/performance.md, "fourth part"). On later
-revisions the validated launcher and dispatch rows time the fast path; the replays
-below replay the recorded full-path launches and still compare A, B and C.
-
-For launch_plan / launch_verify / launch_write on decode cases: the validated launcher,
-validation alone, dispatch alone, then the recorded kernel launches replayed as
- A. kernel.run(..., tensors)             (what the launcher does today)
+For launch_plan / launch_verify / launch_write on decode cases (64, 256 and 4096 rows; needs
+CUDA): the validated launcher, validation alone, dispatch alone, then the recorded kernel
+launches replayed as
+ A. kernel.run(..., tensors)             (what the launcher did before its fast path)
  B. kernel.run(..., ints for tensors)    (no data_ptr call, no cuPointerGetAttribute)
  C. kernel.run.launch(..., ints)         (the C launcher directly)
 plus micro costs. Host us per call: batches of calls timed with perf_counter, a sync
-after each batch, median of batches.
+after each batch, median of batches. On revisions since the launchers' fast path
+(docs/performance.md, 2026-11-30, "fourth part") the validated launcher and dispatch rows
+time the fast path; the replays still replay the recorded full-path launches and compare
+A, B and C.
+
+Last answer (H200, 2026-11-30 18:30 UTC, 998a801's launchers, bs=256, us): ``launch_verify``
+NONE 26.8 = validation 7.7 + dispatch 18.0, of which the launch replayed with tensors 8.7,
+with ints 5.8, through the C launcher 5.0 (``launch_plan`` 38.5: 12.9 + 18.1; 8.4 / 5.6 /
+4.5): half of a dispatch was the Python that assembled the launch and a third of the
+launch Triton turning tensors into addresses, which led to the fast path.
+Raw, in the tag ``benchmark-results-2026-12-01``:
+``benchmarks/results/h200-probe-host-launch-20261130T1830.txt``.
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
 import time
+from pathlib import Path
 
 import torch
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "benchmarks")
-
 import kv_canary_kernels.fast_launch as L
-from canary_cases import GPU_SIZES, World
+from benchmarks.canary_cases import GPU_SIZES, World
+from benchmarks.harness import logged
 from kv_canary_buffers.plan import validate_plan_args
 from kv_canary_buffers.verify import validate_verify_args
 from kv_canary_buffers.write import validate_write_args
@@ -193,4 +198,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    with logged(Path(__file__).stem):
+        main()
