@@ -517,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--results",
         type=Path,
         default=None,
-        help=f"CSV folder (default {harness.OUT.relative_to(ROOT)}, which git ignores)",
+        help="CSV folder (default benchmarks/out/, which git ignores)",
     )
     plots = parser.add_mutually_exclusive_group()
     plots.add_argument(

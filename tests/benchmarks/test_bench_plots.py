@@ -10,7 +10,7 @@ import pytest
 from benchmarks import bench, harness
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "benchmarks" / "results"
+REFERENCE = ROOT / "benchmarks" / "reference"
 
 
 def test_host_time_spread():
@@ -21,23 +21,41 @@ def test_host_time_spread():
 
 
 def test_load_rows_reads_both_schemas():
-    old = harness.load_rows(RESULTS / "plan-cuda-20261129T171735Z.csv")  # before "stage"
+    old = harness.load_rows(REFERENCE / "cpu.csv")  # before the "stage" and spread columns
     assert {r["stage"] for r in old} == {"plan"}
-    host = [r for r in old if r["section"] == "host" and r["metric"] == "us_per_call"]
-    assert sorted({r["bs"] for r in host}) == [1, 256, 4096]
-    assert all(isinstance(r["value"], float) and r["value_min"] == "" for r in host)
-    new = harness.load_rows(RESULTS / "all-cuda-20261130T133325Z.csv")
+    assert {(r["section"], r["impl"]) for r in old} == {
+        ("cpu", "plan_reference"),
+        ("cpu", "python_loop"),
+    }
+    assert all(isinstance(r["value"], float) and r["value_min"] == "" for r in old)
+    assert {r["bs"] for r in old} == {256}
+    new = harness.load_rows(REFERENCE / "h200.csv")
     assert {"plan", "verify", "write", "step"} <= {r["stage"] for r in new}
     assert {r["device"] for r in new} == {"NVIDIA H200"}
+    host = [r for r in new if r["section"] == "host" and r["impl"] == "launch_plan"]
+    assert host and all(r["value_min"] <= r["value"] <= r["value_p90"] for r in host)
 
 
-def test_plot_from_csv(tmp_path):
+def test_the_reference_runs_are_complete():
+    """The H200 reference is one whole run: every stage's GPU and host sections and each
+    stage's time, the run's total last, no error row, one commit and one date."""
+    rows = harness.load_rows(REFERENCE / "h200.csv")
+    assert not [r for r in rows if r["section"] == "error"]
+    sections = {(r["stage"], r["section"]) for r in rows}
+    for stage in ("plan", "verify", "write", "step"):
+        assert {(stage, "gpu_time"), (stage, "host"), (stage, "run")} <= sections, stage
+    assert ("plan", "cpu") in sections
+    assert (rows[-1]["stage"], rows[-1]["impl"]) == ("run", "total")
+    assert len({r["commit"] for r in rows}) == len({r["date"] for r in rows}) == 1
+
+
+def test_plot_from_the_reference(tmp_path):
     pytest.importorskip("matplotlib")
-    runs = [RESULTS / f"plan-cuda-20261129T17{t}Z.csv" for t in ("1735", "1443", "1612")]
-    args = ["--stage", "plan", "--plots", str(tmp_path), "--plot-from", *map(str, runs)]
+    h200 = str(REFERENCE / "h200.csv")
+    # the reference again as "another run of the same code": the plan's host plot's dots
+    args = ["--stage", "plan", "--plots", str(tmp_path), "--plot-from", h200, h200]
     assert bench.main(args) == 0
-    all_run = RESULTS / "all-cuda-20261130T133325Z.csv"
-    args = ["--stage", "verify,write,step", "--plots", str(tmp_path), "--plot-from", str(all_run)]
+    args = ["--stage", "verify,write,step", "--plots", str(tmp_path), "--plot-from", h200]
     assert bench.main(args) == 0
     names = {p.name for p in tmp_path.iterdir()}
     assert names == {
@@ -46,6 +64,29 @@ def test_plot_from_csv(tmp_path):
         "canary_gpu_time.png",
         "canary_host_time.png",
     }
+
+
+def test_plots_go_to_the_output_folder_unless_docs_are_asked_for(tmp_path, monkeypatch):
+    """Without ``--plots`` the plots go beside the CSVs, into ``benchmarks/out/``, never
+    into ``docs/``; ``--plots-into-docs`` names ``docs/``."""
+    pytest.importorskip("matplotlib")
+    drawn: list[Path] = []
+    monkeypatch.setattr(bench, "plot_canary", lambda rows, out, others=(): drawn.append(out))
+    h200 = str(REFERENCE / "h200.csv")
+    assert bench.main(["--stage", "verify", "--plot-from", h200]) == 0
+    assert bench.main(["--stage", "verify", "--plots-into-docs", "--plot-from", h200]) == 0
+    assert drawn == [harness.OUT, ROOT / "docs"]
+    assert harness.OUT == ROOT / "benchmarks" / "out"
+
+
+def test_a_run_writes_its_csv_into_the_output_folder(tmp_path, monkeypatch):
+    """A measuring run (the plan's CPU case) writes its CSV into the output folder by
+    default, one row per measurement, readable again by ``load_rows``."""
+    monkeypatch.setattr(harness, "OUT", tmp_path)
+    assert bench.main(["--device", "cpu", "--quick", "--no-plots"]) == 0
+    (csv,) = tmp_path.glob("all-cpu-*.csv")
+    rows = harness.load_rows(csv)
+    assert {r["impl"] for r in rows if r["section"] == "cpu"} == {"plan_reference", "python_loop"}
 
 
 def module_name(path: Path) -> str:
