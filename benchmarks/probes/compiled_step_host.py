@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 import kv_canary_kernels.compiled as compiled_module
+import kv_canary_kernels.launch as launch_module
 from benchmarks.harness import logged
 from kv_canary_buffers import CanaryStore, PlanBuffers, RealKV, RealKVMode
 from kv_canary_kernels import launch_plan, launch_verify, launch_write
@@ -40,10 +41,12 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     dev = torch.device(args.device)
     if dev.type == "cpu":
-        # the operators' implementations call these (kv_canary_kernels.compiled)
-        compiled_module.dispatch_plan = lambda *a: None
-        compiled_module.dispatch_write = lambda *a: None
-        compiled_module.dispatch_verify = lambda *a: None
+        # The eager launchers (kv_canary_kernels.launch) and the operators' implementations
+        # (kv_canary_kernels.compiled) call these: host work only.
+        for module in (launch_module, compiled_module):
+            module.dispatch_plan = lambda *a: None
+            module.dispatch_write = lambda *a: None
+            module.dispatch_verify = lambda *a: None
     bs = 256
     plan = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=bs * 16, device=dev)
     store = CanaryStore.allocate(num_slots=bs * 32, violation_capacity=64, device=dev)

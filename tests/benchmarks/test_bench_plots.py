@@ -3,6 +3,10 @@
 is written; every module of the benchmark and its probes imports."""
 
 import importlib
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -139,3 +143,38 @@ def test_chain_floor_traffic_kernel_follows_the_contract():
     from benchmarks.probes import write_chain_floor
 
     assert write_chain_floor.main(["--smoke"]) == 0
+
+
+def _run_probe(*args: str) -> str:
+    """``python -m benchmarks.probes.ARGS`` from the root, as a user runs it (in a process
+    of its own: the CPU modes stub the kernels' dispatch, and the interpreter stays off)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "output kept in " in done.stderr  # the copy in benchmarks/out/
+    return done.stdout
+
+
+def test_the_cpu_probes_run(tmp_path):
+    """The probes that answer on the CPU run there, the revision-comparing one against a
+    copy of this tree's package (the layout by stage) as its baseline."""
+    out = _run_probe("benchmarks.probes.plan_checks_calls")
+    assert "PlanBuffers.check()" in out and "validate_plan_args" in out
+    out = _run_probe("benchmarks.probes.plan_checks_host", "--rounds", "1", "--calls", "20")
+    assert out.count("validate_plan_args") == 3
+    shutil.copytree(ROOT / "kv_canary_buffers", tmp_path / "kv_canary_buffers")
+    out = _run_probe(
+        "benchmarks.probes.validation_host",
+        *("--rounds", "1", "--calls", "5", "--baseline", str(tmp_path)),
+    )
+    assert "base med" in out and "write 256x1 expected PARTIAL" in out
+
+
+@pytest.mark.slow
+def test_the_compiled_step_probe_runs_on_the_cpu():
+    """``compiled_step_host --device cpu``: the eager and the compiled step, the kernels'
+    dispatch stubbed (host work only)."""
+    out = _run_probe("benchmarks.probes.compiled_step_host", "--device", "cpu", "--rounds", "1")
+    assert "eager" in out and "compiled" in out
