@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_sass_model_of_the_write_loop():
+def test_the_write_loop_model():
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.probes.write_loop_cycles", "--json"],
