@@ -70,7 +70,7 @@ def _product_halves(lo, hi, M: tl.constexpr, HIGH_PTX: tl.constexpr):
     The high half in PTX: written in Triton, LLVM fuses the three partial products into a
     chain of three dependent multiply-adds (IMAD.WIDE, IMAD, IMAD), while this order lets
     ptxas start ``lo * M_hi`` first. A write row's hash chain is serial, so this latency
-    is its speed: 92 against 104 ns a ``mix3`` on the H200 (benchmarks/chain_floor.py).
+    is its speed: 92 against 104 ns a ``mix3`` on the H200 (benchmarks/probes/write_chain_floor.py).
     """
     low = lo * tl.full(lo.shape, M & 0xFFFFFFFF, tl.uint32)
     # The multipliers as immediates in the text (PTX_HIGH1, PTX_HIGH2): as register

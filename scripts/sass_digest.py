@@ -136,7 +136,11 @@ def _compile(fn: Any, constexprs: dict[str, Any], num_warps: int) -> Any:
 
 
 def _sass(cubin: bytes) -> str:
-    from sass_model import cuobjdump
+    try:
+        from benchmarks.sass import cuobjdump
+    except ModuleNotFoundError:  # a tree from before benchmarks/ was a package
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from sass_model import cuobjdump
 
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
@@ -157,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump", type=Path, help="write each variant's SASS into this folder")
     args = parser.parse_args(argv)
     os.environ["TRITON_INTERPRET"] = "0"
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.append(str(ROOT))  # benchmarks.sass; the kernels first on PYTHONPATH stay first
     for name, module, kernel, constexprs, warps in VARIANTS:
         try:
             mod = importlib.import_module(f"kv_canary_kernels.{module}")
