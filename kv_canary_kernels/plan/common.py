@@ -39,10 +39,12 @@ def window_start(prefix_len, window):
 
 
 @triton.jit
-def load_valid_lens(valid_lens_ptr, rows, mask, HAS_POOL: tl.constexpr):
+def load_valid_lens(
+    req_to_verify_expected_tokens_valid_lens_ptr, rows, mask, HAS_POOL: tl.constexpr
+):
     """Valid lengths of the token pool for ``rows`` (masked lanes and no pool: zeros)."""
     if HAS_POOL:
-        valid_len = tl.load(valid_lens_ptr + rows, mask=mask, other=0)
+        valid_len = tl.load(req_to_verify_expected_tokens_valid_lens_ptr + rows, mask=mask, other=0)
     else:
         valid_len = tl.zeros(rows.shape, tl.int64)
     return valid_len
@@ -110,7 +112,7 @@ def find_rows(first, n_rows, entry, offsets, IN_REGISTERS: tl.constexpr, BLOCK: 
 
 
 @triton.jit
-def translate(slot, lut_ptr, lut_len, mask):
+def translate(slot, full_to_swa_index_mapping_ptr, lut_len, mask):
     """``xlat`` of the contract for the lanes in ``mask``: non-negative slots are looked
     up in the LUT, negative ones pass through. A slot at or past ``lut_len`` is not read:
     it becomes slot 0 and its lane is reported in the second result."""
@@ -120,7 +122,10 @@ def translate(slot, lut_ptr, lut_len, mask):
     # written once per step: ask L2 to keep the tables (evict_last) and to let the
     # streamed outputs go first (the .cs stores in write_entries).
     value = tl.load(
-        lut_ptr + slot, mask=looked_up & in_range, other=DUMMY_SLOT, eviction_policy="evict_last"
+        full_to_swa_index_mapping_ptr + slot,
+        mask=looked_up & in_range,
+        other=DUMMY_SLOT,
+        eviction_policy="evict_last",
     )
     return tl.where(looked_up, value, slot), looked_up & (slot >= lut_len)
 
@@ -179,8 +184,8 @@ def write_seeds(
     wcount,
     valid_len,
     req_to_token_ptr,
-    lut_ptr,
-    write_seed_ptr,
+    full_to_swa_index_mapping_ptr,
+    write_seed_slot_indices_ptr,
     table_rows,
     table_cols,
     lut_len,
@@ -203,9 +208,9 @@ def write_seeds(
     flags = tl.where(active & ~rp_ok, REQ_POOL_INDEX_BIT, 0)
     flags |= tl.where(active & (prefix > table_cols), PREFIX_LEN_BIT, 0)
     if HAS_LUT:
-        seed, bad_slot = translate(seed, lut_ptr, lut_len, seed_read)
+        seed, bad_slot = translate(seed, full_to_swa_index_mapping_ptr, lut_len, seed_read)
         flags |= tl.where(bad_slot, LUT_SLOT_BIT, 0)
-    tl.store(write_seed_ptr + rows, tl.where(wants_seed, seed, NO_SLOT), mask=in_batch)
+    tl.store(write_seed_slot_indices_ptr + rows, tl.where(wants_seed, seed, NO_SLOT), mask=in_batch)
     if HAS_POOL:
         flags |= tl.where(active & ((rp < 0) | (rp >= pool_rows)), POOL_ROW_BIT, 0)
         flags |= tl.where(active & (valid_len > pool_cols), VALID_LEN_BIT, 0)
@@ -218,10 +223,10 @@ def write_seed_block(
     req_pool_indices_ptr,
     prefix_lens_ptr,
     extend_seq_lens_ptr,
-    valid_lens_ptr,
+    req_to_verify_expected_tokens_valid_lens_ptr,
     req_to_token_ptr,
-    lut_ptr,
-    write_seed_ptr,
+    full_to_swa_index_mapping_ptr,
+    write_seed_slot_indices_ptr,
     bs,
     window,
     table_rows,
@@ -250,10 +255,10 @@ def write_seed_block(
         prefix,
         active,
         wcount,
-        load_valid_lens(valid_lens_ptr, rows, in_batch, HAS_POOL),
+        load_valid_lens(req_to_verify_expected_tokens_valid_lens_ptr, rows, in_batch, HAS_POOL),
         req_to_token_ptr,
-        lut_ptr,
-        write_seed_ptr,
+        full_to_swa_index_mapping_ptr,
+        write_seed_slot_indices_ptr,
         table_rows,
         table_cols,
         lut_len,
@@ -289,12 +294,12 @@ def write_entries(
     pos,
     valid_len,
     req_to_token_ptr,
-    lut_ptr,
-    token_pool_ptr,
-    slot_ptr,
-    token_ptr,
-    position_ptr,
-    prev_slot_ptr,
+    full_to_swa_index_mapping_ptr,
+    req_to_verify_expected_tokens_ptr,
+    verify_slot_indices_ptr,
+    verify_expected_tokens_ptr,
+    verify_expected_positions_ptr,
+    verify_prev_slot_indices_ptr,
     token_offset,
     table_rows,
     table_cols,
@@ -318,14 +323,14 @@ def write_entries(
     prev_read = in_range & rp_ok & has_prev & (pos <= table_cols)
     bits = tl.full([], 0, tl.int32)
     if HAS_LUT:
-        slot, bad_slot = translate(slot, lut_ptr, lut_len, slot_read)
+        slot, bad_slot = translate(slot, full_to_swa_index_mapping_ptr, lut_len, slot_read)
         # LUT reads are random: where the lane to the left holds position pos - 1 of the
         # same row, take its translated slot instead of reading the LUT a second time.
         left = tl.maximum(tl.arange(0, BLOCK) - 1, 0)
         from_left = (tl.arange(0, BLOCK) > 0) & (tl.gather(row, left, 0) == row)
         prev_read &= ~from_left
         prev = tl.load(table_row + pos - 1, mask=prev_read, other=DUMMY_SLOT).to(tl.int64)
-        prev, bad_prev = translate(prev, lut_ptr, lut_len, prev_read)
+        prev, bad_prev = translate(prev, full_to_swa_index_mapping_ptr, lut_len, prev_read)
         prev = tl.where(from_left, tl.gather(slot, left, 0), prev)
         bits = any_bit(bad_slot | bad_prev, LUT_SLOT_BIT)
     else:
@@ -337,13 +342,17 @@ def write_entries(
         q = tl.minimum(pos, INT64_MAX - tl.maximum(token_offset.to(tl.int64), 0)) + token_offset
         checked = in_range & (q >= 0) & (q < valid_len)
         checked &= (q < pool_cols) & (rp >= 0) & (rp < pool_rows)
-        token = tl.load(token_pool_ptr + rp * pool_cols + q, mask=checked, other=UNCHECKED_TOKEN)
+        token = tl.load(
+            req_to_verify_expected_tokens_ptr + rp * pool_cols + q,
+            mask=checked,
+            other=UNCHECKED_TOKEN,
+        )
         token = token.to(tl.int64)
     else:
         token = tl.full([BLOCK], UNCHECKED_TOKEN, tl.int64)
     # Streaming stores: see translate().
-    tl.store(slot_ptr + entry, slot, mask=in_range, cache_modifier=".cs")
-    tl.store(token_ptr + entry, token, mask=in_range, cache_modifier=".cs")
-    tl.store(position_ptr + entry, pos, mask=in_range, cache_modifier=".cs")
-    tl.store(prev_slot_ptr + entry, prev, mask=in_range, cache_modifier=".cs")
+    tl.store(verify_slot_indices_ptr + entry, slot, mask=in_range, cache_modifier=".cs")
+    tl.store(verify_expected_tokens_ptr + entry, token, mask=in_range, cache_modifier=".cs")
+    tl.store(verify_expected_positions_ptr + entry, pos, mask=in_range, cache_modifier=".cs")
+    tl.store(verify_prev_slot_indices_ptr + entry, prev, mask=in_range, cache_modifier=".cs")
     return bits

@@ -50,15 +50,15 @@ def write_entry_blocks(
     req_pool_indices_ptr,
     prefix_lens_ptr,
     req_to_token_ptr,
-    lut_ptr,
-    token_pool_ptr,
-    valid_lens_ptr,
+    full_to_swa_index_mapping_ptr,
+    req_to_verify_expected_tokens_ptr,
+    req_to_verify_expected_tokens_valid_lens_ptr,
     verify_offsets_ptr,
-    row_hints_ptr,
-    slot_ptr,
-    token_ptr,
-    position_ptr,
-    prev_slot_ptr,
+    verify_row_hints_ptr,
+    verify_slot_indices_ptr,
+    verify_expected_tokens_ptr,
+    verify_expected_positions_ptr,
+    verify_prev_slot_indices_ptr,
     bs,
     verify_capacity,
     window,
@@ -87,7 +87,7 @@ def write_entry_blocks(
         entry = start + tl.arange(0, BLOCK)
         in_range = entry < total
         last = tl.minimum(start + BLOCK, total) - 1
-        first_row = tl.load(row_hints_ptr + start // HINT_STRIDE)
+        first_row = tl.load(verify_row_hints_ptr + start // HINT_STRIDE)
         first_row = tl.minimum(tl.maximum(first_row, 0), bs - 1).to(tl.int32)
         # The rows from first_row on, in one load of each input.
         w_rows = first_row + tl.arange(0, ROW_WINDOW)
@@ -99,7 +99,9 @@ def write_entry_blocks(
             w_rp = tl.load(req_pool_indices_ptr + w_rows, mask=w_valid, other=PADDING_ROW)
             w_prefix = tl.load(prefix_lens_ptr + w_rows, mask=w_valid, other=0)
             w_base = window_start(w_prefix, window) - w_offsets  # pos = base + entry
-            w_valid_lens = load_valid_lens(valid_lens_ptr, w_rows, w_valid, HAS_POOL)
+            w_valid_lens = load_valid_lens(
+                req_to_verify_expected_tokens_valid_lens_ptr, w_rows, w_valid, HAS_POOL
+            )
             k = find_rows(0, n_rows, entry, w_offsets, True, BLOCK)
             row = first_row + k
             rp = tl.gather(w_rp, k, 0)
@@ -109,7 +111,9 @@ def write_entry_blocks(
             # Many short rows: binary search in memory, up to the next block's row.
             next_start = start + BLOCK
             next_row = tl.load(
-                row_hints_ptr + next_start // HINT_STRIDE, mask=next_start < total, other=bs - 1
+                verify_row_hints_ptr + next_start // HINT_STRIDE,
+                mask=next_start < total,
+                other=bs - 1,
             )
             next_row = tl.minimum(tl.maximum(next_row, first_row), bs - 1).to(tl.int32)
             row = find_rows(
@@ -118,7 +122,9 @@ def write_entry_blocks(
             rp = tl.load(req_pool_indices_ptr + row)
             prefix = tl.load(prefix_lens_ptr + row)
             pos = window_start(prefix, window) + (entry - tl.load(verify_offsets_ptr + row))
-            valid_len = load_valid_lens(valid_lens_ptr, row, in_range, HAS_POOL)
+            valid_len = load_valid_lens(
+                req_to_verify_expected_tokens_valid_lens_ptr, row, in_range, HAS_POOL
+            )
         bits |= write_entries(
             entry,
             in_range,
@@ -127,12 +133,12 @@ def write_entry_blocks(
             pos,
             valid_len,
             req_to_token_ptr,
-            lut_ptr,
-            token_pool_ptr,
-            slot_ptr,
-            token_ptr,
-            position_ptr,
-            prev_slot_ptr,
+            full_to_swa_index_mapping_ptr,
+            req_to_verify_expected_tokens_ptr,
+            verify_slot_indices_ptr,
+            verify_expected_tokens_ptr,
+            verify_expected_positions_ptr,
+            verify_prev_slot_indices_ptr,
             token_offset,
             table_rows,
             table_cols,
@@ -153,19 +159,19 @@ def plan_entries_kernel(
     prefix_lens_ptr,
     extend_seq_lens_ptr,
     req_to_token_ptr,
-    lut_ptr,
-    token_pool_ptr,
-    valid_lens_ptr,
+    full_to_swa_index_mapping_ptr,
+    req_to_verify_expected_tokens_ptr,
+    req_to_verify_expected_tokens_valid_lens_ptr,
     verify_offsets_ptr,
-    row_hints_ptr,
+    verify_row_hints_ptr,
     verify_num_valid_ptr,
     verify_enable_ptr,
     # outputs
-    write_seed_ptr,
-    slot_ptr,
-    token_ptr,
-    position_ptr,
-    prev_slot_ptr,
+    write_seed_slot_indices_ptr,
+    verify_slot_indices_ptr,
+    verify_expected_tokens_ptr,
+    verify_expected_positions_ptr,
+    verify_prev_slot_indices_ptr,
     status_ptr,
     # runtime sizes
     bs,
@@ -194,10 +200,10 @@ def plan_entries_kernel(
             req_pool_indices_ptr,
             prefix_lens_ptr,
             extend_seq_lens_ptr,
-            valid_lens_ptr,
+            req_to_verify_expected_tokens_valid_lens_ptr,
             req_to_token_ptr,
-            lut_ptr,
-            write_seed_ptr,
+            full_to_swa_index_mapping_ptr,
+            write_seed_slot_indices_ptr,
             bs,
             window,
             table_rows,
@@ -220,15 +226,15 @@ def plan_entries_kernel(
             req_pool_indices_ptr,
             prefix_lens_ptr,
             req_to_token_ptr,
-            lut_ptr,
-            token_pool_ptr,
-            valid_lens_ptr,
+            full_to_swa_index_mapping_ptr,
+            req_to_verify_expected_tokens_ptr,
+            req_to_verify_expected_tokens_valid_lens_ptr,
             verify_offsets_ptr,
-            row_hints_ptr,
-            slot_ptr,
-            token_ptr,
-            position_ptr,
-            prev_slot_ptr,
+            verify_row_hints_ptr,
+            verify_slot_indices_ptr,
+            verify_expected_tokens_ptr,
+            verify_expected_positions_ptr,
+            verify_prev_slot_indices_ptr,
             bs,
             verify_capacity,
             window,
