@@ -287,7 +287,7 @@ def append_violations(
     aux,
     bits,
     violations_ptr,
-    count_ptr,
+    violation_count_ptr,
     capacity,
 ):
     """Append one row per lane in ``bad``: one predicated atomic per lane reserves its ring
@@ -301,7 +301,7 @@ def append_violations(
     # about 0.6 us a decode write on the H200. Nothing orders memory through these words:
     # readers are later kernels or the host after a sync.
     index = tl.atomic_add(
-        count_ptr + tl.zeros_like(slot),
+        violation_count_ptr + tl.zeros_like(slot),
         tl.full(slot.shape, 1, tl.int64),
         mask=bad,
         sem="relaxed",
