@@ -135,6 +135,16 @@ def canary_verify_kernel(
     BLOCK: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
+    # The store's ring and the real-KV geometry, as the shared helpers take them (records.py)
+    store = (records_ptr, violations_ptr, violation_count_ptr, violation_capacity)
+    kv = (
+        page_size,
+        bpt_words,
+        kv_words,
+        (src0, src1, src2, src3),
+        (stride0, stride1, stride2, stride3),
+        (rows0, rows1, rows2, rows3),
+    )
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK)
@@ -189,11 +199,7 @@ def canary_verify_kernel(
         r_position, _ = tl.split(position2)
         r_prev, _ = tl.split(prev2)
         r_kv, _ = tl.split(kv2)
-        kv, ok, flags = real_kv_or_zero(
-            slot, ok, flags, page_size, bpt_words, kv_words,
-            src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-            rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
-        )  # fmt: skip
+        kv_hash, ok, flags = real_kv_or_zero(slot, ok, flags, kv, NUM_SOURCES, MODE, CHUNK)
         # hash_of(slot) and hash_of(prev) of every lane; the lane to the right may need
         # the first as its predecessor's.
         own, loaded = tl.split(i64(mix3(prev2.to(tl.uint64, bitcast=True), token2, position2)))
@@ -204,24 +210,15 @@ def canary_verify_kernel(
         bits = (
             tl.where(reachable & (r_prev != expected_chain), CHAIN_BIT, 0)
             | tl.where(r_position != want_position, POSITION_BIT, 0)
-            | tl.where(r_kv != kv, REAL_KV_BIT, 0)
+            | tl.where(r_kv != kv_hash, REAL_KV_BIT, 0)
             | tl.where(
                 (want_token != UNCHECKED_TOKEN) & (r_token != want_token), VERIFY_TOKEN_BIT, 0
             )
         )
         append_violations(
             ok & (bits != 0),
-            launch_tag,
-            slot,
-            r_position,
-            r_token,
-            want_token,
-            r_prev,
-            expected_chain,
-            bits,
-            violations_ptr,
-            violation_count_ptr,
-            violation_capacity,
+            (launch_tag, slot, r_position, r_token, want_token, r_prev, expected_chain, bits),
+            store,
         )
     raise_status(status_ptr, flags)
 
