@@ -130,15 +130,10 @@ def scan_chunk(
     chunk,
     epoch,
     written_ptr,
-    req_pool_indices_ptr,
-    prefix_lens_ptr,
-    extend_seq_lens_ptr,
+    row_inputs,
     write_offsets_ptr,
-    write_num_valid_reqs_ptr,
-    verify_offsets_ptr,
-    verify_row_hints_ptr,
-    verify_num_valid_ptr,
-    verify_enable_ptr,
+    counters,
+    scan,
     scan_chunk_sums_ptr,
     sums_stride,
     bs,
@@ -149,13 +144,15 @@ def scan_chunk(
     HINT_STRIDE: tl.constexpr,
     MAX_POLLS: tl.constexpr,
 ):
-    """Scanner ``chunk``'s work (see the module's docstring); returns status bits."""
+    """Scanner ``chunk``'s work (see the module's docstring); returns status bits.
+    ``row_inputs`` as for :func:`~.common.load_rows`, ``counters`` as for
+    :func:`~.common.write_offsets_and_counters`, ``scan`` as for
+    :func:`~.entries.write_entry_blocks`."""
+    verify_offsets_ptr, verify_row_hints_ptr = scan
     marks_ptr = scan_chunk_sums_ptr + 2 * sums_stride
     rows = chunk * CHUNK_ROWS + tl.arange(0, CHUNK_ROWS)
     in_batch, _rp, _prefix, _active, vcount, wcount = load_rows(
-        req_pool_indices_ptr,
-        prefix_lens_ptr,
-        extend_seq_lens_ptr,
+        row_inputs,
         rows,
         bs,
         window,
@@ -198,9 +195,7 @@ def scan_chunk(
         v_total,
         bs // CHUNK_ROWS == chunk,
         write_offsets_ptr,
-        write_num_valid_reqs_ptr,
-        verify_num_valid_ptr,
-        verify_enable_ptr,
+        counters,
         bs,
         write_capacity,
         verify_capacity,
@@ -260,6 +255,24 @@ def plan_large_batch_kernel(
     HINT_STRIDE: tl.constexpr,
     MAX_POLLS: tl.constexpr,
 ):
+    # The arguments the helpers take together (tuples: a grouping, no code of their own).
+    row_inputs = (req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr)
+    table = (req_to_token_ptr, table_rows, table_cols)
+    lut = (full_to_swa_index_mapping_ptr, lut_len)
+    pool = (
+        req_to_verify_expected_tokens_ptr,
+        req_to_verify_expected_tokens_valid_lens_ptr,
+        pool_rows,
+        pool_cols,
+        token_offset,
+    )
+    entries = (
+        verify_slot_indices_ptr,
+        verify_expected_tokens_ptr,
+        verify_expected_positions_ptr,
+        verify_prev_slot_indices_ptr,
+    )
+    scan = (verify_offsets_ptr, verify_row_hints_ptr)
     tl.static_assert(BLOCK % HINT_STRIDE == 0)  # every block starts at a hinted entry
     grid = tl.num_programs(0)
     # This launch's pair of counters, and the next launch's, which this one zeroes (the
@@ -277,15 +290,10 @@ def plan_large_batch_kernel(
             ticket,
             epoch,
             written_ptr,
-            req_pool_indices_ptr,
-            prefix_lens_ptr,
-            extend_seq_lens_ptr,
+            row_inputs,
             write_offsets_ptr,
-            write_num_valid_reqs_ptr,
-            verify_offsets_ptr,
-            verify_row_hints_ptr,
-            verify_num_valid_ptr,
-            verify_enable_ptr,
+            (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr),
+            scan,
             scan_chunk_sums_ptr,
             sums_stride,
             bs,
@@ -307,20 +315,13 @@ def plan_large_batch_kernel(
             rows = first + tl.arange(0, BLOCK)
             bits |= write_seed_block(
                 rows,
-                req_pool_indices_ptr,
-                prefix_lens_ptr,
-                extend_seq_lens_ptr,
-                req_to_verify_expected_tokens_valid_lens_ptr,
-                req_to_token_ptr,
-                full_to_swa_index_mapping_ptr,
+                row_inputs,
+                table,
+                lut,
+                pool,
                 write_seed_slot_indices_ptr,
                 bs,
                 window,
-                table_rows,
-                table_cols,
-                lut_len,
-                pool_rows,
-                pool_cols,
                 HAS_LUT,
                 HAS_POOL,
             )
@@ -334,27 +335,15 @@ def plan_large_batch_kernel(
                 worker * BLOCK,
                 workers * BLOCK,
                 total,
-                req_pool_indices_ptr,
-                prefix_lens_ptr,
-                req_to_token_ptr,
-                full_to_swa_index_mapping_ptr,
-                req_to_verify_expected_tokens_ptr,
-                req_to_verify_expected_tokens_valid_lens_ptr,
-                verify_offsets_ptr,
-                verify_row_hints_ptr,
-                verify_slot_indices_ptr,
-                verify_expected_tokens_ptr,
-                verify_expected_positions_ptr,
-                verify_prev_slot_indices_ptr,
+                row_inputs,
+                table,
+                lut,
+                pool,
+                scan,
+                entries,
                 bs,
                 verify_capacity,
                 window,
-                token_offset,
-                table_rows,
-                table_cols,
-                lut_len,
-                pool_rows,
-                pool_cols,
                 HAS_LUT,
                 HAS_POOL,
                 BLOCK,

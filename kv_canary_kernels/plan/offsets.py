@@ -42,9 +42,7 @@ def scan_block_sums_kernel(
     pid = tl.program_id(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     _in, _rp, _prefix, _active, vcount, wcount = load_rows(
-        req_pool_indices_ptr,
-        prefix_lens_ptr,
-        extend_seq_lens_ptr,
+        (req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr),
         rows,
         bs,
         window,
@@ -108,9 +106,7 @@ def plan_offsets_kernel(
     nprog = tl.num_programs(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     in_batch, _rp, _prefix, _active, vcount, wcount = load_rows(
-        req_pool_indices_ptr,
-        prefix_lens_ptr,
-        extend_seq_lens_ptr,
+        (req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr),
         rows,
         bs,
         window,
@@ -157,9 +153,7 @@ def plan_offsets_kernel(
         v_total,
         pid == bs // BLOCK,
         write_offsets_ptr,
-        write_num_valid_reqs_ptr,
-        verify_num_valid_ptr,
-        verify_enable_ptr,
+        (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr),
         bs,
         write_capacity,
         verify_capacity,

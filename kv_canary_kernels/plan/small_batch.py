@@ -77,6 +77,22 @@ def plan_small_batch_kernel(
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    # The arguments the helpers take together (tuples: a grouping, no code of their own).
+    table = (req_to_token_ptr, table_rows, table_cols)
+    lut = (full_to_swa_index_mapping_ptr, lut_len)
+    pool = (
+        req_to_verify_expected_tokens_ptr,
+        req_to_verify_expected_tokens_valid_lens_ptr,
+        pool_rows,
+        pool_cols,
+        token_offset,
+    )
+    entries = (
+        verify_slot_indices_ptr,
+        verify_expected_tokens_ptr,
+        verify_expected_positions_ptr,
+        verify_prev_slot_indices_ptr,
+    )
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, ROWS)
@@ -98,9 +114,7 @@ def plan_small_batch_kernel(
             v_total,
             True,
             write_offsets_ptr,
-            write_num_valid_reqs_ptr,
-            verify_num_valid_ptr,
-            verify_enable_ptr,
+            (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr),
             bs,
             write_capacity,
             verify_capacity,
@@ -114,15 +128,11 @@ def plan_small_batch_kernel(
             prefix,
             active,
             wcount,
-            load_valid_lens(req_to_verify_expected_tokens_valid_lens_ptr, rows, in_batch, HAS_POOL),
-            req_to_token_ptr,
-            full_to_swa_index_mapping_ptr,
+            load_valid_lens(pool, rows, in_batch, HAS_POOL),
+            table,
+            lut,
+            pool,
             write_seed_slot_indices_ptr,
-            table_rows,
-            table_cols,
-            lut_len,
-            pool_rows,
-            pool_cols,
             HAS_LUT,
             HAS_POOL,
         )
@@ -157,22 +167,11 @@ def plan_small_batch_kernel(
                 row,
                 tl.gather(rp, row, 0),
                 tl.gather(first_pos, row, 0) + entry,
-                load_valid_lens(
-                    req_to_verify_expected_tokens_valid_lens_ptr, row, in_range, HAS_POOL
-                ),
-                req_to_token_ptr,
-                full_to_swa_index_mapping_ptr,
-                req_to_verify_expected_tokens_ptr,
-                verify_slot_indices_ptr,
-                verify_expected_tokens_ptr,
-                verify_expected_positions_ptr,
-                verify_prev_slot_indices_ptr,
-                token_offset,
-                table_rows,
-                table_cols,
-                lut_len,
-                pool_rows,
-                pool_cols,
+                load_valid_lens(pool, row, in_range, HAS_POOL),
+                table,
+                lut,
+                pool,
+                entries,
                 HAS_LUT,
                 HAS_POOL,
                 BLOCK,
