@@ -14,7 +14,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-_INT32 = {"num_rows_ptr", "check_ptr", "status_ptr", "num_valid_ptr", "enable_ptr"}
+_INT32 = {
+    "write_num_valid_reqs_ptr",
+    "chain_position_check_ptr",
+    "verify_num_valid_ptr",
+    "verify_enable_ptr",
+    "status_ptr",
+    # the same parameters in older copies of the package
+    "num_rows_ptr",
+    "check_ptr",
+    "num_valid_ptr",
+    "enable_ptr",
+}
 """The kernels' int32 pointer arguments (flags, counts, status words), by name."""
 
 

@@ -97,20 +97,27 @@ VARIANTS: list[tuple[str, str, str, dict[str, Any], int]] = [
 
 
 _INT32_POINTERS = {
+    # the int32 fields (kv_canary_buffers.layout) and inputs, by their kernel parameters'
+    # names: `<field>_ptr` ...
     "req_to_token_ptr",
-    "token_pool_ptr",
+    "req_to_verify_expected_tokens_ptr",
     "write_num_valid_reqs_ptr",
     "verify_num_valid_ptr",
     "verify_enable_ptr",
+    "verify_row_hints_ptr",
+    "chain_position_check_ptr",
+    "status_ptr",
+    # ... and as trees before that naming called them
+    "token_pool_ptr",
     "num_rows_ptr",
     "num_valid_ptr",
     "enable_ptr",
     "check_ptr",
-    "status_ptr",
     "row_hints_ptr",
 }
-"""Pointer parameters compiled as int32 (the rest int64, ``src*`` bf16): the digest needs a
-typing that is the same in both trees and compiles, not the launch's exact one."""
+"""Pointer parameters compiled as int32 (the rest int64, ``src*`` bf16), as the launchers
+pass them: each int32 field's and input's parameter, under its name in this tree and in
+older ones, so that every tree is compiled with the same types."""
 
 
 def _compile(fn: Any, constexprs: dict[str, Any], num_warps: int) -> Any:
