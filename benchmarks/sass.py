@@ -39,7 +39,9 @@ def cuobjdump() -> str:
 def compile_sm90(fn: Any, constexprs: dict[str, Any], num_warps: int) -> Any:
     """``fn`` (a ``@triton.jit`` kernel of this project) compiled for sm_90 on any machine:
     its pointers typed by name (``src*`` bf16, the int32 flags and counts, the rest int64)
-    and 16-byte aligned, as the launchers pass them; ``.asm`` holds its PTX and cubin."""
+    and 16-byte aligned, as the launchers pass them; ``.asm`` holds its PTX and cubin.
+    ``constexprs`` the kernel does not take are dropped (an older tree's, such as
+    ``NUM_SOURCES`` before the real-KV source table), so one set compiles every tree."""
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -55,6 +57,7 @@ def compile_sm90(fn: Any, constexprs: dict[str, Any], num_warps: int) -> Any:
         else:
             sig[name] = "*i32" if name in _INT32 else "*i64"
     attrs = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(sig.values()) if v[0] == "*"}
+    constexprs = {k: v for k, v in constexprs.items() if k in fn.arg_names}
     src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 

@@ -4,7 +4,8 @@ Public names:
 
 - :class:`PlanBuffers`: owns every output and scratch tensor of the plan.
 - :class:`CanaryStore`: owns a KV pool's records, violation ring, counters and flags.
-- :class:`RealKV`, :class:`RealKVMode`: KV layers whose bytes the records fingerprint.
+- :class:`RealKV`, :class:`RealKVSource`, :class:`RealKVMode`: KV layers whose bytes the
+  records fingerprint, each source with its own geometry.
 - :func:`write_reference`, :func:`verify_reference`: the torch write and verify stages.
 - :class:`ViolationReport`, :class:`Violation`, :class:`FailBits`: decoded violations.
 - :class:`CanaryStatus`: the bits of a store's status word.
@@ -28,7 +29,7 @@ from .buffers import PlanBuffers
 from .compare import plans_equal
 from .distributed import GatheredReport, RankedViolation, gather_violation_reports
 from .plan import PlanArgs, PlanInputs, plan_reference, validate_plan_args
-from .real_kv import RealKV, RealKVMode
+from .real_kv import RealKV, RealKVMode, RealKVSource
 from .report import Violation, ViolationReport
 from .sizing import verify_entries_needed
 from .staging import GraphInputs
@@ -50,6 +51,7 @@ __all__ = [
     "RankedViolation",
     "RealKV",
     "RealKVMode",
+    "RealKVSource",
     "VerifyInputs",
     "Violation",
     "ViolationReport",

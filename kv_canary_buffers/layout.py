@@ -197,8 +197,21 @@ VIOLATION_COLUMNS = (
     "fail_bits",
 )
 """Violation row columns, in order."""
-MAX_REAL_KV_SOURCES = 4
-"""Real-KV sources per call."""
+MAX_REAL_KV_SOURCES = 512
+"""Real-KV sources per ``RealKV``: every layer's K and V of a model of up to 256 layers."""
+SOURCE_TABLE_COLUMNS = (
+    "address",
+    "row_stride_words",
+    "rows",
+    "page_size",
+    "bytes_per_token_words",
+    "hashed_words",
+)
+"""Columns of a ``RealKV``'s source table (int64 ``[num_sources, 6]``, one row per source,
+on the sources' device): the source's start in bytes, its row stride in 8-byte words, its
+rows (pages), slots per row, a slot's stride in words and the words hashed per slot. The
+kernels read the sources' geometry from it, so that any number of sources is one compiled
+kernel with two arguments."""
 REAL_KV_ALIGN = 16
 """Byte alignment of a real-KV source's start, row stride, ``bytes_per_token`` and
 ``read_bytes``; ``PARTIAL`` mode reads this many bytes a slot."""

@@ -7,11 +7,13 @@ The record and ring formats themselves are the layout's (:mod:`.layout`, ``RECOR
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import torch
 
 from .buffers import PlanBuffers
 from .hashing import H0_SIGNED, mix3
-from .real_kv import RealKV
+from .real_kv import RealKV, first_uncovered_source
 from .store import CanaryStore
 
 
@@ -47,6 +49,9 @@ def check_not_aliasing_store(name: str, t: torch.Tensor, store: CanaryStore) -> 
 
 
 def check_real_kv(real_kv: object, store: CanaryStore) -> RealKV | None:
+    """Accept only the library's own :class:`RealKV` (exact type), re-checked, on the
+    store's device, outside its arena, every source covering its slots; None for one that
+    hashes nothing."""
     if real_kv is None:
         return None
     if type(real_kv) is not RealKV:
@@ -58,20 +63,35 @@ def check_real_kv(real_kv: object, store: CanaryStore) -> RealKV | None:
     if real_kv.hashed_bytes == 0:
         return None
     arena = store.arena
-    if not arena.on_device(real_kv.sources[0]):  # real_kv.device != store's
+    if not arena.on_device(real_kv._tensors[0]):  # real_kv.device != store's
         raise ValueError(
             f"kv-canary: real_kv sources must be on the store's device {store.device}, "
             f"got {real_kv.device}"
         )
-    # The sources' byte spans were computed at construction: check() just proved each
-    # source still has the address, shape, strides and dtype they were computed from.
+    # The sources' byte spans (merged: one range per KV allocation, however many sources
+    # are views of it) were computed at construction: check() just proved each source
+    # still has the address, shape, strides and dtype they were computed from.
     start = arena.base
     end = start + arena.nbytes
     for lo, hi in real_kv._spans:
-        if lo < hi and lo < end and start < hi:
-            for i, src in enumerate(real_kv.sources):
+        if lo < end and start < hi:
+            for i, src in enumerate(real_kv._tensors):
                 check_not_aliasing_store(f"real_kv.sources[{i}]", src, store)
+    if real_kv._covers < store.num_slots:
+        _raise_uncovered(real_kv, store.num_slots)
     return real_kv
+
+
+def _raise_uncovered(real_kv: RealKV, num_slots: int) -> NoReturn:
+    i = first_uncovered_source(real_kv, num_slots)
+    assert i is not None, "kv-canary: internal error: the coverage check failed alone"
+    src = real_kv._sources[i]
+    raise ValueError(
+        f"kv-canary: real_kv.sources[{i}] must cover the store's num_slots = {num_slots} "
+        f"slots (rows * page_size >= num_slots), got {src.rows} rows x page_size "
+        f"{src.page_size} = {src.rows * src.page_size} slots (a RealKV not rebuilt after the "
+        "pool grew, a wrong page_size, or a view of part of a layer)"
+    )
 
 
 def check_same_device(store: CanaryStore, buffers: PlanBuffers) -> None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+import weakref
 from collections.abc import Sequence
 from typing import Any, NoReturn, TypeVar, cast, get_type_hints
 
@@ -294,7 +295,7 @@ def _objects_ok(store: object, plan_buffers: object) -> bool:
 def _real_kv_args(real_kv: RealKV | None) -> tuple[int, list[torch.Tensor]]:
     if real_kv is None:
         return 0, []
-    return real_kv._handle, list(real_kv.sources)
+    return real_kv._handle, list(real_kv.tensors)
 
 
 def field(obj: PlanBuffers | CanaryStore, name: str) -> torch.Tensor:
@@ -418,12 +419,14 @@ class _Fields:
 
 def _with_sources(args: WriteArgs | VerifyArgs, given: Sequence[torch.Tensor]) -> Any:
     """``args`` whose real-KV sources are the tensors the operator was given: the
-    validated ones, or copies of them made by functionalization (same shapes and dtypes,
-    perhaps other strides), which must meet the kernels' layout rules too."""
+    validated ones, or copies of them made by functionalization (same shapes, dtypes and
+    strides but perhaps the row stride), which must meet the kernels' layout rules too;
+    the kernels then read a source table over the copies (built once per set of copies'
+    addresses, :data:`_COPY_TABLES`)."""
     real_kv = args.real_kv
     if real_kv is None:
         return args
-    own = real_kv.sources
+    own = real_kv.tensors
     if len(given) != len(own):
         raise ValueError(
             f"kv-canary: real_kv.sources must hold the {len(own)} tensors the RealKV was "
@@ -432,31 +435,53 @@ def _with_sources(args: WriteArgs | VerifyArgs, given: Sequence[torch.Tensor]) -
     if all(g.data_ptr() == s.data_ptr() and g.stride() == s.stride() for g, s in zip(given, own)):
         return args
     for i, (g, s) in enumerate(zip(given, own)):
-        item = g.element_size()
         if not (
             g.shape == s.shape
             and g.dtype == s.dtype
             and g.device == s.device
-            and (g.shape[1] <= 1 or g.stride(1) == 1)
+            and _strides_but_rows(g) == _strides_but_rows(s)
             and g.data_ptr() % 16 == 0
-            and (g.stride(0) * item) % 16 == 0
+            and (g.stride(0) * g.element_size()) % 16 == 0
         ):
             raise ValueError(
                 f"kv-canary: the compiled function passed a copy of real_kv.sources[{i}] that "
                 f"the kernels cannot read: expected shape {tuple(s.shape)} {s.dtype} on "
-                f"{s.device} with contiguous 16-byte aligned rows, got {tuple(g.shape)} "
-                f"{g.dtype} on {g.device} with strides {g.stride()}"
+                f"{s.device} with strides {s.stride()} (but the first), 16-byte aligned, got "
+                f"{tuple(g.shape)} {g.dtype} on {g.device} with strides {g.stride()}"
             )
-    return args._replace(real_kv=cast(RealKV, _SourcesOver(real_kv, tuple(given))))
+    copies = tuple(given)
+    key = tuple((g.data_ptr(), g.stride(0)) for g in copies)
+    tables = _COPY_TABLES.setdefault(real_kv, {})
+    table = tables.get(key)
+    if table is None:
+        if len(tables) >= _COPY_TABLES_PER_REAL_KV:
+            tables.clear()
+        table = tables[key] = real_kv.table_over(copies)
+    return args._replace(real_kv=cast(RealKV, _SourcesOver(real_kv, table)))
+
+
+def _strides_but_rows(t: torch.Tensor) -> tuple[int, ...]:
+    """The strides of ``t``'s dimensions past the first, 0 for those of size 1 (whose
+    stride nothing reads)."""
+    return tuple(st if n > 1 else 0 for n, st in zip(t.shape[1:], t.stride()[1:]))
+
+
+_COPY_TABLES: weakref.WeakKeyDictionary[RealKV, dict[tuple[tuple[int, int], ...], torch.Tensor]]
+_COPY_TABLES = weakref.WeakKeyDictionary()
+"""Per ``RealKV``, source tables over copies of its sources, by the copies' addresses and
+row strides (what a table holds beyond the ``RealKV``'s own geometry): functionalization
+copies a source at every call, usually to the same addresses (the caching allocator), so
+a table is built (allocated and copied to the device) once per distinct set. Never inside
+a CUDA-graph capture, then: a compiled function captured in a graph must keep its sources
+in place (inductor does, unless a KV write before the launch cannot be done in place)."""
+_COPY_TABLES_PER_REAL_KV = 8
 
 
 class _SourcesOver:
-    """A ``RealKV``'s geometry over other tensors of the same shapes (what
-    ``kv_canary_kernels.sources.source_args`` reads)."""
+    """A ``RealKV`` whose kernels' source table is over other tensors of the same layout
+    (what ``kv_canary_kernels.sources.source_args`` reads)."""
 
-    def __init__(self, real_kv: RealKV, sources: tuple[torch.Tensor, ...]):
+    def __init__(self, real_kv: RealKV, table: torch.Tensor):
         self.mode = real_kv.mode
-        self.sources = sources
-        self.page_size = real_kv.page_size
-        self.bytes_per_token = real_kv.bytes_per_token
-        self.hashed_bytes = real_kv.hashed_bytes
+        self._source_table = table
+        self._covers = real_kv._covers

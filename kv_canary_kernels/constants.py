@@ -74,8 +74,20 @@ PTX_HIGH1: tl.constexpr = _C(_ptx_high_half(layout.SM_MUL1))
 """The high half of a product by ``MUL1`` (:func:`records._product_halves`)."""
 PTX_HIGH2: tl.constexpr = _C(_ptx_high_half(layout.SM_MUL2))
 """The high half of a product by ``MUL2``."""
+MODE_NONE: tl.constexpr = _C(int(RealKVMode.NONE))
+"""No real-KV hash (no sources, or a ``RealKV`` that hashes nothing)."""
 MODE_PARTIAL: tl.constexpr = _C(int(RealKVMode.PARTIAL))
 """Two words a slot and source, loaded without a loop."""
+
+# --- a RealKV's source table (layout.SOURCE_TABLE_COLUMNS) -----------------------------
+SRC_W: tl.constexpr = _C(len(layout.SOURCE_TABLE_COLUMNS))
+_SOURCE = layout.SOURCE_TABLE_COLUMNS.index
+SRC_ADDRESS: tl.constexpr = _C(_SOURCE("address"))
+SRC_ROW_STRIDE: tl.constexpr = _C(_SOURCE("row_stride_words"))
+SRC_ROWS: tl.constexpr = _C(_SOURCE("rows"))
+SRC_PAGE_SIZE: tl.constexpr = _C(_SOURCE("page_size"))
+SRC_BPT: tl.constexpr = _C(_SOURCE("bytes_per_token_words"))
+SRC_WORDS: tl.constexpr = _C(_SOURCE("hashed_words"))
 
 # --- the plan's status bits (PlanStatus) ------------------------------------------------
 REQ_POOL_INDEX_BIT: tl.constexpr = _C(int(PlanStatus.REQ_POOL_INDEX_OUT_OF_RANGE))

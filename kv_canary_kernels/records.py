@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from .constants import (
+    MODE_NONE,
     MODE_PARTIAL,
     MUL1,
     MUL2,
@@ -18,6 +19,13 @@ from .constants import (
     SHIFT1,
     SHIFT2,
     SHIFT3,
+    SRC_ADDRESS,
+    SRC_BPT,
+    SRC_PAGE_SIZE,
+    SRC_ROW_STRIDE,
+    SRC_ROWS,
+    SRC_W,
+    SRC_WORDS,
     VIOL_AUX,
     VIOL_BITS,
     VIOL_CHAIN,
@@ -102,52 +110,92 @@ def mix3(a, b, c, LATENCY: tl.constexpr = False):
 
 
 @triton.jit
-def source_hash(
-    src_ptr,
-    row_stride_words,
-    src_rows,
-    page,
-    first_word,
-    mask,
-    kv_words,
-    MODE: tl.constexpr,
-    CHUNK: tl.constexpr,
-):
-    """One source's hash of the slots' bytes (uint64 lanes) and the lanes whose page row
-    lies at or past the source (not read). ``first_word``: word offset within the row."""
-    row_bad = mask & (page >= src_rows)
+def _source_at(source_table_ptr, k):
+    """Row ``k`` of a ``RealKV``'s source table (``layout.SOURCE_TABLE_COLUMNS``), as int64
+    scalars: ``(address, row_stride, rows, page_size, bpt_words, words)``. The same words
+    for every lane (a broadcast load, from L1 after the first block)."""
+    row = source_table_ptr + k * SRC_W
+    return (
+        tl.load(row + SRC_ADDRESS),
+        tl.load(row + SRC_ROW_STRIDE),
+        tl.load(row + SRC_ROWS),
+        tl.load(row + SRC_PAGE_SIZE),
+        tl.load(row + SRC_BPT),
+        tl.load(row + SRC_WORDS),
+    )
+
+
+@triton.jit
+def _placed(slot, page_size, size, page, within):
+    """``(page_size, slot // page_size, slot % page_size)`` of the slot lanes, from the
+    same of another page size ``size``: the division only where the page size changes
+    (the sources of one KV pool share theirs: one division for all of them)."""
+    if page_size != size:
+        page = slot // page_size
+        within = slot - page * page_size
+        size = page_size
+    return size, page, within
+
+
+@triton.jit
+def _slot_pointers(source, page, within, mask):
+    """Each lane's first word of its slot in ``source`` (a :func:`_source_at` row), the
+    lanes of ``mask`` to read and those whose page row lies at or past the source (not
+    read; no arithmetic on them: their offset is 0)."""
+    address, row_stride, rows, _, bpt_words, _ = source
+    row_bad = mask & (page >= rows)
     ok = mask & ~row_bad
-    words = src_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
-    # Rows, tokens and the source's start are 16-byte aligned (validated): tell the
+    word = tl.where(ok, page * row_stride + within * bpt_words, 0)
+    # Rows, slots and the source's start are 16-byte aligned (validated): tell the
     # compiler, so that a 16-byte read is one vector load.
-    offset = tl.multiple_of(page * row_stride_words + first_word, 2)
-    base = words + offset
-    acc = tl.zeros(page.shape, tl.uint64)
-    if MODE == MODE_PARTIAL:
-        pair = tl.load(base[:, None] + tl.arange(0, 2)[None, :], mask=ok[:, None], other=0)
-        w0, w1 = tl.split(pair)
-        acc = sm(acc ^ u64(w0))
-        acc = sm(acc ^ u64(w1))
-    else:
-        # CHUNK words a slot at a time, as one [slots, CHUNK] tile: lanes of a warp read
-        # neighbouring 16-byte pieces of a slot (coalesced) instead of one word of 32
-        # slots each; the chain then takes the tile's words in order.
-        cols = tl.arange(0, CHUNK)
-        for k in range(0, kv_words, CHUNK):
-            tile = tl.load(
-                base[:, None] + k + cols[None, :],
-                mask=ok[:, None] & (k + cols[None, :] < kv_words),
-                other=0,
-            )
-            if CHUNK == 8:
-                chunk = _words8(tl.reshape(tile, [page.shape[0], 2, 2, 2]))
-            elif CHUNK == 16:
-                chunk = _words16(tl.reshape(tile, [page.shape[0], 2, 2, 2, 2]))
-            else:
-                chunk = _words32(tl.reshape(tile, [page.shape[0], 2, 2, 2, 2, 2]))
-            for j in tl.static_range(CHUNK):
-                acc = tl.where(k + j < kv_words, sm(acc ^ u64(chunk[j])), acc)
-    return acc, row_bad
+    words = (address + word * 8).to(tl.pointer_type(tl.int64), bitcast=True)
+    return tl.multiple_of(words, 16), ok, row_bad
+
+
+@triton.jit
+def _partial_pair(source_table_ptr, k, num_sources, slot, mask, size, page, within):
+    """Source ``k``'s 16 bytes of each lane's slot (a ``[lanes, 2]`` word pair, zeros
+    where not read: nothing is read where ``k >= num_sources``), the lanes whose page row
+    lies past it, and the page size state (:func:`_placed`)."""
+    live = (tl.zeros_like(slot) + k) < num_sources  # lanes: a scalar mask is not a bool
+    source = _source_at(source_table_ptr, tl.minimum(k, num_sources - 1))
+    size, page, within = _placed(slot, source[3], size, page, within)
+    words, ok, row_bad = _slot_pointers(source, page, within, mask & live)
+    pair = tl.load(words[:, None] + tl.arange(0, 2)[None, :], mask=ok[:, None], other=0)
+    return pair, row_bad, size, page, within
+
+
+@triton.jit
+def _fold_pair(h, pair):
+    """``sm(h ^ acc)`` with ``acc`` a PARTIAL source's hash of its two words."""
+    w0, w1 = tl.split(pair)
+    return sm(h ^ sm(sm(u64(w0)) ^ u64(w1)))
+
+
+@triton.jit
+def _all_words(words, ok, kv_words, CHUNK: tl.constexpr):
+    """One source's hash of ``kv_words`` words from each lane's ``words`` (mode ALL).
+
+    CHUNK words a slot at a time, as one [slots, CHUNK] tile: lanes of a warp read
+    neighbouring 16-byte pieces of a slot (coalesced) instead of one word of 32 slots
+    each; the chain then takes the tile's words in order."""
+    acc = tl.zeros(words.shape, tl.uint64)
+    cols = tl.arange(0, CHUNK)
+    for k in range(0, kv_words, CHUNK):
+        tile = tl.load(
+            words[:, None] + k + cols[None, :],
+            mask=ok[:, None] & (k + cols[None, :] < kv_words),
+            other=0,
+        )
+        if CHUNK == 8:
+            chunk = _words8(tl.reshape(tile, [words.shape[0], 2, 2, 2]))
+        elif CHUNK == 16:
+            chunk = _words16(tl.reshape(tile, [words.shape[0], 2, 2, 2, 2]))
+        else:
+            chunk = _words32(tl.reshape(tile, [words.shape[0], 2, 2, 2, 2, 2]))
+        for j in tl.static_range(CHUNK):
+            acc = tl.where(k + j < kv_words, sm(acc ^ u64(chunk[j])), acc)
+    return acc
 
 
 @triton.jit
@@ -190,38 +238,64 @@ def _words32(t):
 
 
 @triton.jit
-def real_kv_hash(
-    slot, mask, kv, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr, CHUNK: tl.constexpr
-):
+def real_kv_hash(slot, mask, kv, MODE: tl.constexpr, CHUNK: tl.constexpr):
     """The contract's ``real_kv(s)`` for in-range slot lanes in ``mask`` (uint64), and the
     lanes whose page row lies past some source (their hash is unspecified).
 
-    ``kv``: the real-KV geometry, ``(page_size, bpt_words, kv_words, sources, strides,
-    rows)``, the last three four-tuples (each source's pointer, row stride in words and
-    row count; the first ``NUM_SOURCES`` are read), as the kernels take them."""
-    page_size, bpt_words, kv_words, sources, strides, rows = kv
-    page = slot // page_size
-    first_word = (slot % page_size) * bpt_words
+    ``kv``: ``(source_table_ptr, num_sources)``, a ``RealKV``'s source table (each
+    source's address and geometry, ``layout.SOURCE_TABLE_COLUMNS``) and its rows (at
+    least one), as the kernels take them: any number of sources is one compiled variant,
+    walked in order with a runtime count. PARTIAL takes the sources four at a time, their
+    loads issued together before their hashes (one memory round trip for up to four
+    sources, as a kernel with the sources unrolled would); ALL one at a time, each in
+    CHUNK-word tiles."""
+    source_table_ptr, num_sources = kv
+    # The page size state of the first source: the others divide only where theirs differ.
+    size = tl.load(source_table_ptr + SRC_PAGE_SIZE)
+    page = slot // size
+    within = slot - page * size
     h = tl.zeros(slot.shape, tl.uint64)
     bad = mask & ~mask
-    for i in tl.static_range(NUM_SOURCES):
-        a, b = source_hash(
-            sources[i], strides[i], rows[i], page, first_word, mask, kv_words, MODE, CHUNK
-        )
-        h = sm(h ^ a)
-        bad |= b
+    if MODE == MODE_PARTIAL:
+        for k in range(0, num_sources, 4):
+            p0, b0, size, page, within = _partial_pair(
+                source_table_ptr, k, num_sources, slot, mask, size, page, within
+            )
+            p1, b1, size, page, within = _partial_pair(
+                source_table_ptr, k + 1, num_sources, slot, mask, size, page, within
+            )
+            p2, b2, size, page, within = _partial_pair(
+                source_table_ptr, k + 2, num_sources, slot, mask, size, page, within
+            )
+            p3, b3, size, page, within = _partial_pair(
+                source_table_ptr, k + 3, num_sources, slot, mask, size, page, within
+            )
+            bad |= b0 | b1 | b2 | b3
+            h = _fold_pair(h, p0)
+            if k + 1 < num_sources:
+                h = _fold_pair(h, p1)
+            if k + 2 < num_sources:
+                h = _fold_pair(h, p2)
+            if k + 3 < num_sources:
+                h = _fold_pair(h, p3)
+    else:
+        for k in range(num_sources):
+            source = _source_at(source_table_ptr, k)
+            size, page, within = _placed(slot, source[3], size, page, within)
+            words, ok, row_bad = _slot_pointers(source, page, within, mask)
+            h = sm(h ^ _all_words(words, ok, source[5], CHUNK))
+            bad |= row_bad
     return h, bad
 
 
 @triton.jit
-def real_kv_or_zero(
-    slot, ok, flags, kv, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr, CHUNK: tl.constexpr
-):
-    """``real_kv(s)`` (int64) of the lanes in ``ok``, zeros without sources; ``ok`` less
-    the lanes whose page row lies past a source, whose bit goes into ``flags``. ``kv`` as
-    for :func:`real_kv_hash`."""
-    if NUM_SOURCES > 0:
-        kv_hash, row_bad = real_kv_hash(slot, ok, kv, NUM_SOURCES, MODE, CHUNK)
+def real_kv_or_zero(slot, ok, flags, kv, MODE: tl.constexpr, CHUNK: tl.constexpr):
+    """``real_kv(s)`` (int64) of the lanes in ``ok``, zeros without a hash (``MODE``
+    NONE); ``ok`` less the lanes whose page row lies past a source, whose bit goes into
+    ``flags``. ``kv`` as for :func:`real_kv_hash`. (A launch's sources cover its store,
+    checked on the host: the row test is a bounds check behind that rule.)"""
+    if MODE != MODE_NONE:
+        kv_hash, row_bad = real_kv_hash(slot, ok, kv, MODE, CHUNK)
         flags |= tl.where(row_bad, REAL_KV_ROW_BAD, 0)
         ok &= ~row_bad
         kv_hash = i64(kv_hash)

@@ -56,17 +56,7 @@ _RUNTIME_INTS = [
     "verify_capacity",
     "violation_capacity",
     "launch_tag",
-    "page_size",
-    "bpt_words",
-    "kv_words",
-    "stride0",
-    "stride1",
-    "stride2",
-    "stride3",
-    "rows0",
-    "rows1",
-    "rows2",
-    "rows3",
+    "num_sources",
 ]
 
 
@@ -108,43 +98,22 @@ def canary_verify_kernel(
     kernel_runs_ptr,
     slots_processed_ptr,
     status_ptr,
-    # real-KV sources
-    src0,
-    src1,
-    src2,
-    src3,
-    stride0: tl.int64,
-    stride1: tl.int64,
-    stride2: tl.int64,
-    stride3: tl.int64,
-    rows0: tl.int64,
-    rows1: tl.int64,
-    rows2: tl.int64,
-    rows3: tl.int64,
+    # real-KV sources (a RealKV's source table)
+    source_table_ptr,
     # runtime sizes (int64 whatever their values: one compiled variant for all)
     num_slots: tl.int64,
     verify_capacity: tl.int64,
     violation_capacity: tl.int64,
     launch_tag: tl.int64,
-    page_size: tl.int64,
-    bpt_words: tl.int64,
-    kv_words: tl.int64,
+    num_sources: tl.int64,
     CHECK_TOKENS: tl.constexpr,
-    NUM_SOURCES: tl.constexpr,
     MODE: tl.constexpr,
     BLOCK: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
     # The store's ring and the real-KV geometry, as the shared helpers take them (records.py)
     store = (records_ptr, violations_ptr, violation_count_ptr, violation_capacity)
-    kv = (
-        page_size,
-        bpt_words,
-        kv_words,
-        (src0, src1, src2, src3),
-        (stride0, stride1, stride2, stride3),
-        (rows0, rows1, rows2, rows3),
-    )
+    kv = (source_table_ptr, num_sources)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK)
@@ -199,7 +168,7 @@ def canary_verify_kernel(
         r_position, _ = tl.split(position2)
         r_prev, _ = tl.split(prev2)
         r_kv, _ = tl.split(kv2)
-        kv_hash, ok, flags = real_kv_or_zero(slot, ok, flags, kv, NUM_SOURCES, MODE, CHUNK)
+        kv_hash, ok, flags = real_kv_or_zero(slot, ok, flags, kv, MODE, CHUNK)
         # hash_of(slot) and hash_of(prev) of every lane; the lane to the right may need
         # the first as its predecessor's.
         own, loaded = tl.split(i64(mix3(prev2.to(tl.uint64, bitcast=True), token2, position2)))
@@ -244,7 +213,7 @@ def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) 
     block = dev.launch.verify_block
     src = source_args(args.real_kv, store.records)
     # Every tensor is 16-byte aligned by construction: the key needs no alignment part.
-    key = (dev.variant, args.check_expected_tokens, src.num_sources, src.mode, src.dtypes)
+    key = (dev.variant, args.check_expected_tokens, src.mode)
     before = (
         buffers.verify_slot_indices,
         buffers.verify_expected_tokens,
@@ -258,17 +227,15 @@ def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) 
         store.kernel_runs,
         store.slots_processed,
         store.status,
-        *src.tensors,
-        *src.ints,
+        src.table,
         store.num_slots,
         buffers.verify_capacity,
         store.violation_capacity,
     )
-    after = (src.page_size, src.bpt_words, src.kv_words)
+    after = (src.num_sources,)
     kernel_args = (*before, args.launch_tag, *after)
     constexprs = {
         "CHECK_TOKENS": args.check_expected_tokens,
-        "NUM_SOURCES": src.num_sources,
         "MODE": src.mode,
         "BLOCK": block,
         "CHUNK": dev.launch.real_kv_chunk,

@@ -35,6 +35,7 @@ from . import config
 from .config import INTERPRETING
 from .constants import (
     ANCHOR,
+    MODE_NONE,
     NO_SLOT,
     PLAN_COUNT_BAD,
     REC_POSITION,
@@ -67,17 +68,7 @@ _RUNTIME_INTS = [
     "num_slots",
     "violation_capacity",
     "launch_tag",
-    "page_size",
-    "bpt_words",
-    "kv_words",
-    "stride0",
-    "stride1",
-    "stride2",
-    "stride3",
-    "rows0",
-    "rows1",
-    "rows2",
-    "rows3",
+    "num_sources",
     "slot_limit",
     "chain_programs",
     "chain_tokens",
@@ -137,7 +128,7 @@ def _token_at(inputs, index, mask, HAS_EXPECTED: tl.constexpr):
 @triton.jit
 def _stamped(
     slot, live, flags, num_slots, kv,
-    NUM_SOURCES: tl.constexpr, MODE: tl.constexpr, CHUNK: tl.constexpr,
+    MODE: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     """A side program's verdict on a token whose slot is ``slot`` (``live``: in its row and
     not skipped): the slot's real-KV hash, whether its record is stamped (in the store and
@@ -146,14 +137,14 @@ def _stamped(
     real-KV geometry (:func:`~kv_canary_kernels.records.real_kv_hash`)."""
     slot_bad = live & (slot >= num_slots)
     flags |= tl.where(slot_bad, WRITE_SLOT_BAD, 0)
-    return real_kv_or_zero(slot, live & ~slot_bad, flags, kv, NUM_SOURCES, MODE, CHUNK)
+    return real_kv_or_zero(slot, live & ~slot_bad, flags, kv, MODE, CHUNK)
 
 
 @triton.jit
 def _steps(
     inputs, store, kv, row, seed, check_pos, start, stop, ahead, state,
     num_slots, slot_limit, launch_tag,
-    HAS_EXPECTED: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
+    HAS_EXPECTED: tl.constexpr, MODE: tl.constexpr,
     CHUNK: tl.constexpr, SIDE: tl.constexpr, CHAIN: tl.constexpr, APPEND: tl.constexpr,
     UNROLL: tl.constexpr,
 ):  # fmt: skip
@@ -194,7 +185,7 @@ def _steps(
             # ``step < length`` repeats what the masked loads say (NO_SLOT past the row's
             # end), but without it ptxas scheduled the loop 14% slower on the H200.
             kv_hash, ok, flags = _stamped(
-                s0, (step < length) & (s0 >= 0), flags, num_slots, kv, NUM_SOURCES, MODE, CHUNK
+                s0, (step < length) & (s0 >= 0), flags, num_slots, kv, MODE, CHUNK
             )
         else:
             # The side's ok tokens in one unsigned compare: NO_SLOT (past the row's end)
@@ -266,7 +257,7 @@ def _steps(
 def _walk_rows(
     inputs, store, kv, row, seeds, check_pos, prev_pos, flags, num_slots, slot_limit,
     launch_tag,
-    HAS_EXPECTED: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
+    HAS_EXPECTED: tl.constexpr, MODE: tl.constexpr,
     CHUNK: tl.constexpr, SIDE: tl.constexpr, APPEND: tl.constexpr,
     CHAIN_UNROLL: tl.constexpr,
 ):  # fmt: skip
@@ -291,7 +282,7 @@ def _walk_rows(
     # rest without the chain. With real-KV sources one walk, the chain masked to the
     # chained lanes: the KV hash dominates a step there, and a second copy of it would
     # double the compile time (four sources in mode ALL: 3.8 s -> 33 s for sm_90).
-    SPLIT: tl.constexpr = SIDE and not APPEND and NUM_SOURCES == 0
+    SPLIT: tl.constexpr = SIDE and not APPEND and MODE == MODE_NONE
     if SPLIT:
         chained_steps = tl.max(tl.where(chained, length, 0), 0)
     else:
@@ -306,14 +297,14 @@ def _walk_rows(
     ahead, state = _steps(
         inputs, store, kv, row, seed, check_pos, 0, chained_steps, ahead,
         (running, flags, expect, suspect, prev_pos), num_slots, slot_limit, launch_tag,
-        HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, SIDE, True, APPEND, UNROLL,
+        HAS_EXPECTED, MODE, CHUNK, SIDE, True, APPEND, UNROLL,
     )  # fmt: skip
     if SPLIT:
         SIDE_UNROLL: tl.constexpr = 2
         ahead, state = _steps(
             inputs, store, kv, row, seed, check_pos, chained_steps, longest, ahead, state,
             num_slots, slot_limit, launch_tag,
-            HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, True, False, False, SIDE_UNROLL,
+            HAS_EXPECTED, MODE, CHUNK, True, False, False, SIDE_UNROLL,
         )  # fmt: skip
     _, flags, expect, suspect, _ = state
     return flags, expect - expect0, suspect
@@ -323,7 +314,7 @@ def _walk_rows(
 def _walk_and_replay(
     inputs, store, kv, row, seeds, check_pos, prev_pos, flags, num_slots, slot_limit,
     launch_tag,
-    HAS_EXPECTED: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
+    HAS_EXPECTED: tl.constexpr, MODE: tl.constexpr,
     CHUNK: tl.constexpr, SIDE: tl.constexpr, CHAIN_UNROLL: tl.constexpr,
 ):  # fmt: skip
     """:func:`_walk_rows`, then, only if some lane met a failing token (rare: an engine
@@ -332,13 +323,13 @@ def _walk_and_replay(
     first, length, _ = row
     flags, written, suspect = _walk_rows(
         inputs, store, kv, row, seeds, check_pos, prev_pos, flags, num_slots, slot_limit,
-        launch_tag, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, SIDE, False, CHAIN_UNROLL,
+        launch_tag, HAS_EXPECTED, MODE, CHUNK, SIDE, False, CHAIN_UNROLL,
     )  # fmt: skip
     if tl.max(suspect.to(tl.int32), 0) != 0:
         _walk_rows(
             inputs, store, kv, (first, tl.where(suspect, length, 0), suspect), seeds,
             check_pos, prev_pos, flags, num_slots, slot_limit, launch_tag,
-            HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, SIDE, True, CHAIN_UNROLL,
+            HAS_EXPECTED, MODE, CHUNK, SIDE, True, CHAIN_UNROLL,
         )  # fmt: skip
     return flags, written
 
@@ -347,7 +338,7 @@ def _walk_and_replay(
 def _single_tokens(
     inputs, store, kv, first, length, seeds, check_pos, prev_pos, flags, num_slots,
     launch_tag,
-    HAS_EXPECTED: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
+    HAS_EXPECTED: tl.constexpr, MODE: tl.constexpr,
     CHUNK: tl.constexpr,
 ):  # fmt: skip
     """A side program's rows when none has more than one token (a decode step): each
@@ -358,9 +349,7 @@ def _single_tokens(
     _, has_seed, seed_position, seed_record = seeds
     s0, t0, p0, et0, ep0 = _token_at(inputs, first, length > 0, HAS_EXPECTED)
     running = _seed_hash(has_seed, seed_record, seed_position)
-    kv_hash, ok, flags = _stamped(
-        s0, (length > 0) & (s0 >= 0), flags, num_slots, kv, NUM_SOURCES, MODE, CHUNK
-    )
+    kv_hash, ok, flags = _stamped(s0, (length > 0) & (s0 >= 0), flags, num_slots, kv, MODE, CHUNK)
     chain = i64(running)
     rec = records_ptr + s0 * REC_W
     tl.store(rec + REC_TOKEN, t0, mask=ok)
@@ -467,33 +456,19 @@ def canary_write_kernel(
     slots_processed_ptr,
     chain_position_check_ptr,
     status_ptr,
-    # real-KV sources
-    src0,
-    src1,
-    src2,
-    src3,
-    stride0: tl.int64,
-    stride1: tl.int64,
-    stride2: tl.int64,
-    stride3: tl.int64,
-    rows0: tl.int64,
-    rows1: tl.int64,
-    rows2: tl.int64,
-    rows3: tl.int64,
+    # real-KV sources (a RealKV's source table)
+    source_table_ptr,
     # runtime sizes (int64 whatever their values: one compiled variant for all)
     n: tl.int64,
     write_capacity: tl.int64,
     num_slots: tl.int64,
     violation_capacity: tl.int64,
     launch_tag: tl.int64,
-    page_size: tl.int64,
-    bpt_words: tl.int64,
-    kv_words: tl.int64,
+    num_sources: tl.int64,
     slot_limit: tl.int64,
     chain_programs: tl.int64,
     chain_tokens: tl.int64,
     HAS_EXPECTED: tl.constexpr,
-    NUM_SOURCES: tl.constexpr,
     MODE: tl.constexpr,
     ROWS: tl.constexpr,
     CHUNK: tl.constexpr,
@@ -508,14 +483,7 @@ def canary_write_kernel(
         expected_positions_ptr,
     )
     store = (records_ptr, violations_ptr, violation_count_ptr, violation_capacity)
-    kv = (
-        page_size,
-        bpt_words,
-        kv_words,
-        (src0, src1, src2, src3),
-        (stride0, stride1, stride2, stride3),
-        (rows0, rows1, rows2, rows3),
-    )
+    kv = (source_table_ptr, num_sources)
     pid = tl.program_id(0)
     if pid == 0:
         tl.atomic_add(kernel_runs_ptr, 1, sem="relaxed")  # relaxed: see append_violations
@@ -552,19 +520,19 @@ def canary_write_kernel(
         flags |= tl.where(
             (rows == 0) & ((raw_rows < 0) | (raw_rows > write_capacity)), PLAN_COUNT_BAD, 0
         )
-        if NUM_SOURCES == 0 and tl.max(length, 0) <= tl.minimum(chain_tokens, 1):
+        if MODE == MODE_NONE and tl.max(length, 0) <= tl.minimum(chain_tokens, 1):
             # A decode step: one token a row at most (each row chained here), no loop and
             # no chain to advance past it. (Not with real-KV sources: a second copy of
             # their hash would double the compile time.)
             flags, written = _single_tokens(
                 inputs, store, kv, first, length, seeds, check_pos, prev_pos, flags,
-                num_slots, launch_tag, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK,
+                num_slots, launch_tag, HAS_EXPECTED, MODE, CHUNK,
             )  # fmt: skip
         else:
             flags, written = _walk_and_replay(
                 inputs, store, kv, (first, length, ~long), seeds, check_pos, prev_pos,
                 flags, num_slots, slot_limit, launch_tag,
-                HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, True, CHAIN_UNROLL,
+                HAS_EXPECTED, MODE, CHUNK, True, CHAIN_UNROLL,
             )  # fmt: skip
         total = tl.sum(written, 0)
         if total > 0:
@@ -576,7 +544,7 @@ def canary_write_kernel(
         _walk_and_replay(
             inputs, store, kv, (first, length, length > 0), seeds, check_pos, prev_pos,
             flags, num_slots, slot_limit, launch_tag,
-            HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, False, CHAIN_UNROLL,
+            HAS_EXPECTED, MODE, CHUNK, False, CHAIN_UNROLL,
         )  # fmt: skip
 
 
@@ -588,12 +556,12 @@ CHAIN_UNROLL = {False: 4, True: 2}
 def slot_limit(num_slots: int, src: SourceArgs) -> int:
     """The chain programs' bound on a slot: the side programs stamp a slot ``s >= 0`` only
     if ``s < num_slots`` and, with real-KV sources, its page row ``s // page_size`` lies
-    inside every source, that is ``s < rows * page_size`` for the fewest rows (Python
-    integers: no wrap)."""
-    if src.num_sources == 0:
+    inside every source, that is ``s < rows * page_size`` for every source (Python
+    integers: no wrap). The launch's validation refuses sources that cover fewer slots
+    than the store has, so this is ``num_slots``; kept for the kernels' bounds checks."""
+    if src.mode == 0:
         return num_slots
-    rows = min(src.ints[4 : 4 + src.num_sources])
-    return min(num_slots, rows * src.page_size)
+    return min(num_slots, src.covers)
 
 
 def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
@@ -624,7 +592,7 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
     exp_pos = args.positions if args.expected_positions is None else args.expected_positions
     inputs = (args.input_ids, args.positions, args.out_cache_loc, exp_ids, exp_pos)
     src = source_args(args.real_kv, store.records)
-    key = (variant, has_expected, src.num_sources, src.mode, src.dtypes, aligned)
+    key = (variant, has_expected, src.mode, aligned)
     fixed = (
         buffers.write_offsets,
         buffers.write_seed_slot_indices,
@@ -636,8 +604,7 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
         store.slots_processed,
         store.chain_position_check,
         store.status,
-        *src.tensors,
-        *src.ints,
+        src.table,
     )
     capacity = buffers.write_req_capacity
     sizes = (capacity, store.num_slots, store.violation_capacity)
@@ -649,9 +616,7 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
     fewest = 1 if INTERPRETING else cfg.write_chain_programs
     chain_programs = min(capacity, max(side_programs, fewest))
     tail = (
-        src.page_size,
-        src.bpt_words,
-        src.kv_words,
+        src.num_sources,
         slot_limit(store.num_slots, src),
         chain_programs,
         cfg.write_chain_tokens,
@@ -664,7 +629,6 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
         (*inputs, *fixed, args.n, *sizes, args.launch_tag, *tail),
         {
             "HAS_EXPECTED": has_expected,
-            "NUM_SOURCES": src.num_sources,
             "MODE": src.mode,
             "ROWS": cfg.write_rows,
             "CHUNK": cfg.real_kv_chunk,

@@ -52,6 +52,7 @@ def compile_write(package: str, expected: bool) -> bytes:
     """The sm_90 cubin of ``package``'s write kernel, no real-KV sources (and, for a
     package with chain programs, their unroll for ``expected``)."""
     write = importlib.import_module(f"{package}.write")
+    # NUM_SOURCES: older trees' (compile_sm90 drops what a kernel does not take)
     constexprs = {"HAS_EXPECTED": expected, "NUM_SOURCES": 0, "MODE": 0, "ROWS": 32, "CHUNK": 16}
     if hasattr(write, "CHAIN_UNROLL"):
         constexprs["CHAIN_UNROLL"] = write.CHAIN_UNROLL[expected]

@@ -26,6 +26,7 @@ from kv_canary_buffers import (
     PlanBuffers,
     RealKV,
     RealKVMode,
+    RealKVSource,
     ViolationReport,
     gather_violation_reports,
     plan_reference,
@@ -92,6 +93,12 @@ def real_kv(**changes: Any) -> RealKV:
     )
     kwargs.update(changes)
     return RealKV(**kwargs)
+
+
+def real_kv_source(**changes: Any) -> RealKVSource:
+    kwargs: dict[str, Any] = dict(tensor=source(), page_size=1, bytes_per_token=32)
+    kwargs.update(changes)
+    return RealKVSource(**kwargs)
 
 
 # --- the walk ---------------------------------------------------------------------------
@@ -247,7 +254,7 @@ def _args() -> list[Arg]:
             "sources",
             lambda v: real_kv(sources=v),
             ("kv", 5, None, (source(), "kv")),
-            (source().view(-1), (source(),) * 5, source(width=16), source()[:, 1:]),
+            (source().view(-1), (source(),) * 513, source(width=16), source()[:, 1:]),
         ),
         Arg(
             "RealKV",
@@ -269,6 +276,37 @@ def _args() -> list[Arg]:
             "RealKV",
             "read_bytes",
             lambda v: real_kv(read_bytes=v),
+            INT_TYPES,  # None: bytes_per_token
+            (0, 8, 48),
+            integer=True,
+        ),
+        Arg(
+            "RealKVSource",
+            "tensor",
+            lambda v: real_kv_source(tensor=v),
+            ("kv", 5, None, [source()]),
+            (source().view(-1), source(width=16), source()[:, 1:], source().view(8, 2, 16)),
+        ),
+        Arg(
+            "RealKVSource",
+            "page_size",
+            lambda v: real_kv_source(page_size=v),
+            INT_TYPES + (None,),
+            (0, -1, 2),
+            integer=True,
+        ),
+        Arg(
+            "RealKVSource",
+            "bytes_per_token",
+            lambda v: real_kv_source(bytes_per_token=v),
+            INT_TYPES + (None,),
+            (0, 17, 64),
+            integer=True,
+        ),
+        Arg(
+            "RealKVSource",
+            "read_bytes",
+            lambda v: real_kv_source(read_bytes=v),
             INT_TYPES,  # None: bytes_per_token
             (0, 8, 48),
             integer=True,
@@ -496,6 +534,7 @@ def test_the_walk_covers_every_entry_point():
         "GraphInputs.fill",
         "GraphInputs.plan_kwargs",
         "RealKV",
+        "RealKVSource",
         "plan_reference",
         "launch_plan",
         "write_reference",
@@ -535,6 +574,8 @@ def _summary(result: object) -> object:
         return repr(result)
     if isinstance(result, RealKV):
         return (result.mode, result.page_size, result.bytes_per_token, result.read_bytes)
+    if isinstance(result, RealKVSource):
+        return (result.page_size, result.bytes_per_token, result.read_bytes)
     return result
 
 

@@ -234,7 +234,7 @@ def test_copies_of_a_real_kv_are_objects_of_their_own():
     for c in copies:
         assert find_real_kv(c._handle) is c
         c.check()  # its fingerprint is its own sources'
-    assert copies[0].sources[0] is src and copies[1].sources[0] is not src
+    assert copies[0].tensors[0] is src and copies[1].tensors[0] is not src
     store = CanaryStore.allocate(num_slots=32, violation_capacity=4, device=DEV)
     plan = PlanBuffers.allocate(write_req_capacity=1, verify_capacity=4, device=DEV)
 

@@ -184,20 +184,27 @@ def make_source(
 
 
 def py_real_kv(real_kv: RealKV | None, slot: int) -> int | None:
-    """The contract's real_kv(s) from the bytes, in plain Python; None when the slot's
-    page row lies past a source (the kernels skip it)."""
+    """The contract's real_kv(s) from the bytes, in plain Python, each source with its own
+    geometry; None when the slot's page row lies past a source (the kernels skip it). A
+    2-D source's slot is bytes of its row; a source of 3 or more dimensions ``[pages,
+    page_size, ...]`` is read by indexing, ``tensor[page, s % page_size]``."""
     if real_kv is None or real_kv.mode == RealKVMode.NONE or not real_kv.sources:
         return 0
-    page = slot // real_kv.page_size
-    if any(page >= src.shape[0] for src in real_kv.sources):
+    if any(slot // src.page_size >= src.tensor.shape[0] for src in real_kv.sources):
         return None
-    width = 16 if real_kv.mode == RealKVMode.PARTIAL else real_kv.read_bytes
-    start = (slot % real_kv.page_size) * real_kv.bytes_per_token
     h = 0
     for src in real_kv.sources:
-        data = bytes(src[page].contiguous().view(torch.uint8).tolist())
+        width = 16 if real_kv.mode == RealKVMode.PARTIAL else src.read_bytes
+        page, within = divmod(slot, src.page_size)
+        if src.tensor.dim() == 2:
+            row = bytes(src.tensor[page].contiguous().view(torch.uint8).tolist())
+            data = row[within * src.bytes_per_token : within * src.bytes_per_token + width]
+        else:
+            one = src.tensor[page, within].contiguous().reshape(-1)
+            data = bytes(one.view(torch.uint8).tolist())[:width]
+        assert len(data) == width
         acc = 0
-        for k in range(start, start + width, 8):
+        for k in range(0, width, 8):
             acc = sm_int(acc ^ int.from_bytes(data[k : k + 8], "little"))
         h = sm_int(h ^ acc)
     return h
@@ -208,6 +215,91 @@ def slot_bytes(src: torch.Tensor, page_size: int, bytes_per_token: int, slot: in
     row = src[slot // page_size].view(torch.uint8)
     start = (slot % page_size) * bytes_per_token
     return row[start : start + bytes_per_token]
+
+
+def make_source_3d(
+    gen: torch.Generator,
+    rows: int,
+    page_size: int,
+    slot_shape: tuple[int, ...],
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    interleaved: bool = False,
+    spare_rows: int = 0,
+    device="cpu",
+) -> torch.Tensor:
+    """A source ``[rows, page_size, *slot_shape]`` of random bytes as ``dtype``,
+    contiguous within a slot. ``interleaved``: the K half of a ``[rows, page_size, 2,
+    *slot_shape]`` buffer (K and V of a slot side by side), so that slots lie twice their
+    own bytes apart; ``spare_rows``: the buffer has more rows (a read past the source
+    finds data, not a fault)."""
+    item = torch.empty(0, dtype=dtype).element_size()
+    halves = (2,) if interleaved else ()
+    shape = (rows + spare_rows, page_size, *halves, *slot_shape)
+    numel = 1
+    for n in shape:
+        numel *= n
+    raw = torch.randint(0, 256, (numel * item,), generator=gen, dtype=torch.int64)
+    base = raw.to(torch.uint8).to(device).view(dtype).view(shape)
+    return (base[:, :, 0] if interleaved else base)[:rows]
+
+
+def flip_source_byte(source, page: int, within: int, byte: int) -> None:
+    """XOR one byte of slot ``within`` of page ``page`` of a ``RealKVSource`` (``byte``
+    counted from the slot's start, below its ``bytes_per_token``; for a 2-D source that
+    may be a byte the hash does not read)."""
+    t = source.tensor
+    if t.dim() == 2:
+        t[page].view(torch.uint8)[within * source.bytes_per_token + byte] ^= 0x10
+    else:
+        t[page, within].view(torch.uint8).view(-1)[byte] ^= 0x10
+
+
+def past_the_door(path: str, stage: str, store, plan, kwargs: dict[str, Any]) -> None:
+    """``stage`` on ``path`` (``kernels``, ``reference``) with ``kwargs`` whose ``real_kv``
+    is given to the stage without the launch's validation of it (the rest is validated):
+    the kernels' dispatch or the reference's body, as a launch would call them. How tests
+    reach the stages' real-KV bounds checks, behind the rule that a launch's sources cover
+    its store."""
+    from kv_canary_buffers import verify as verify_stage
+    from kv_canary_buffers import write as write_stage
+    from kv_canary_kernels.verify import dispatch_verify
+    from kv_canary_kernels.write import dispatch_write
+
+    kwargs = dict(kwargs)
+    real_kv = kwargs.pop("real_kv")
+    if stage == "write":
+        args = write_stage.validate_write_args(store, plan, **kwargs)._replace(real_kv=real_kv)
+        (dispatch_write if path == "kernels" else write_stage._write)(store, plan, args)
+    else:
+        args = verify_stage.validate_verify_args(store, plan, **kwargs)._replace(real_kv=real_kv)
+        (dispatch_verify if path == "kernels" else verify_stage._verify)(store, plan, args)
+
+
+def kernels_write(store, plan, kw: dict[str, Any]) -> None:
+    """The kernels' write of ``kw``; with sources that do not cover the store (refused by
+    the launch, nothing written: asserted), past the validation: the kernels' bounds
+    check (:func:`past_the_door`)."""
+    if covers(kw.get("real_kv"), store.num_slots):
+        launch_write(store, plan, **kw)
+        return
+    before = snapshot_store(store)
+    try:
+        launch_write(store, plan, **kw)
+    except ValueError as err:
+        assert "must cover the store" in str(err), err
+    else:
+        raise AssertionError("launch_write accepted sources that do not cover the store")
+    assert_store_equal(store, before)
+    past_the_door("kernels", "write", store, plan, kw)
+
+
+def covers(real_kv: RealKV | None, num_slots: int) -> bool:
+    """Whether every source of ``real_kv`` covers ``num_slots`` slots (or nothing is
+    hashed): what a launch requires."""
+    if real_kv is None or real_kv.mode == RealKVMode.NONE:
+        return True
+    return all(s.tensor.shape[0] * s.page_size >= num_slots for s in real_kv.sources)
 
 
 # --- the loop model ----------------------------------------------------------------------

@@ -39,9 +39,9 @@ def ptx(fn, constexprs, warps):
 
 out = {}
 for expected in (False, True):
-    c = {"HAS_EXPECTED": expected, "NUM_SOURCES": 0, "MODE": 0, "ROWS": 32, "CHUNK": 16}
+    c = {"HAS_EXPECTED": expected, "MODE": 0, "ROWS": 32, "CHUNK": 16}
     out[f"write expected={expected}"] = ptx(canary_write_kernel, c, 1)
-c = {"CHECK_TOKENS": True, "NUM_SOURCES": 2, "MODE": 1, "BLOCK": 128, "CHUNK": 16}
+c = {"CHECK_TOKENS": True, "MODE": 1, "BLOCK": 128, "CHUNK": 16}
 out["verify PARTIAL"] = ptx(canary_verify_kernel, c, 4)
 json.dump(out, sys.stdout)
 """

@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from kv_canary_buffers import CanaryStore, PlanBuffers, RealKV, RealKVMode
+from kv_canary_buffers import CanaryStore, PlanBuffers, RealKV, RealKVMode, RealKVSource
 from kv_canary_buffers.devices import normalize_device
 from tests.helpers.canary import (
     DEVICE,
@@ -380,11 +380,13 @@ def _call(canary, stage, store, plan, real_kv):
 
 
 @pytest.mark.parametrize("stage", ["write", "verify"])
-@pytest.mark.parametrize("case", ["tensor", "subclass", "lookalike"])
+@pytest.mark.parametrize("case", ["tensor", "source", "subclass", "lookalike"])
 def test_real_kv_of_the_wrong_type(canary, setup, stage, case):
     store, plan, kv = setup
     if case == "tensor":
-        wrong, name = kv.sources[0], "Tensor"
+        wrong, name = kv.tensors[0], "Tensor"
+    elif case == "source":
+        wrong, name = kv.sources[0], "RealKVSource"
     elif case == "subclass":
         wrong = RealKVSubclass(mode=kv.mode, sources=kv.sources, page_size=1, bytes_per_token=32)
         name = "RealKVSubclass"
@@ -463,7 +465,7 @@ def test_real_kv_source_resized_after_construction(canary, setup, stage, mode):
 @pytest.mark.parametrize("stage", ["write", "verify"])
 def test_real_kv_source_swapped_after_construction(canary, setup, stage):
     store, plan, kv = setup
-    kv.sources[0].set_(torch.zeros(16, 32, dtype=torch.uint8, device=DEVICE))
+    kv.tensors[0].set_(torch.zeros(16, 32, dtype=torch.uint8, device=DEVICE))
     run_refused(
         _call(canary, stage, store, plan, kv),
         store,
@@ -493,6 +495,58 @@ def test_real_kv_source_dtype_swapped_after_construction(canary, setup, stage):
     )
 
 
+@pytest.mark.parametrize("stage", ["write", "verify"])
+@pytest.mark.parametrize(
+    "geometry, index, rows, page",
+    [
+        # (page_size, rows) of each source; the store has 16 slots
+        ([(1, 15)], 0, 15, 1),  # one row short
+        ([(1, 16), (4, 3)], 1, 3, 4),  # 12 slots: a page short
+        ([(2, 8), (8, 1), (1, 32)], 1, 1, 8),  # the second of three
+        ([(4, 4), (2, 7), (8, 1)], 1, 7, 2),  # the first short one is named
+    ],
+    ids=["one", "page-short", "middle", "first-of-two"],
+)
+def test_real_kv_not_covering_the_store_is_refused(
+    canary, setup, stage, geometry, index, rows, page
+):
+    """Sources that do not cover the store's slots (``rows * page_size < num_slots``): a
+    wrong ``page_size``, a RealKV not rebuilt after the pool grew, or a view of part of a
+    layer. Refused on both paths, naming the source and the geometry, nothing written
+    (before, a wrong page_size was accepted and a real overwrite past the source missed)."""
+    store, plan, _kv = setup
+    g = torch.Generator().manual_seed(4)
+    sources = [
+        RealKVSource(make_source(g, r, ps * 32, device=DEVICE), page_size=ps, bytes_per_token=32)
+        for ps, r in geometry
+    ]
+    for mode in (RealKVMode.PARTIAL, RealKVMode.ALL):
+        run_refused(
+            _call(canary, stage, store, plan, RealKV(mode=mode, sources=sources)),
+            store,
+            plan,
+            ValueError,
+            rf"real_kv.sources\[{index}\] must cover the store's num_slots = 16 slots "
+            rf"\(rows \* page_size >= num_slots\), got {rows} rows x page_size {page} = "
+            rf"{rows * page} slots",
+        )
+    # Mode NONE hashes nothing and reads no source: not refused.
+    _call(canary, stage, store, plan, RealKV(mode=RealKVMode.NONE, sources=sources))()
+
+
+@pytest.mark.parametrize("stage", ["write", "verify"])
+def test_real_kv_covering_the_store_exactly_is_accepted(canary, setup, stage):
+    store, plan, _kv = setup
+    g = torch.Generator().manual_seed(5)
+    sources = [
+        RealKVSource(make_source(g, 4, 4 * 32, device=DEVICE), page_size=4, bytes_per_token=32),
+        RealKVSource(make_source(g, 16, 32, device=DEVICE), page_size=1, bytes_per_token=32),
+        RealKVSource(make_source(g, 2, 8 * 16, device=DEVICE), page_size=8, bytes_per_token=16),
+    ]
+    _call(canary, stage, store, plan, RealKV(mode=RealKVMode.ALL, sources=sources))()
+    assert int(store.kernel_runs) == 1 and int(store.status) == 0
+
+
 # --- RealKV construction -----------------------------------------------------------------------
 def _src(rows=8, cols=64, dtype=torch.uint8, device=DEVICE):
     return torch.zeros(rows, cols, dtype=dtype, device=device)
@@ -503,10 +557,10 @@ def _misaligned():
 
 
 REALKV_ERRORS = {
-    "five sources": (
-        dict(sources=[_src() for _ in range(5)]),
+    "513 sources": (
+        dict(sources=[_src() for _ in range(513)]),
         ValueError,
-        "RealKV.sources must hold at most 4 tensors, got 5",
+        "RealKV.sources must hold at most 512 sources, got 513",
     ),
     "page_size 0": (dict(page_size=0), ValueError, "RealKV.page_size must be >= 1, got 0"),
     "page_size float": (dict(page_size=1.0), TypeError, "RealKV.page_size must be an int"),
@@ -532,11 +586,18 @@ REALKV_ERRORS = {
         ValueError,
         "RealKV.read_bytes must be a positive multiple",
     ),
-    "1-D source": (dict(sources=_src(1, 64)[0]), ValueError, r"RealKV.sources\[0\] must be 2-D"),
-    "3-D source": (
+    "1-D source": (
+        dict(sources=_src(1, 64)[0]),
+        ValueError,
+        r"RealKV.sources\[0\] must be 2-D \[pages, bytes of a page as elements\] or at least "
+        r"3-D \[pages, page_size, ...\], got shape \(64,\)",
+    ),
+    "3-D source of another page size": (
         dict(sources=_src(8, 64).view(8, 4, 16)),
         ValueError,
-        r"RealKV.sources\[0\] must be 2-D",
+        r"RealKV.sources\[0\] is read as \[pages, page_size, ...\], so page_size must be its "
+        r"shape\[1\] = 4, got page_size = 2 \(shape \(8, 4, 16\), strides \(64, 16, 1\), "
+        r"torch.uint8; a token-major",
     ),
     "misaligned view": (
         dict(sources=_misaligned()),
@@ -567,7 +628,22 @@ REALKV_ERRORS = {
     "not a tensor": (
         dict(sources=[_src(), "kv"]),
         TypeError,
-        r"RealKV.sources\[1\] must be a torch.Tensor, got str",
+        r"RealKV.sources\[1\] must be a RealKVSource or a torch.Tensor, got str",
+    ),
+    "plain tensor without page_size": (
+        dict(page_size=None),
+        TypeError,
+        r"RealKV.page_size must be an int when sources holds a plain tensor "
+        r"\(RealKV.sources\[0\]\), got None \(or pass RealKVSource objects",
+    ),
+    "plain tensor without bytes_per_token": (
+        dict(
+            sources=[RealKVSource(_src(), page_size=2, bytes_per_token=32), _src()],
+            bytes_per_token=None,
+        ),
+        TypeError,
+        r"RealKV.bytes_per_token must be an int when sources holds a plain tensor "
+        r"\(RealKV.sources\[1\]\)",
     ),
 }
 
@@ -603,7 +679,7 @@ def test_real_kv_accepts_the_documented_shapes():
         bytes_per_token=32,
         read_bytes=16,
     )
-    assert kv.mode is RealKVMode.PARTIAL and kv.hashed_bytes == 16
+    assert kv.mode is RealKVMode.PARTIAL and kv.hashed_bytes == 32  # 16 of each source
     assert kv.source_rows() == (8, 9) and kv.read_bytes == 16
     assert RealKV(mode=2, sources=src, page_size=1, bytes_per_token=64).read_bytes == 64
     assert RealKV(mode=0, sources=src, page_size=1, bytes_per_token=64).hashed_bytes == 0

@@ -25,6 +25,7 @@ from tests.helpers.canary import (
     model_write,
     new_plan,
     new_store,
+    past_the_door,
     set_verify_plan,
     set_write_plan,
     snapshot_plan,
@@ -117,16 +118,6 @@ CASES = {
         r"plan_buffers.write_offsets\[1:3\] = \[1, 9\] must lie in \[0, n",
         lambda s: counters(s)[2] == 1,
     ),
-    "write real-KV page past a source": (
-        "write",
-        lambda p: (
-            set_write_plan(p, [0, 3], [-1]),
-            {**write_inputs([3, 9, 5]), "real_kv": short_kv()},
-        )[1],
-        S.REAL_KV_ROW_OUT_OF_RANGE,
-        r"out_cache_loc\[1\] = 9 must be a slot whose real-KV page row lies inside every source",
-        lambda s: s.records[5, 2].item() == h((100, 0)) and s.records[9, 0].item() != 101,
-    ),
     "write count past the capacity": (
         "write",
         lambda p: (
@@ -165,6 +156,36 @@ CASES = {
         r"plan_buffers.verify_prev_slot_indices\[1\] = 16 must be < num_slots = 16",
         lambda s: sorted(r[1] for r in s.violations[:2].tolist()) == [3, 5],
     ),
+    "verify count past the capacity": (
+        "verify",
+        lambda p: set_verify_plan(p, [3] * 16, [0] * 16, [1] * 16, num_valid=18) or {},
+        S.PLAN_COUNT_OUT_OF_RANGE,
+        r"plan_buffers.verify_num_valid\[0\] = 18 must be in \[0, 16\]",
+        lambda s: counters(s)[0] == 16 and counters(s)[2] == 16,
+    ),
+    "verify count negative": (
+        "verify",
+        lambda p: set_verify_plan(p, [3], [0], [1], num_valid=-3) or {},
+        S.PLAN_COUNT_OUT_OF_RANGE,
+        r"plan_buffers.verify_num_valid\[0\] = -3 must be in \[0, 16\]",
+        lambda s: counters(s)[:3] == (0, 1, 0),
+    ),
+}
+
+
+BEHIND_THE_DOOR = {
+    # Sources that do not cover the store are refused at the door (test_errors.py): these
+    # reach the kernels and the references only past the validation, as a bounds check.
+    "write real-KV page past a source": (
+        "write",
+        lambda p: (
+            set_write_plan(p, [0, 3], [-1]),
+            {**write_inputs([3, 9, 5]), "real_kv": short_kv()},
+        )[1],
+        S.REAL_KV_ROW_OUT_OF_RANGE,
+        r"out_cache_loc\[1\] = 9 must be a slot whose real-KV page row lies inside every source",
+        lambda s: s.records[5, 2].item() == h((100, 0)) and s.records[9, 0].item() != 101,
+    ),
     "verify real-KV page past a source": (
         "verify",
         lambda p: set_verify_plan(p, [3, 9, 5], [0, 0, 0], [1, 1, 1]) or {"real_kv": short_kv()},
@@ -185,25 +206,15 @@ CASES = {
             sorted(r[1] for r in s.violations[:3].tolist()) == [3, 5, 6] and counters(s)[0] == 3
         ),
     ),
-    "verify count past the capacity": (
-        "verify",
-        lambda p: set_verify_plan(p, [3] * 16, [0] * 16, [1] * 16, num_valid=18) or {},
-        S.PLAN_COUNT_OUT_OF_RANGE,
-        r"plan_buffers.verify_num_valid\[0\] = 18 must be in \[0, 16\]",
-        lambda s: counters(s)[0] == 16 and counters(s)[2] == 16,
-    ),
-    "verify count negative": (
-        "verify",
-        lambda p: set_verify_plan(p, [3], [0], [1], num_valid=-3) or {},
-        S.PLAN_COUNT_OUT_OF_RANGE,
-        r"plan_buffers.verify_num_valid\[0\] = -3 must be in \[0, 16\]",
-        lambda s: counters(s)[:3] == (0, 1, 0),
-    ),
 }
+"""The real-KV row bound, behind the launch's coverage rule (docs/contract-canary.md,
+"Real-KV hash"): each case's ``real_kv`` covers 8 of the store's 16 slots, so its calls
+are given to the stages' dispatch (kernels) and body (references) with arguments that
+were validated without it."""
 
 
 def setup(case):
-    stage, make, bit, message, check = CASES[case]
+    stage, make, bit, message, check = {**CASES, **BEHIND_THE_DOOR}[case]
     store = new_store(NUM_SLOTS, 32)
     plan = new_plan(write_req_capacity=4, verify_capacity=16)
     kwargs = make(plan)
@@ -255,3 +266,35 @@ def test_status_bits_are_sticky_until_taken():
     launch_verify(store, plan)
     assert store.take_status() == S.OK
     assert counters(store)[1] == 4
+
+
+def _past_the_door(stage, path, store, plan, kwargs):
+    """The public path refuses ``kwargs``' sources (they cover 8 of 16 slots); past the
+    validation, the stage's bounds checks meet them."""
+    with pytest.raises(ValueError, match=r"real_kv.sources\[0\] must cover the store"):
+        getattr(CANARY_PATHS[path], stage)(store, plan, **kwargs)
+    past_the_door(path, stage, store, plan, kwargs)
+
+
+@pytest.mark.parametrize("case", sorted(BEHIND_THE_DOOR))
+def test_kernels_past_the_coverage_rule_skip_the_entry_and_raise_the_bit(case):
+    stage, store, plan, kwargs, bit, _message, check = setup(case)
+    if stage == "write":
+        model = model_write(model_state(store), plan, **kwargs)
+    else:
+        model = model_verify(model_state(store), plan, **kwargs)
+    assert model.status == bit
+    _past_the_door(stage, "kernels", store, plan, dict(kwargs))
+    assert_store_matches_model(store, model)
+    assert check(store)
+    assert store.take_status() == bit
+
+
+@pytest.mark.parametrize("case", sorted(BEHIND_THE_DOOR))
+def test_references_past_the_coverage_rule_raise_and_write_nothing(case):
+    stage, store, plan, kwargs, _bit, message, _check = setup(case)
+    before, plan_before = snapshot_store(store), snapshot_plan(plan)
+    with pytest.raises(ValueError, match="^kv-canary: " + message):
+        _past_the_door(stage, "reference", store, plan, dict(kwargs))
+    assert_store_equal(store, before)
+    assert_plan_equal(plan, plan_before)

@@ -23,7 +23,7 @@ import random
 import pytest
 import torch
 
-from kv_canary_buffers import CanaryStatus, RealKV, RealKVMode
+from kv_canary_buffers import CanaryStatus, RealKV, RealKVMode, RealKVSource
 from kv_canary_kernels import launch_write
 from kv_canary_kernels import write as W
 from kv_canary_kernels.config import INTERPRETING, launch_config
@@ -32,6 +32,7 @@ from tests.helpers.canary import (
     DEVICE,
     assert_store_matches_model,
     i64,
+    kernels_write,
     make_source,
     model_state,
     model_write,
@@ -177,12 +178,23 @@ def split_case(chain_tokens: int, *, expected: bool, num_rows: int | None, real_
         kw.update(expected_input_ids=i64(exp_ids), expected_positions=i64(exp_pos))
     if real_kv:
         g = torch.Generator().manual_seed(5)
-        # page_size 4: 40 and 36 rows, so slots from 144 on lie past the second source
+        # 40 pages of 4 slots and 72 of 2 (each its own geometry), so slots from 144 on
+        # lie past the second source (a launch refuses that: the test runs the kernels
+        # past the validation, as the bounds check behind that rule)
         src = (
-            make_source(g, 40, 4 * 32, spare_rows=1, device=DEVICE),
-            make_source(g, 36, 4 * 32, spare_rows=2, device=DEVICE),
+            RealKVSource(
+                make_source(g, 40, 4 * 32, spare_rows=1, device=DEVICE),
+                page_size=4,
+                bytes_per_token=32,
+            ),
+            RealKVSource(
+                make_source(g, 72, 2 * 48, torch.bfloat16, spare_rows=2, device=DEVICE),
+                page_size=2,
+                bytes_per_token=48,
+                read_bytes=32,
+            ),
         )
-        kw["real_kv"] = RealKV(mode=RealKVMode.ALL, sources=src, page_size=4, bytes_per_token=32)
+        kw["real_kv"] = RealKV(mode=RealKVMode.ALL, sources=src)
     return store, plan, kw
 
 
@@ -216,7 +228,7 @@ def test_split_equals_the_model_in_any_program_order(
         chain_grid(gpu_like),
         program_order(order, seed=chain_tokens),
     ):
-        launch_write(store, plan, **kw)
+        kernels_write(store, plan, kw)
     assert_store_matches_model(store, model)
 
 
@@ -266,41 +278,43 @@ def test_the_harness_changes_the_order():
 
 
 # --- slot_limit ------------------------------------------------------------------------
-def _side_ok(s: int, num_slots: int, page_size: int, rows: list[int]) -> bool:
-    """The side programs' rule: in the store and, with sources, its page row in each."""
-    return 0 <= s < num_slots and all(s // page_size < r for r in rows)
+def _side_ok(s: int, num_slots: int, geometry: list[tuple[int, int]]) -> bool:
+    """The side programs' rule: in the store and, with sources, its page row in each
+    (``geometry``: each source's ``(page_size, rows)``)."""
+    return 0 <= s < num_slots and all(s // ps < rows for ps, rows in geometry)
 
 
-def _sources(rows: list[int], page_size: int) -> SourceArgs:
-    pad = [0] * (4 - len(rows))
-    ints = (*([1] * len(rows)), *pad, *rows, *pad)
-    return SourceArgs((None,) * 4, ints, len(rows), 2, page_size, 2, 2, ())  # type: ignore[arg-type]
+def _sources(geometry: list[tuple[int, int]]) -> SourceArgs:
+    covers = min((ps * rows for ps, rows in geometry), default=INT64_MAX)
+    return SourceArgs(None, len(geometry), 2 if geometry else 0, covers)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
-    ("num_slots", "page_size", "rows"),
+    ("num_slots", "geometry"),
     [
-        (100, 1, []),
-        (100, 4, [25, 24, 30]),
-        (100, 4, [26]),
-        (101, 7, [15, 14, 0, 20]),
-        (INT64_MAX, 1 << 40, [1 << 30, (1 << 22) + 1]),  # one product past int64
-        (INT64_MAX - 5, 1 << 40, [1 << 30]),  # the product past int64: num_slots bounds
-        (INT64_MAX, INT64_MAX, [1]),
-        (1, 3, [1]),
-        (5, 2, [0]),
+        (100, []),
+        (100, [(4, 25), (4, 24), (4, 30)]),
+        (100, [(4, 26)]),
+        (100, [(1, 100), (4, 25), (16, 6)]),  # each its own page size
+        (101, [(7, 15), (7, 14), (7, 0), (7, 20)]),
+        (101, [(3, 34), (7, 14), (2, 60)]),
+        (INT64_MAX, [(1 << 40, 1 << 30), (1 << 40, (1 << 22) + 1)]),  # one product past int64
+        (INT64_MAX - 5, [(1 << 40, 1 << 30)]),  # the product past int64: num_slots bounds
+        (INT64_MAX, [(INT64_MAX, 1)]),
+        (1, [(3, 1)]),
+        (5, [(2, 0)]),
     ],
 )
-def test_slot_limit_is_the_side_rule_for_any_int64(num_slots, page_size, rows):
-    limit = W.slot_limit(num_slots, _sources(rows, page_size))
+def test_slot_limit_is_the_side_rule_for_any_int64(num_slots, geometry):
+    limit = W.slot_limit(num_slots, _sources(geometry))
     assert 0 <= limit <= num_slots <= INT64_MAX  # passed as an int64
     probes = {INT64_MIN, INT64_MIN + 1, -2, -1, 0, 1, INT64_MAX - 1, INT64_MAX}
     probes |= {num_slots + d for d in (-1, 0, 1)}
-    probes |= {r * page_size + d for r in rows for d in (-1, 0, 1)}
+    probes |= {r * ps + d for ps, r in geometry for d in (-1, 0, 1)}
     probes |= {limit + d for d in (-1, 0, 1)}
     for s in sorted(p for p in probes if INT64_MIN <= p <= INT64_MAX):
         chain_ok = (s % (1 << 64)) < limit  # the kernel's bitcast to uint64
-        assert chain_ok == _side_ok(s, num_slots, page_size, rows), s
+        assert chain_ok == _side_ok(s, num_slots, geometry), s
 
 
 def test_runtime_ints_are_not_specialized():

@@ -17,6 +17,7 @@ from tests.helpers.canary import (
     counters,
     i64,
     kept_rows,
+    kernels_write,
     make_source,
     model_state,
     model_write,
@@ -85,8 +86,9 @@ def short_kv():
 
 @pytest.mark.parametrize("chain_tokens", [0, 16])
 def test_replay_after_out_of_range_slot_and_real_kv_row(chain_tokens):
-    """Kernels only (the reference raises): a slot past the store and a slot whose page
-    row lies past a source, each before a violating token of the same row."""
+    """Kernels only (the reference raises), past the launch's coverage rule: a slot past
+    the store and a slot whose page row lies past a source, each before a violating token
+    of the same row."""
     store = new_store(num_slots=16, violation_capacity=3)
     store.records[5] = i64([1, 3, 77, 0])
     store.enable_chain_position_check()
@@ -112,7 +114,7 @@ def test_replay_after_out_of_range_slot_and_real_kv_row(chain_tokens):
     model = model_write(model_state(store), plan, **kw, chain_position_check=True)
     assert model.status and len(model.rows) == 2
     with launch_config(write_chain_tokens=chain_tokens):
-        CANARY_PATHS["kernels"].write(store, plan, **kw)
+        kernels_write(store, plan, kw)
     assert_store_matches_model(store, model, rows_before=1)
 
 
@@ -241,7 +243,7 @@ def test_long_rows_split_between_chain_and_side_programs_equal_the_model(expecte
     store, plan, kw = long_rows_case(expected, real_kv)
     model = model_write(model_state(store), plan, **kw, chain_position_check=True)
     assert model.rows  # the jump in row 0 at least
-    CANARY_PATHS["kernels"].write(store, plan, **kw)
+    kernels_write(store, plan, kw)
     assert_store_matches_model(store, model)
     # the seed slot's record is its second write's, chained from the seed's first record
     assert int(store.records[9, 0]) == 1020

@@ -53,6 +53,7 @@ from kv_canary_buffers import (
     PlanBuffers,
     RealKV,
     RealKVMode,
+    RealKVSource,
     plan_reference,
     verify_reference,
     write_reference,
@@ -110,15 +111,14 @@ class Spec:
         return "-".join(parts)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Geometry:
-    """One real-KV geometry shared by every source: a ``RealKV`` has one geometry today
-    (per-source geometry, issue 26 section 3, is ``test_per_source_geometry_*``)."""
+    """One real-KV source's geometry: each source has its own, as SGLang's
+    ``RealKvSource`` (a scenario's sources share one, or each draws its own)."""
 
     page_size: int
     bytes_per_token: int
     read_bytes: int
-    count: int
     dtype: torch.dtype
     pad_bytes: int
     """Bytes past ``page_size * bytes_per_token`` in each row (never read)."""
@@ -220,29 +220,37 @@ def draw_batch(rng: random.Random, spec: Spec) -> Batch:
     return batch
 
 
-def draw_geometry(rng: random.Random, mode: int) -> Geometry | None:
-    if mode == 0 and rng.random() < 0.5:
-        return None  # no real KV at all
+def _draw_one(rng: random.Random, page_sizes: tuple[int, ...]) -> Geometry:
     bpt = rng.choice([16, 32, 64])
     return Geometry(
-        page_size=rng.choice([1, 4]),
+        page_size=rng.choice(page_sizes),
         bytes_per_token=bpt,
         read_bytes=rng.choice([r for r in (16, 32, 48, 64) if r <= bpt]),
-        count=rng.choice([1, 2, 4]),
         dtype=rng.choice([U8, torch.bfloat16]),
         pad_bytes=rng.choice([0, 16]),
         gap_bytes=rng.choice([0, 32]),
     )
 
 
-def make_sources(geo: Geometry, num_slots: int, gen: torch.Generator) -> list[torch.Tensor]:
+def draw_geometry(rng: random.Random, mode: int) -> list[Geometry] | None:
+    """Each source's geometry: 1, 2 or 4 sources of one geometry, or (half the time) each
+    of its own, page sizes 1, 4 and 16 mixed in one call."""
+    if mode == 0 and rng.random() < 0.5:
+        return None  # no real KV at all
+    count = rng.choice([1, 2, 4])
+    if rng.random() < 0.5:
+        return [_draw_one(rng, (1, 4))] * count
+    return [_draw_one(rng, (1, 4, 16)) for _ in range(count)]
+
+
+def make_sources(geos: list[Geometry], num_slots: int, gen: torch.Generator) -> list[torch.Tensor]:
     """Views of backing tensors, as an engine's ``k_buffer[layer].view(pages, -1)``: [D2]
     enough pages for every slot of the store."""
-    pages = -(-num_slots // geo.page_size)
-    row = geo.page_size * geo.bytes_per_token + geo.pad_bytes
-    item = torch.empty((), dtype=geo.dtype).element_size()
     out = []
-    for _ in range(geo.count):
+    for geo in geos:
+        pages = -(-num_slots // geo.page_size)
+        row = geo.page_size * geo.bytes_per_token + geo.pad_bytes
+        item = torch.empty((), dtype=geo.dtype).element_size()
         backing = torch.randint(0, 256, (pages, row + geo.gap_bytes), dtype=U8, generator=gen)
         out.append(backing.view(geo.dtype)[:, : row // item])
     return out
@@ -266,9 +274,11 @@ class Sglang:
         self.sources: tuple[Any, ...] = ()
         self.mode = 0
 
-    def set_real_kv(self, sources: list[torch.Tensor], geo: Geometry | None, mode: int) -> None:
+    def set_real_kv(
+        self, sources: list[torch.Tensor], geos: list[Geometry] | None, mode: int
+    ) -> None:
         self.mode = mode
-        if geo is None:
+        if geos is None:
             self.sources = ()
             return
         make = self.refs.verify.RealKvSource
@@ -279,7 +289,7 @@ class Sglang:
                 num_bytes_per_token=geo.bytes_per_token,
                 read_bytes=geo.read_bytes,
             )
-            for t in sources
+            for t, geo in zip(sources, geos)
         )
 
     def context(self, tag: int, real_kv: bool) -> Any:
@@ -364,16 +374,33 @@ class Ours:
     def name(self) -> str:
         return "kernels" if self.kernels else "reference"
 
-    def set_real_kv(self, sources: list[torch.Tensor], geo: Geometry | None, mode: int) -> None:
-        if geo is None:
+    def set_real_kv(
+        self, sources: list[torch.Tensor], geos: list[Geometry] | None, mode: int
+    ) -> None:
+        if geos is None:
             self.real_kv = None
+            return
+        if len(set(geos)) == 1:  # one geometry: plain tensors take the RealKV's
+            geo = geos[0]
+            self.real_kv = RealKV(
+                mode=RealKVMode(mode),
+                sources=tuple(sources),
+                page_size=geo.page_size,
+                bytes_per_token=geo.bytes_per_token,
+                read_bytes=geo.read_bytes,
+            )
             return
         self.real_kv = RealKV(
             mode=RealKVMode(mode),
-            sources=tuple(sources),
-            page_size=geo.page_size,
-            bytes_per_token=geo.bytes_per_token,
-            read_bytes=geo.read_bytes,
+            sources=[
+                RealKVSource(
+                    t,
+                    page_size=geo.page_size,
+                    bytes_per_token=geo.bytes_per_token,
+                    read_bytes=geo.read_bytes,
+                )
+                for t, geo in zip(sources, geos)
+            ],
         )
 
     def plan(self, kw: dict[str, Any]) -> None:
@@ -561,9 +588,11 @@ class Run:
         self.ours = [Ours(False, init, spec, cw, cv), Ours(True, init, spec, cw, cv)]
         self.batch = batch
 
-    def set_real_kv(self, sources: list[torch.Tensor], geo: Geometry | None, mode: int) -> None:
+    def set_real_kv(
+        self, sources: list[torch.Tensor], geos: list[Geometry] | None, mode: int
+    ) -> None:
         for side in (self.sg, *self.ours):
-            side.set_real_kv(sources, geo, mode)
+            side.set_real_kv(sources, geos, mode)
 
     def plan(self, kw: dict[str, Any], where: str) -> None:
         self.sg.plan(kw)
@@ -643,8 +672,10 @@ def run_scenario(refs: SglangRefs, spec: Spec) -> Outcome:
         assert geo is not None
         r, pos = rng.choice(verified)
         s = batch.slot(batch.rp[r], pos)
-        byte = (s % geo.page_size) * geo.bytes_per_token + rng.randrange(16)
-        rng.choice(sources).view(U8)[s // geo.page_size, byte] ^= 0x5A
+        i = rng.randrange(len(sources))
+        page, bpt = geo[i].page_size, geo[i].bytes_per_token
+        byte = (s % page) * bpt + rng.randrange(16)
+        sources[i].view(U8)[s // page, byte] ^= 0x5A
     elif kind == "pool":  # an expected token that a checked entry disagrees with
         assert batch.pool is not None and batch.valid_lens is not None
         checked = [(r, pos) for r, pos in verified if 0 <= pos + batch.offset < batch.valid_lens[r]]
@@ -692,11 +723,11 @@ def run_scenario(refs: SglangRefs, spec: Spec) -> Outcome:
     )
     if geo is not None:
         for s in written:
-            for src in sources:
-                row = src.view(U8)[s // geo.page_size]
-                start = (s % geo.page_size) * geo.bytes_per_token
-                row[start : start + geo.bytes_per_token] = torch.randint(
-                    0, 256, (geo.bytes_per_token,), dtype=U8, generator=gen
+            for src, g in zip(sources, geo):
+                row = src.view(U8)[s // g.page_size]
+                start = (s % g.page_size) * g.bytes_per_token
+                row[start : start + g.bytes_per_token] = torch.randint(
+                    0, 256, (g.bytes_per_token,), dtype=U8, generator=gen
                 )
     out.violations += run.call("step write", "write", rng.choice(tags), True, tok)
     out.written += len(written)

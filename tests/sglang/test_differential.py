@@ -18,8 +18,9 @@ The tests are skipped only when that download fails (no network), with the reaso
 - ``test_differs_*``: each deliberate difference (``docs/porting-sglang.md``, "Where this
   project deliberately differs"), shown on both sides: the inputs the differential tests
   above keep out.
-- ``test_per_source_geometry_*``: SGLang's per-source real-KV geometry, which ``RealKV``
-  does not have yet: strict xfails until ``RealKVSource`` lands (issue 26, section 3).
+- ``test_per_source_geometry_*``: SGLang's per-source real-KV geometry (sources of
+  different page sizes, token widths and read widths in one launch), as ``RealKVSource``
+  objects and, for the harness, as plain tensors of one geometry.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from kv_canary_buffers import (
     PlanStatus,
     RealKV,
     RealKVMode,
+    RealKVSource,
     plan_reference,
     verify_reference,
     write_reference,
@@ -453,9 +455,11 @@ def test_differs_written_slot_outside_the_store(refs):
 
 
 def test_differs_real_kv_row_outside_a_source(refs):
-    """[D2] A written slot whose real-KV page row lies past a source: SGLang's reference
-    raises (torch's ``index_select``); here the reference refuses it and the kernel skips
-    the token and raises ``REAL_KV_ROW_OUT_OF_RANGE``."""
+    """[D2] Sources that do not cover the store (a written slot's real-KV page row past a
+    source): SGLang's reference raises (torch's ``index_select``) once a slot past the
+    source is written, and its write of slots inside the source is accepted; here both
+    paths refuse such sources at every call, naming the geometry, before anything is
+    written (the kernels' row check stays behind that rule: tests/records)."""
     n = 8
     kv = torch.zeros(4, 16, dtype=U8)  # rows for slots 0..3 only
     src = refs.verify.RealKvSource(tensor=kv, page_size=1, num_bytes_per_token=16, read_bytes=16)
@@ -463,13 +467,21 @@ def test_differs_real_kv_row_outside_a_source(refs):
     tok = _tokens([11], [0], [6])
     with pytest.raises(IndexError):
         _sglang_write(refs, torch.zeros(n, 32, dtype=U8), _sglang_log(), wp, tok, [src], 1)
+    inside = _tokens([11], [0], [2])
+    buf = torch.zeros(n, 32, dtype=U8)
+    _sglang_write(refs, buf, _sglang_log(), wp, inside, [src], 1)
+    assert buf.view(I64)[2, 0] == 11  # SGLang: accepted while the slots lie inside
     real_kv = RealKV(mode=RealKVMode.PARTIAL, sources=kv, page_size=1, bytes_per_token=16)
-    store = CanaryStore.allocate(num_slots=n, violation_capacity=8, device="cpu")
-    with pytest.raises(ValueError, match="real-KV page row"):
-        write_reference(store, buffers, real_kv=real_kv, **tok)
-    launch_write(store, buffers, real_kv=real_kv, **tok)
-    assert store.take_status() & CanaryStatus.REAL_KV_ROW_OUT_OF_RANGE
-    assert not store.records.any()
+    for write in (write_reference, launch_write):
+        for t in (tok, inside):
+            store = CanaryStore.allocate(num_slots=n, violation_capacity=8, device="cpu")
+            with pytest.raises(
+                ValueError,
+                match=r"real_kv.sources\[0\] must cover the store's num_slots = 8 slots .* "
+                r"got 4 rows x page_size 1 = 4 slots",
+            ):
+                write(store, buffers, real_kv=real_kv, **t)
+            assert not store.records.any() and int(store.kernel_runs) == 0
 
 
 def test_differs_seed_written_by_another_row_of_the_call(refs):
@@ -567,10 +579,6 @@ def _geometry_sources(spec, num_slots, gen):
 
 
 def _per_source_real_kv(mode, tensors, spec):
-    # The API issue 26 names: RealKVSource(tensor, page_size, bytes_per_token,
-    # read_bytes=None), and RealKV(mode=..., sources=[...]) taking sources.
-    from kv_canary_buffers import RealKVSource  # type: ignore[attr-defined]
-
     return RealKV(
         mode=RealKVMode(mode),
         sources=[
@@ -626,13 +634,12 @@ def _geometry_case(refs, mode, spec, stage, real_kv_of, seed=0):
         assert got == expected, verify.__name__
 
 
-@pytest.mark.xfail(strict=True, reason="per-source RealKV geometry: issue 26 §3")
 @pytest.mark.parametrize("stage", ["write", "verify"])
 @pytest.mark.parametrize("name", sorted(GEOMETRIES))
 def test_per_source_geometry_matches_sglang(refs, name, stage):
     """Sources of different page sizes, token widths or read widths in one launch, as
     SGLang's ``RealKvSource`` allows (SGLang's kernel tests build such sources one by one
-    with their own geometry; ``RealKV`` has one geometry for all)."""
+    with their own geometry): each a ``RealKVSource``."""
     mode, spec = GEOMETRIES[name]
     _geometry_case(refs, mode, spec, stage, _per_source_real_kv, seed=len(name))
 
@@ -655,6 +662,6 @@ def _one_geometry_real_kv(mode, tensors, spec):
     ids=["ALL-2x4x32", "PARTIAL-3x16x16", "ALL-4x1x64r48"],
 )
 def test_per_source_geometry_harness_holds_with_one_geometry(refs, mode, spec, stage):
-    """The per-source cases' harness is sound: with every source of one geometry (what
-    ``RealKV`` takes today) the same cases pass."""
+    """The per-source cases' harness is sound: with every source of one geometry, given
+    as plain tensors with the ``RealKV``'s own geometry, the same cases pass."""
     _geometry_case(refs, mode, spec, stage, _one_geometry_real_kv, seed=5)
