@@ -31,15 +31,20 @@ from kv_canary_buffers.layout import POSITION, PREV_HASH, REAL_KV_HASH, TOKEN
 
 def _source_words(real_kv: RealKV | None) -> tuple[list[torch.Tensor], int, int, int]:
     """The sources as int64 words ``[rows, words]``, words hashed per slot and source,
-    words per token, page size."""
+    words per token, page size. The baselines take 2-D sources of one geometry (the
+    benchmark's)."""
     if real_kv is None or real_kv.hashed_bytes == 0:
         return [], 0, 0, 1
+    first = real_kv.sources[0]
+    geometry = {(s.page_size, s.bytes_per_token, s.read_bytes) for s in real_kv.sources}
+    assert len(geometry) == 1, "the baselines take sources of one geometry"
     words = []
-    for src in real_kv.sources:
+    for src in real_kv.tensors:
         w = src.view(torch.int64)
         assert w.dim() == 2 and w.shape[0] == src.shape[0]
         words.append(w)
-    return words, real_kv.hashed_bytes // 8, real_kv.bytes_per_token // 8, real_kv.page_size
+    per_source = real_kv.hashed_bytes // len(words)
+    return words, per_source // 8, first.bytes_per_token // 8, first.page_size
 
 
 class TorchVerify:
@@ -206,7 +211,8 @@ def _verify_traffic_kernel(
 
 def verify_traffic_grid(entries: int, real_kv: RealKV | None) -> int:
     """Programs of :func:`verify_traffic` (the size its ``sink`` needs)."""
-    all_mode = real_kv is not None and real_kv.hashed_bytes > 16
+    sources = 0 if real_kv is None else len(real_kv.sources)
+    all_mode = sources > 0 and real_kv is not None and real_kv.hashed_bytes > 16 * sources
     return max(
         1, triton.cdiv(entries, VERIFY_TRAFFIC_ALL_BLOCK if all_mode else VERIFY_TRAFFIC_BLOCK)
     )
@@ -401,7 +407,7 @@ def verify_bytes(entries: int, real_kv: RealKV | None) -> int:
     """Bytes a verify of ``entries`` entries must move: per entry the four entry columns
     (slot, expected position, predecessor, expected token: 32 bytes), the slot's record
     (32) and the hashed bytes of each source."""
-    hashed = 0 if real_kv is None else real_kv.hashed_bytes * len(real_kv.sources)
+    hashed = 0 if real_kv is None else real_kv.hashed_bytes  # all sources together
     return entries * (32 + 32 + hashed)
 
 

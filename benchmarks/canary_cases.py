@@ -23,6 +23,11 @@ kernel that appends violations would measure the wrong thing).
 - step: plan + verify + write of a decode step (64, 256, 4096 rows, SWA off and on, NONE):
   GPU time of the whole step in a graph, host time of each launcher and of the step
   (validated against the bare dispatch) and device allocations over 100 steps.
+- sources (``benchmarks/probes/real_kv_sources.py``, not part of ``python -m
+  benchmarks``: its pool takes most of an H200): verify and write of a decode step at
+  4096 rows (SWA off) with 1, 2, 8, 32, 128 and 256 real-KV sources, each a layer's K or
+  V of one bf16 pool ``[layers, 2, slots, 64 bytes]`` (page size 1), modes PARTIAL and
+  ALL: GPU time in a graph, host time of each launcher against its bare dispatch.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ from kv_canary_buffers import (
     PlanBuffers,
     RealKV,
     RealKVMode,
+    RealKVSource,
     plan_reference,
     plans_equal,
     validate_plan_args,
@@ -525,7 +531,7 @@ def smoke_verify_checks(
         bad.records[picks[2], 2] ^= 0x5A5A
     saved = None
     if real_kv is not None and picks.numel() > 3:
-        src = real_kv.sources[1].view(torch.uint8)
+        src = real_kv.tensors[1].view(torch.uint8)
         saved = src[picks[3]].clone()
         src[picks[3], 3] ^= 0xFF
     try:
@@ -535,7 +541,7 @@ def smoke_verify_checks(
         TorchVerify(stores[2], buffers, launch_tag=TORCH_TAG, real_kv=real_kv)()
     finally:
         if saved is not None:
-            real_kv.sources[1].view(torch.uint8)[picks[3]] = saved
+            real_kv.tensors[1].view(torch.uint8)[picks[3]] = saved
     found = int(stores[0].violation_count)
     if found < min(3, picks.numel()):
         raise AssertionError(f"the corrupted store gave only {found} violation rows")
@@ -845,6 +851,155 @@ def step_case(
             **case,
         )
     expect_clean(store, "100 steps")
+
+
+# --- sources: the cost of covering every layer --------------------------------------------
+class SourcesSizes(NamedTuple):
+    bs: int
+    prefix: tuple[int, int]
+    layers: int
+    """Layers of the pool: two sources (K and V) each."""
+    counts: tuple[int, ...]
+    """Sources per ``RealKV``: the first ``count`` views, layer 0's K and V first."""
+    bytes_per_token: int
+    """Bytes of a slot in a source (mode ALL reads them all)."""
+
+
+GPU_SOURCES = SourcesSizes(
+    bs=4096, prefix=(1, 1023), layers=128, counts=(1, 2, 8, 32, 128, 256), bytes_per_token=64
+)
+"""Issue 26 section 3: a decode step at 4096 rows, up to every layer's K and V of a
+128-layer model. The pool: 128 x 2 x 4.2M slots x 64 bytes = 69 GB, which an H200 holds
+beside the rest (a real layer's 1-2 KB a token would not fit 256 times: PARTIAL reads 16
+bytes of a slot and source whatever its width; ALL reads the 64)."""
+
+SMOKE_SOURCES = SourcesSizes(bs=5, prefix=(1, 11), layers=3, counts=(1, 5), bytes_per_token=32)
+"""Tiny, for the interpreter: one source, and more than one group of four (PARTIAL)."""
+
+
+def sources_pool(world: World, sizes: SourcesSizes, seed: int) -> list[torch.Tensor]:
+    """``2 * layers`` views of one bf16 pool ``[layers, 2, num_slots, bytes_per_token]`` of
+    random bytes: each a layer's K or V as 2-D ``[num_slots, bytes of a slot]``."""
+    torch.manual_seed(seed)
+    words = sizes.bytes_per_token // 8
+    pool = torch.empty(
+        (sizes.layers, 2, world.num_slots, words), dtype=torch.int64, device=world.device
+    )
+    pool.random_()
+    kv = pool.view(torch.bfloat16)
+    return [kv[layer, half] for layer in range(sizes.layers) for half in range(2)]
+
+
+def bench_sources(rec: Recorder, sizes: SourcesSizes, replays: int, host_calls: int) -> None:
+    """Verify and write of one decode step against the number of real-KV sources (see the
+    module docstring); each case checked clean (no violation, no status bit, every entry
+    looked at, every token written) before and after its timing."""
+    rec.stage = "sources"
+    world = World(sizes.bs, sizes.prefix, 1, 0, ENV.device, seed=sizes.bs + 26)
+    buffers = world.plan()
+    views = sources_pool(world, sizes, seed=26)
+    for mode in ("PARTIAL", "ALL"):
+        for count in sizes.counts:
+            guarded(
+                rec,
+                f"sources {mode} {count}",
+                lambda: sources_case(
+                    rec, world, buffers, views, mode, count, sizes, replays, host_calls
+                ),
+            )
+            _free()
+
+
+def sources_case(
+    rec: Recorder,
+    world: World,
+    buffers: PlanBuffers,
+    views: list[torch.Tensor],
+    mode: str,
+    count: int,
+    sizes: SourcesSizes,
+    replays: int,
+    host_calls: int,
+) -> None:
+    real_kv = RealKV(
+        mode=RealKVMode[mode],
+        sources=[
+            RealKVSource(v, page_size=1, bytes_per_token=sizes.bytes_per_token)
+            for v in views[:count]
+        ],
+    )
+    case = dict(
+        case=f"bs={world.bs} {mode} sources={count}",
+        bs=world.bs,
+        swa=0,
+        pool=1,
+        entries=world.entries,
+        real_kv=mode,
+        tokens=world.n,
+        note=f"sources={count}",
+    )
+    store = world.new_store(real_kv, check_fill=ENV.smoke)
+    store.enable_chain_position_check()
+    inputs = world.step_inputs
+
+    def verify() -> None:
+        launch_verify(store, buffers, launch_tag=VERIFY_TAG, real_kv=real_kv)
+
+    def write() -> None:
+        launch_write(store, buffers, launch_tag=WRITE_TAG, real_kv=real_kv, **inputs)
+
+    for name, fn, counter, want in (
+        ("launch_verify", verify, "entries looked at", world.entries),
+        ("launch_write", write, "records written", world.n),
+    ):
+        before = int(store.slots_processed)
+        fn()
+        expect_clean(store, f"one {name}")
+        if int(store.slots_processed) - before != want:
+            raise AssertionError(
+                f"{name}: {int(store.slots_processed) - before} {counter}, expected {want}"
+            )
+        t = gpu_time(fn, replays)
+        rec.add(
+            "gpu_time",
+            name,
+            "us_per_call",
+            t.us,
+            replays=t.replays,
+            calls_per_graph=t.calls_per_graph,
+            **case,
+        )
+        rec.add(
+            "check", name, "violations_after_timing", expect_clean(store, f"timing {name}"), **case
+        )
+    if ENV.smoke:
+        ref = copy.deepcopy(store)
+        write_reference(ref, buffers, launch_tag=WRITE_TAG, real_kv=real_kv, **inputs)
+        verify_reference(ref, buffers, launch_tag=VERIFY_TAG, real_kv=real_kv)
+        expect_clean(ref, "the references")
+        if not torch.equal(ref.records, store.records):
+            raise AssertionError("launch_write's records differ from write_reference's")
+    vargs = validate_verify_args(store, buffers, launch_tag=VERIFY_TAG, real_kv=real_kv)
+    wargs = validate_write_args(store, buffers, launch_tag=WRITE_TAG, real_kv=real_kv, **inputs)
+    gpu_us = value_of(
+        rec.rows, stage="sources", section="gpu_time", impl="launch_verify", case=case["case"]
+    )
+    times = host_time_stats_us(
+        {
+            "launch_verify": verify,
+            "launch_verify:bare": lambda: dispatch_verify(store, buffers, vargs),
+            "launch_write": write,
+            "launch_write:bare": lambda: dispatch_write(store, buffers, wargs),
+        },
+        host_calls_for(gpu_us, host_calls),
+    )
+    for launcher in ("launch_verify", "launch_write"):
+        validated, bare = times[launcher], times[f"{launcher}:bare"]
+        rec.add("host", launcher, "us_per_call", validated.median, spread=validated, **case)
+        rec.add(
+            "host", f"{launcher}:bare_dispatch", "us_per_call", bare.median, spread=bare, **case
+        )
+    expect_clean(store, "the host timing")
 
 
 def _free() -> None:

@@ -5,7 +5,10 @@ compute-sanitizer:
 
 Each case raises its CanaryStatus bit (checked) and must not read or write outside a
 tensor (memcheck reports any). Then hostile plans: every plan field drawn from the whole
-int64 range. Runs on the CPU too (``TRITON_INTERPRET=1``), without the sanitizer.
+int64 range, with real-KV sources of several geometries. Sources that do not cover the
+store are refused by the launchers; their cases go to the stages' dispatch past that
+check (as the bounds check behind it). Runs on the CPU too (``TRITON_INTERPRET=1``),
+without the sanitizer.
 """
 
 import os
@@ -22,8 +25,13 @@ from kv_canary_buffers import (
     PlanBuffers,
     RealKV,
     RealKVMode,
+    RealKVSource,
 )
+from kv_canary_buffers.verify import validate_verify_args
+from kv_canary_buffers.write import validate_write_args
 from kv_canary_kernels import launch_verify, launch_write
+from kv_canary_kernels.verify import dispatch_verify
+from kv_canary_kernels.write import dispatch_write
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 N_SLOTS = 64
@@ -59,13 +67,37 @@ def case(name, mutate, expected, stage):
     # Twice: the second launch with the same objects takes the launchers' fast path
     # (cached addresses, kv_canary_kernels/fast_launch.py), which memcheck must see too.
     for _ in range(2):
-        if stage == "write":
-            launch_write(store, plan, **step, real_kv=kw["real_kv"])
-        else:
-            launch_verify(store, plan, real_kv=kw["real_kv"])
+        launch(stage, store, plan, step, kw["real_kv"])
     flags = store.take_status()
     assert flags == expected, (name, flags, expected)
     print(f"{stage:6s} {name:34s} status={flags!r}")
+
+
+def launch(stage, store, plan, step, real_kv):
+    """``stage``'s launcher; for sources that do not cover the store (which it refuses,
+    nothing written), the stage's dispatch past that check."""
+    covers = real_kv is None or all(
+        s.rows * s.page_size >= store.num_slots for s in real_kv.sources
+    )
+    if covers:
+        if stage == "write":
+            launch_write(store, plan, **step, real_kv=real_kv)
+        else:
+            launch_verify(store, plan, real_kv=real_kv)
+        return
+    if stage == "write":
+        try:
+            launch_write(store, plan, **step, real_kv=real_kv)
+        except ValueError as err:
+            assert "must cover the store" in str(err), err
+        args = validate_write_args(store, plan, **step)._replace(real_kv=real_kv)
+        dispatch_write(store, plan, args)
+    else:
+        try:
+            launch_verify(store, plan, real_kv=real_kv)
+        except ValueError as err:
+            assert "must cover the store" in str(err), err
+        dispatch_verify(store, plan, validate_verify_args(store, plan)._replace(real_kv=real_kv))
 
 
 def small_kv(plan, store, step, kw):
@@ -185,10 +217,19 @@ def hostile(seed, rows, entries):
     step = {k: draw((n,)).to(DEV) for k in ("input_ids", "positions", "out_cache_loc")}
     step.update(expected_input_ids=draw((n,)).to(DEV), expected_positions=draw((n,)).to(DEV))
     kv = torch.randint(-9, 9, (N_SLOTS // 4, 128), generator=g).to(torch.float16).to(DEV)
+    pages = torch.randint(-9, 9, (N_SLOTS, 1, 2, 16), generator=g).to(torch.bfloat16).to(DEV)
+    wide = torch.randint(-9, 9, (N_SLOTS // 16, 16 * 48), generator=g).to(torch.int8).to(DEV)
+    others = [
+        RealKVSource(pages[:, :, 0], page_size=1, bytes_per_token=64, read_bytes=32),
+        RealKVSource(wide, page_size=16, bytes_per_token=48, read_bytes=32),
+    ]
     for mode in RealKVMode:
-        real_kv = RealKV(mode=mode, sources=(kv, kv[:5]), page_size=4, bytes_per_token=64)
-        launch_write(store, plan, **step, real_kv=real_kv)
-        launch_verify(store, plan, real_kv=real_kv)
+        # covering the store, each source its own geometry; then one source short
+        covering = RealKV(mode=mode, sources=[kv, *others], page_size=4, bytes_per_token=64)
+        short = RealKV(mode=mode, sources=(kv, kv[:5], *others), page_size=4, bytes_per_token=64)
+        for real_kv in (covering, short):
+            launch("write", store, plan, step, real_kv)
+            launch("verify", store, plan, {}, real_kv)
     if DEV == "cuda":
         torch.cuda.synchronize()
     report = store.take_violations()

@@ -178,3 +178,29 @@ def test_the_compiled_step_probe_runs_on_the_cpu():
     dispatch stubbed (host work only)."""
     out = _run_probe("benchmarks.probes.compiled_step_host", "--device", "cpu", "--rounds", "1")
     assert "eager" in out and "compiled" in out
+
+
+def test_the_real_kv_sources_probe_runs_its_cases(tmp_path):
+    """``benchmarks.probes.real_kv_sources --smoke``: the cases of the lead's H200 run
+    (verify and write of a decode step against the number of real-KV sources, PARTIAL and
+    ALL) at tiny sizes under the interpreter, each store checked clean and equal to the
+    references', every launcher's GPU and host time recorded."""
+    import csv
+
+    from benchmarks.canary_cases import SMOKE_SOURCES
+    from benchmarks.probes import real_kv_sources
+
+    assert real_kv_sources.main(["--smoke", "--results", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("real_kv_sources-cpu-smoke-*.csv")
+    rows = list(csv.DictReader(path.open()))
+    assert not [r for r in rows if r["section"] == "error"]
+    timed = {(r["real_kv"], r["note"], r["section"], r["impl"]) for r in rows}
+    for mode in ("PARTIAL", "ALL"):
+        for count in SMOKE_SOURCES.counts:
+            for section, impl in (
+                ("gpu_time", "launch_verify"),
+                ("gpu_time", "launch_write"),
+                ("host", "launch_verify"),
+                ("host", "launch_write:bare_dispatch"),
+            ):
+                assert (mode, f"sources={count}", section, impl) in timed
