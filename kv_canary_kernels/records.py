@@ -113,16 +113,23 @@ def mix3(a, b, c, LATENCY: tl.constexpr = False):
 def _source_at(source_table_ptr, k):
     """Row ``k`` of a ``RealKV``'s source table (``layout.SOURCE_TABLE_COLUMNS``), as int64
     scalars: ``(address, row_stride, rows, page_size, bpt_words, words)``. The same words
-    for every lane (a broadcast load, from L1 after the first block)."""
-    row = source_table_ptr + k * SRC_W
-    return (
-        tl.load(row + SRC_ADDRESS),
-        tl.load(row + SRC_ROW_STRIDE),
-        tl.load(row + SRC_ROWS),
-        tl.load(row + SRC_PAGE_SIZE),
-        tl.load(row + SRC_BPT),
-        tl.load(row + SRC_WORDS),
+    for every lane (broadcast loads, from L1 after the first block): three 16-byte loads,
+    the table's rows and columns being 16-byte aligned (a fresh allocation, 48-byte rows)."""
+    tl.static_assert(
+        (SRC_W % 2 == 0)
+        & (SRC_ROW_STRIDE == SRC_ADDRESS + 1)
+        & (SRC_PAGE_SIZE == SRC_ROWS + 1)
+        & (SRC_WORDS == SRC_BPT + 1)
+        & (SRC_ADDRESS % 2 == 0)
+        & (SRC_ROWS % 2 == 0)
+        & (SRC_BPT % 2 == 0)
     )
+    row = source_table_ptr + k * SRC_W
+    pair = tl.arange(0, 2)
+    address, row_stride = tl.split(tl.load(row + SRC_ADDRESS + pair))
+    rows, page_size = tl.split(tl.load(row + SRC_ROWS + pair))
+    bpt_words, words = tl.split(tl.load(row + SRC_BPT + pair))
+    return address, row_stride, rows, page_size, bpt_words, words
 
 
 @triton.jit
@@ -153,12 +160,11 @@ def _slot_pointers(source, page, within, mask):
 
 
 @triton.jit
-def _partial_pair(source_table_ptr, k, num_sources, slot, mask, size, page, within):
-    """Source ``k``'s 16 bytes of each lane's slot (a ``[lanes, 2]`` word pair, zeros
-    where not read: nothing is read where ``k >= num_sources``), the lanes whose page row
-    lies past it, and the page size state (:func:`_placed`)."""
-    live = (tl.zeros_like(slot) + k) < num_sources  # lanes: a scalar mask is not a bool
-    source = _source_at(source_table_ptr, tl.minimum(k, num_sources - 1))
+def _partial_pair(source, live, slot, mask, size, page, within):
+    """A source's 16 bytes of each lane's slot (a ``[lanes, 2]`` word pair, zeros where not
+    read: nothing is read unless ``live``, a lane vector), the lanes whose page row lies
+    past it, and the page size state (:func:`_placed`). ``source``: a :func:`_source_at`
+    row."""
     size, page, within = _placed(slot, source[3], size, page, within)
     words, ok, row_bad = _slot_pointers(source, page, within, mask & live)
     pair = tl.load(words[:, None] + tl.arange(0, 2)[None, :], mask=ok[:, None], other=0)
@@ -258,17 +264,26 @@ def real_kv_hash(slot, mask, kv, MODE: tl.constexpr, CHUNK: tl.constexpr):
     bad = mask & ~mask
     if MODE == MODE_PARTIAL:
         for k in range(0, num_sources, 4):
+            # The four rows of the table first (past the last source: the last again),
+            # then the four sources' loads, then their hashes: the loads of a group are in
+            # flight together.
+            last = num_sources - 1
+            s0 = _source_at(source_table_ptr, k)
+            s1 = _source_at(source_table_ptr, tl.minimum(k + 1, last))
+            s2 = _source_at(source_table_ptr, tl.minimum(k + 2, last))
+            s3 = _source_at(source_table_ptr, tl.minimum(k + 3, last))
+            lane_k = tl.zeros_like(slot) + k  # lanes: a scalar mask is not a bool
             p0, b0, size, page, within = _partial_pair(
-                source_table_ptr, k, num_sources, slot, mask, size, page, within
+                s0, lane_k < num_sources, slot, mask, size, page, within
             )
             p1, b1, size, page, within = _partial_pair(
-                source_table_ptr, k + 1, num_sources, slot, mask, size, page, within
+                s1, lane_k + 1 < num_sources, slot, mask, size, page, within
             )
             p2, b2, size, page, within = _partial_pair(
-                source_table_ptr, k + 2, num_sources, slot, mask, size, page, within
+                s2, lane_k + 2 < num_sources, slot, mask, size, page, within
             )
             p3, b3, size, page, within = _partial_pair(
-                source_table_ptr, k + 3, num_sources, slot, mask, size, page, within
+                s3, lane_k + 3 < num_sources, slot, mask, size, page, within
             )
             bad |= b0 | b1 | b2 | b3
             h = _fold_pair(h, p0)
