@@ -298,3 +298,101 @@ def test_compiled_large_batch_plans_equal_the_reference(backend):
         fn(rp, P, E)
         assert plan.take_status() == 0
         assert_buffers_equal(plan, ref, bs)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_sources_of_their_own_geometries_in_a_compiled_step(backend):
+    """A compiled write and verify with real-KV sources of different geometries (a
+    [pages, page_size, ...] source, page sizes 1 and 4, read widths) and a KV byte written
+    in the same graph before the verify: the records and the violation rows equal the
+    eager kernels'. ``aot_eager`` passes the operators copies of the sources, whose
+    source table is built over the copies (once per set of addresses); ``inductor``
+    passes the sources themselves."""
+    from kv_canary_buffers import RealKVSource
+
+    g = torch.Generator().manual_seed(9)
+    k = torch.randint(-100, 100, (16, 2, 16), generator=g).to(torch.bfloat16)  # 4 pages of 4
+    k = k.view(4, 4, 2, 16)
+    v = torch.randint(0, 256, (16, 48), generator=g).to(torch.uint8)
+
+    def real_kv_of(k, v):
+        return RealKV(
+            mode=RealKVMode.ALL,
+            sources=[
+                RealKVSource(k, page_size=4, bytes_per_token=64, read_bytes=48),
+                RealKVSource(v, page_size=1, bytes_per_token=48, read_bytes=32),
+            ],
+        )
+
+    tok = dict(input_ids=i64([5, 6, 7]), positions=i64([0, 1, 2]), out_cache_loc=i64([3, 9, 14]))
+
+    def step(store, plan, real_kv, k):
+        launch_write(store, plan, real_kv=real_kv, **tok)
+        k[2, 1, 0, 0] += 1  # slot 9's first bytes in the first source: a REAL_KV row
+        launch_verify(store, plan, launch_tag=4, real_kv=real_kv)
+        return field(store, "violation_count") + 0
+
+    def new(k, v):
+        plan = PlanBuffers.allocate(write_req_capacity=2, verify_capacity=8, device=DEV)
+        plan.write_offsets[:2] = i64([0, 3])
+        plan.write_seed_slot_indices[:1] = i64([-1])
+        plan.write_num_valid_reqs.fill_(1)
+        plan.verify_slot_indices[:3] = i64([3, 9, 14])
+        plan.verify_prev_slot_indices[:3] = i64([-1, 3, 9])
+        plan.verify_expected_positions[:3] = i64([0, 1, 2])
+        plan.verify_expected_tokens[:3] = i64([-1, -1, -1])
+        plan.verify_num_valid.fill_(3)
+        plan.verify_enable.fill_(1)
+        store = CanaryStore.allocate(num_slots=16, violation_capacity=4, device=DEV)
+        return store, plan, real_kv_of(k, v)
+
+    compiled.CALLS.clear()
+    fn = torch.compile(step, backend=backend, fullgraph=True)
+    stores = []
+    for run, kv_tensors in (
+        ("compiled", (k.clone(), v.clone())),
+        ("eager", (k.clone(), v.clone())),
+    ):
+        store, plan, real_kv = new(*kv_tensors)
+        if run == "compiled":
+            real_kv_seen = [real_kv]
+        count = (fn if run == "compiled" else step)(store, plan, real_kv, kv_tensors[0])
+        assert int(count) == 1
+        stores.append(store)
+    comp, eager = stores
+    assert torch.equal(comp.records, eager.records)
+    assert torch.equal(comp.violations[:1], eager.violations[:1])
+    assert int(comp.violations[0, 1]) == 9 and int(comp.violations[0, 7]) == 4
+    copies = compiled._COPY_TABLES.get(real_kv_seen[0], {})
+    if backend == "aot_eager":  # the verify read the copy of the written source
+        assert compiled.CALLS["verify on a copy"] == 1 and len(copies) == 1
+        (table,) = copies.values()
+        assert table.shape == (2, 6) and not torch.equal(table, real_kv_seen[0]._source_table)
+
+
+def test_a_copy_of_a_source_laid_out_otherwise_is_refused():
+    """A functionalization copy whose bytes within a row lie elsewhere than the source's
+    (strides past the first differ) cannot be read with the source's geometry: refused,
+    naming the layouts, before any kernel; a copy that differs only in its row stride is
+    read through a table over it."""
+    from kv_canary_buffers import RealKVSource
+
+    k = torch.zeros(4, 4, 2, 16, dtype=torch.bfloat16)
+    kv = RealKV(mode=RealKVMode.ALL, sources=[RealKVSource(k, page_size=4, bytes_per_token=64)])
+    store = CanaryStore.allocate(num_slots=16, violation_capacity=4, device=DEV)
+    plan = PlanBuffers.allocate(write_req_capacity=1, verify_capacity=4, device=DEV)
+    other = k.transpose(2, 3).contiguous().transpose(2, 3)  # same shape, slots laid out otherwise
+    args = (store.arena.tensor, plan.arena.tensor, store.arena.handle, plan.arena.handle, 5, True)
+    with pytest.raises(
+        ValueError,
+        match=r"^kv-canary: the compiled function passed a copy of real_kv.sources\[0\] that "
+        r"the kernels cannot read: expected shape \(4, 4, 2, 16\) torch.bfloat16 on cpu with "
+        r"strides \(128, 32, 16, 1\) \(but the first\)",
+    ):
+        compiled._verify_impl(*args, kv._handle, [other])
+    assert int(store.kernel_runs) == 0
+    wider = torch.zeros(4, 160, dtype=torch.bfloat16)[:, :128].view(4, 4, 2, 16)  # rows 320 B apart
+    compiled._verify_impl(*args, kv._handle, [wider])
+    assert int(store.kernel_runs) == 1
+    (table,) = compiled._COPY_TABLES[kv].values()
+    assert table[0, :3].tolist() == [wider.data_ptr(), 320 // 8, 4]

@@ -18,6 +18,7 @@ from kv_canary_buffers import (
     PlanBuffers,
     RealKV,
     RealKVMode,
+    RealKVSource,
     plan_reference,
     plans_equal,
     verify_reference,
@@ -85,6 +86,26 @@ def sources(g: torch.Generator, num_slots: int) -> RealKV:
     return RealKV(mode=RealKVMode.PARTIAL, sources=tuple(kv), page_size=1, bytes_per_token=64)
 
 
+def mixed_sources(g: torch.Generator, num_slots: int) -> RealKV:
+    """Nine sources of their own geometries (page sizes 1, 4 and 16, 2-D and
+    ``[pages, page_size, heads, dim]``): the PARTIAL variant's groups of four, and one."""
+
+    def pages(page: int) -> int:
+        return -(-num_slots // page)
+
+    out = []
+    for i in range(9):
+        page = (1, 4, 16)[i % 3]
+        if i % 2:
+            t = torch.randint(-9, 9, (pages(page), page, 2, 8), generator=g).to(torch.bfloat16)
+            out.append(RealKVSource(t.to(DEV), page_size=page, bytes_per_token=32))
+        else:
+            t = torch.randint(0, 255, (pages(page), page * 48 + 16), generator=g)
+            t = t.to(torch.uint8).to(DEV)
+            out.append(RealKVSource(t, page_size=page, bytes_per_token=48))
+    return RealKV(mode=RealKVMode.PARTIAL, sources=out)
+
+
 def test_repeated_steps_equal_the_references_through_the_fast_path(monkeypatch):
     """Steps of changing batches (both plan paths; with and without the token pool, a
     sliding window), tags, real-KV sources and write inputs (aligned or not), on one store
@@ -108,7 +129,7 @@ def test_repeated_steps_equal_the_references_through_the_fast_path(monkeypatch):
         s.records.copy_(base)
         s.violations.fill_(POISON)
         s.enable_chain_position_check()
-    kvs = [None, sources(g, num_slots), sources(g, num_slots)]
+    kvs = [None, sources(g, num_slots), mixed_sources(g, num_slots)]
     slow = Counter()
     for name, launcher in (("verify", verify_module._VERIFY), ("write", write_module._WRITE)):
         real = launcher.launch
@@ -146,7 +167,8 @@ def test_repeated_steps_equal_the_references_through_the_fast_path(monkeypatch):
         assert int(ref.violation_count) > 0
         out.take_violations()
         ref.take_violations()
-    # Per sources (None, two RealKVs sharing a compiled variant): at most a compiling
+    # Per sources (None, two PARTIAL RealKVs, 2 and 9 sources, sharing a compiled
+    # variant): at most a compiling
     # call and a caching call go through the launcher, the others take the fast path.
     # (The write's alignment differs between steps: each case caches once.)
     assert slow["verify"] <= 5, slow
