@@ -28,6 +28,8 @@ UNCHECKED_TOKEN: tl.constexpr = _C(layout.UNCHECKED_TOKEN)
 # --- extreme values ---------------------------------------------------------------------
 MAX_ROW_WRITES: tl.constexpr = _C(layout.MAX_ROW_WRITES)
 INT64_MAX: tl.constexpr = _C(layout.INT64_MAX)
+MAX_CAPACITY: tl.constexpr = _C(layout.MAX_CAPACITY)
+"""The largest ``num_slots`` (int32 counters): every in-range slot fits in 31 bits."""
 
 # --- records and violation rows ---------------------------------------------------------
 REC_W: tl.constexpr = _C(layout.RECORD_WIDTH)
@@ -77,7 +79,12 @@ PTX_HIGH2: tl.constexpr = _C(_ptx_high_half(layout.SM_MUL2))
 MODE_NONE: tl.constexpr = _C(int(RealKVMode.NONE))
 """No real-KV hash (no sources, or a ``RealKV`` that hashes nothing)."""
 MODE_PARTIAL: tl.constexpr = _C(int(RealKVMode.PARTIAL))
-"""Two words a slot and source, loaded without a loop."""
+"""Two words a slot and source, loaded without a loop; the sources two at a time."""
+PARTIAL_WIDE = 3
+"""The kernels' ``MODE`` for ``PARTIAL`` over more than two sources (``sources.py``): four
+sources a step instead of two, twice the loads in flight for the registers of two more."""
+MODE_PARTIAL_WIDE: tl.constexpr = _C(PARTIAL_WIDE)
+assert PARTIAL_WIDE not in {int(m) for m in RealKVMode}
 
 # --- a RealKV's source table (layout.SOURCE_TABLE_COLUMNS) -----------------------------
 SRC_W: tl.constexpr = _C(len(layout.SOURCE_TABLE_COLUMNS))

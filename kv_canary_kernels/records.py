@@ -8,8 +8,10 @@ import triton
 import triton.language as tl
 
 from .constants import (
+    MAX_CAPACITY,
     MODE_NONE,
     MODE_PARTIAL,
+    MODE_PARTIAL_WIDE,
     MUL1,
     MUL2,
     PTX_HIGH1,
@@ -133,13 +135,25 @@ def _source_at(source_table_ptr, k):
 
 
 @triton.jit
-def _placed(slot, page_size, size, page, within):
+def _divided(slot32, page_size):
+    """``(slot // page_size, slot % page_size)`` (int64 lanes) of the lanes' slots as
+    uint32 (``slot32``), for a page size ``>= 1``. In 32 bits: an in-range slot is below
+    ``MAX_CAPACITY`` (the store's counters are int32), and a 64-bit division is a call to
+    a subroutine on NVIDIA GPUs (a 32-bit one a dozen instructions inline); a page size
+    past that is clamped to it, which leaves every in-range slot in page 0 as it would
+    be. Lanes of other slots get values nobody reads."""
+    divisor = tl.minimum(page_size, MAX_CAPACITY).to(tl.uint32)
+    page = slot32 // divisor
+    return page.to(tl.int64), (slot32 - page * divisor).to(tl.int64)
+
+
+@triton.jit
+def _placed(slot32, page_size, size, page, within):
     """``(page_size, slot // page_size, slot % page_size)`` of the slot lanes, from the
     same of another page size ``size``: the division only where the page size changes
     (the sources of one KV pool share theirs: one division for all of them)."""
     if page_size != size:
-        page = slot // page_size
-        within = slot - page * page_size
+        page, within = _divided(slot32, page_size)
         size = page_size
     return size, page, within
 
@@ -160,15 +174,20 @@ def _slot_pointers(source, page, within, mask):
 
 
 @triton.jit
-def _partial_pair(source, live, slot, mask, size, page, within):
-    """A source's 16 bytes of each lane's slot (a ``[lanes, 2]`` word pair, zeros where not
-    read: nothing is read unless ``live``, a lane vector), the lanes whose page row lies
-    past it, and the page size state (:func:`_placed`). ``source``: a :func:`_source_at`
-    row."""
-    size, page, within = _placed(slot, source[3], size, page, within)
+def _partial_where(source, live, slot32, mask, size, page, within):
+    """Where a source's 16 bytes of each lane's slot lie (:func:`_slot_pointers`: nothing
+    to read unless ``live``, a lane vector), and the page size state (:func:`_placed`).
+    ``source``: a :func:`_source_at` row."""
+    size, page, within = _placed(slot32, source[3], size, page, within)
     words, ok, row_bad = _slot_pointers(source, page, within, mask & live)
-    pair = tl.load(words[:, None] + tl.arange(0, 2)[None, :], mask=ok[:, None], other=0)
-    return pair, row_bad, size, page, within
+    return words, ok, row_bad, size, page, within
+
+
+@triton.jit
+def _pair_at(words, ok):
+    """The two words at ``words`` of the lanes in ``ok`` (a ``[lanes, 2]`` pair, zeros
+    elsewhere): one 16-byte load a lane."""
+    return tl.load(words[:, None] + tl.arange(0, 2)[None, :], mask=ok[:, None], other=0)
 
 
 @triton.jit
@@ -251,52 +270,63 @@ def real_kv_hash(slot, mask, kv, MODE: tl.constexpr, CHUNK: tl.constexpr):
     ``kv``: ``(source_table_ptr, num_sources)``, a ``RealKV``'s source table (each
     source's address and geometry, ``layout.SOURCE_TABLE_COLUMNS``) and its rows (at
     least one), as the kernels take them: any number of sources is one compiled variant,
-    walked in order with a runtime count. PARTIAL takes the sources four at a time, their
-    loads issued together before their hashes (one memory round trip for up to four
-    sources, as a kernel with the sources unrolled would); ALL one at a time, each in
-    CHUNK-word tiles."""
+    walked in order with a runtime count. PARTIAL takes the sources two at a time
+    (``MODE_PARTIAL_WIDE``, for more than two sources: four), their loads issued together
+    before their hashes (one memory round trip a group, as a kernel with the sources
+    unrolled would); ALL one at a time, each in CHUNK-word tiles. ``MODE``: the kernels'
+    (``sources.py``)."""
     source_table_ptr, num_sources = kv
     # The page size state of the first source: the others divide only where theirs differ.
+    slot32 = slot.to(tl.uint32)
     size = tl.load(source_table_ptr + SRC_PAGE_SIZE)
-    page = slot // size
-    within = slot - page * size
+    page, within = _divided(slot32, size)
     h = tl.zeros(slot.shape, tl.uint64)
     bad = mask & ~mask
-    if MODE == MODE_PARTIAL:
-        for k in range(0, num_sources, 4):
-            # The four rows of the table first (past the last source: the last again),
-            # then the four sources' loads, then their hashes: the loads of a group are in
-            # flight together.
+    if MODE == MODE_PARTIAL or MODE == MODE_PARTIAL_WIDE:
+        STEP: tl.constexpr = 4 if MODE == MODE_PARTIAL_WIDE else 2
+        for k in range(0, num_sources, STEP):
+            # The group's rows of the table first (past the last source: the last again),
+            # then where each source's bytes lie, then their loads, then their hashes: the
+            # loads of a group are in flight together.
             last = num_sources - 1
+            lane_k = tl.zeros_like(slot) + k  # lanes: a scalar mask is not a bool
             s0 = _source_at(source_table_ptr, k)
             s1 = _source_at(source_table_ptr, tl.minimum(k + 1, last))
-            s2 = _source_at(source_table_ptr, tl.minimum(k + 2, last))
-            s3 = _source_at(source_table_ptr, tl.minimum(k + 3, last))
-            lane_k = tl.zeros_like(slot) + k  # lanes: a scalar mask is not a bool
-            p0, b0, size, page, within = _partial_pair(
-                s0, lane_k < num_sources, slot, mask, size, page, within
+            if STEP == 4:
+                s2 = _source_at(source_table_ptr, tl.minimum(k + 2, last))
+                s3 = _source_at(source_table_ptr, tl.minimum(k + 3, last))
+            w0, o0, b0, size, page, within = _partial_where(
+                s0, lane_k < num_sources, slot32, mask, size, page, within
             )
-            p1, b1, size, page, within = _partial_pair(
-                s1, lane_k + 1 < num_sources, slot, mask, size, page, within
+            w1, o1, b1, size, page, within = _partial_where(
+                s1, lane_k + 1 < num_sources, slot32, mask, size, page, within
             )
-            p2, b2, size, page, within = _partial_pair(
-                s2, lane_k + 2 < num_sources, slot, mask, size, page, within
-            )
-            p3, b3, size, page, within = _partial_pair(
-                s3, lane_k + 3 < num_sources, slot, mask, size, page, within
-            )
-            bad |= b0 | b1 | b2 | b3
+            if STEP == 4:
+                w2, o2, b2, size, page, within = _partial_where(
+                    s2, lane_k + 2 < num_sources, slot32, mask, size, page, within
+                )
+                w3, o3, b3, size, page, within = _partial_where(
+                    s3, lane_k + 3 < num_sources, slot32, mask, size, page, within
+                )
+            p0 = _pair_at(w0, o0)
+            p1 = _pair_at(w1, o1)
+            if STEP == 4:
+                p2 = _pair_at(w2, o2)
+                p3 = _pair_at(w3, o3)
+            bad |= b0 | b1
             h = _fold_pair(h, p0)
             if k + 1 < num_sources:
                 h = _fold_pair(h, p1)
-            if k + 2 < num_sources:
-                h = _fold_pair(h, p2)
-            if k + 3 < num_sources:
-                h = _fold_pair(h, p3)
+            if STEP == 4:
+                bad |= b2 | b3
+                if k + 2 < num_sources:
+                    h = _fold_pair(h, p2)
+                if k + 3 < num_sources:
+                    h = _fold_pair(h, p3)
     else:
         for k in range(num_sources):
             source = _source_at(source_table_ptr, k)
-            size, page, within = _placed(slot, source[3], size, page, within)
+            size, page, within = _placed(slot32, source[3], size, page, within)
             words, ok, row_bad = _slot_pointers(source, page, within, mask)
             h = sm(h ^ _all_words(words, ok, source[5], CHUNK))
             bad |= row_bad

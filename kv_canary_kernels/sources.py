@@ -7,6 +7,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from kv_canary_buffers.real_kv import RealKVMode
+
+from .constants import PARTIAL_WIDE
+
 
 class SourceArgs(NamedTuple):
     table: torch.Tensor
@@ -14,7 +18,10 @@ class SourceArgs(NamedTuple):
     sources a stand-in tensor, never read."""
     num_sources: int
     mode: int
-    """``RealKVMode``: 0 (no hash) compiles the kernels without the real-KV code."""
+    """The kernels' ``MODE``: the ``RealKVMode`` (0, no hash, compiles the kernels without
+    the real-KV code), but ``constants.PARTIAL_WIDE`` for PARTIAL over more than two
+    sources (four a step; two a step keeps the registers, and the occupancy, of the
+    common one or two sources)."""
     covers: int
     """Slots every source covers (``min(rows * page_size)``): validated ``>= num_slots``."""
 
@@ -27,4 +34,11 @@ def source_args(real_kv: Any, stand_in: torch.Tensor) -> SourceArgs:
     if real_kv is None:
         return SourceArgs(stand_in, 0, 0, 0)
     table = real_kv._source_table
-    return SourceArgs(table, table.shape[0], int(real_kv.mode), real_kv._covers)
+    count = table.shape[0]
+    mode = int(real_kv.mode)
+    if mode == PARTIAL and count > 2:
+        mode = PARTIAL_WIDE
+    return SourceArgs(table, count, mode, real_kv._covers)
+
+
+PARTIAL = int(RealKVMode.PARTIAL)

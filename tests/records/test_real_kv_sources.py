@@ -376,3 +376,34 @@ def test_copies_rebuild_the_sources_geometry():
         assert [py_real_kv(other, s) for s in (1, 30)] == [py_real_kv(kv, s) for s in (1, 30)]
     assert copy.copy(kv).tensors[0] is kv.tensors[0]
     assert copy.deepcopy(kv).tensors[0] is not kv.tensors[0]
+
+
+def test_the_kernels_variant_by_number_of_sources():
+    """The launchers' real-KV arguments: the table the RealKV owns (one row per source,
+    its address and geometry) and the kernels' MODE: PARTIAL two sources a step up to two
+    sources, four a step beyond (a second variant, not one per number); ALL one a step."""
+    from kv_canary_buffers.layout import SOURCE_TABLE_COLUMNS
+    from kv_canary_kernels.constants import PARTIAL_WIDE
+    from kv_canary_kernels.sources import source_args
+
+    g = torch.Generator().manual_seed(4)
+    sources = mixed_sources(g)
+    stand_in = torch.zeros(1, dtype=torch.int64)
+    assert source_args(None, stand_in) == (stand_in, 0, 0, 0)
+    for count, partial in ((1, 1), (2, 1), (3, PARTIAL_WIDE), (7, PARTIAL_WIDE)):
+        for mode, want in ((RealKVMode.PARTIAL, partial), (RealKVMode.ALL, 2)):
+            kv = RealKV(mode=mode, sources=sources[:count])
+            args = source_args(kv, stand_in)
+            assert (args.num_sources, args.mode, args.covers) == (count, want, NUM_SLOTS)
+            assert args.table is kv._source_table
+    table = RealKV(mode=RealKVMode.ALL, sources=sources)._source_table
+    col = {name: i for i, name in enumerate(SOURCE_TABLE_COLUMNS)}
+    for row, s in zip(table.tolist(), sources):
+        t = s.tensor
+        assert row[col["address"]] == t.data_ptr()
+        assert row[col["row_stride_words"]] * 8 == t.stride(0) * t.element_size()
+        assert (row[col["rows"]], row[col["page_size"]]) == (t.shape[0], s.page_size)
+        assert row[col["bytes_per_token_words"]] * 8 == s.bytes_per_token
+        assert row[col["hashed_words"]] * 8 == s.read_bytes
+    partial = RealKV(mode=RealKVMode.PARTIAL, sources=sources)._source_table
+    assert partial[:, col["hashed_words"]].tolist() == [2] * len(sources)
