@@ -2,7 +2,7 @@
 
 Two lines (docs/engines/vllm.md)::
 
-    llm = LLM(model, ..., kv_transfer_config=kv_canary_engines.vllm.kv_transfer_config())
+    llm = LLM(model, ..., **kv_canary_engines.vllm.engine_args())
     canary = kv_canary_engines.vllm.install(llm, verify_every=1, real_kv="partial")
 
 vLLM loads :class:`KVCanaryConnector` by module path in every process that needs it. Its
@@ -27,7 +27,7 @@ from typing import Any
 import attrs
 import torch
 
-from kv_canary_buffers import RealKVMode
+from kv_canary_buffers import FailBits, RealKVMode
 
 from .reports import CanaryReport
 from .runtime import CanaryConfig, CanaryRuntime, KVGroup, Row, StepBatch
@@ -64,6 +64,16 @@ def kv_transfer_config() -> dict[str, Any]:
         "kv_connector_module_path": __name__,
         "kv_role": "kv_both",
     }
+
+
+WORKER_EXTENSION = f"{__name__}.CanaryWorkerExtension"
+
+
+def engine_args() -> dict[str, Any]:
+    """``LLM(model, **engine_args())``: the connector, and the worker extension through
+    which ``install`` and ``poll`` reach every worker by method name (in multi-process
+    mode ``collective_rpc`` sends names and plain data, never functions)."""
+    return {"kv_transfer_config": kv_transfer_config(), "worker_extension_cls": WORKER_EXTENSION}
 
 
 def _error(message: str) -> RuntimeError:
@@ -378,69 +388,122 @@ class _Collector:
         self.reports.append(report)
 
 
-def _activate(worker: Any, options: dict[str, Any]) -> str:
+def _connector() -> KVCanaryConnector:
     from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
 
     if not has_kv_transfer_group():
         raise _error(
             "no KV connector in this worker; build the LLM with "
-            "kv_transfer_config=kv_canary_engines.vllm.kv_transfer_config()"
+            "LLM(model, **kv_canary_engines.vllm.engine_args())"
         )
     connector = get_kv_transfer_group()
     if not isinstance(connector, KVCanaryConnector):
-        raise _error(
-            f"the worker's KV connector is {type(connector).__name__}, not {CONNECTOR_NAME}"
-        )
-    collector = _Collector()
-    connector.worker = WorkerCanary(connector, worker, Options(**options), collector)
-    connector.worker.collector = collector  # type: ignore[attr-defined]
-    return connector.worker.kind
+        name = type(connector).__name__
+        raise _error(f"the worker's KV connector is {name}, not {CONNECTOR_NAME}")
+    return connector
 
 
-def _take(worker: Any) -> dict[str, Any]:
-    """One rank's reports since the last take, and a poll of what is pending."""
-    from vllm.distributed.kv_transfer import get_kv_transfer_group
+def _plain(report: CanaryReport) -> list[dict[str, Any]]:
+    """A report's rows as plain data (what crosses vLLM's process boundary)."""
+    return [
+        {
+            "step": v.step,
+            "endpoint": v.endpoint.name if v.endpoint is not None else "?",
+            "fail_bits": int(v.violation.fail_bits),
+            "slot": v.violation.slot,
+            "position": v.violation.position,
+            "stored_token": v.violation.stored_token,
+            "expected_token": v.violation.expected_token,
+            "request_id": v.request_id,
+            "culprit_id": v.culprit_id,
+            "holders": list(v.holders),
+            "line": v.line,
+        }
+        for v in report.violations
+    ]
 
-    canary = get_kv_transfer_group().worker
-    if canary is None:
-        raise _error("the canary is not installed in this worker")
-    collector: _Collector = canary.collector
-    collector.reports.append(canary.runtime.poll())
-    reports, collector.reports = collector.reports, []
-    return {"rank": canary.rank, "steps": canary.steps, "reports": reports}
+
+class CanaryWorkerExtension:
+    """Mixed into vLLM's worker (``worker_extension_cls``): the methods ``install`` and
+    ``poll`` call by name on every rank."""
+
+    model_runner: Any
+    rank: int
+
+    def kv_canary_activate(self, options: dict[str, Any]) -> str:
+        connector = _connector()
+        collector = _Collector()
+        connector.worker = WorkerCanary(connector, self, Options(**options), collector)
+        self._kv_canary_collector = collector
+        return connector.worker.kind
+
+    def kv_canary_take(self) -> dict[str, Any]:
+        """This rank's rows since the last take (polls first: a sync)."""
+        canary = _connector().worker
+        if canary is None:
+            raise _error("the canary is not installed in this worker")
+        collector: _Collector = self._kv_canary_collector
+        collector.reports.append(canary.runtime.poll())
+        reports, collector.reports = collector.reports, []
+        return {
+            "rank": canary.rank,
+            "steps": canary.steps,
+            "executing": all(r.health.executing for r in reports),
+            "rows": [row for r in reports for row in _plain(r)],
+        }
+
+
+@attrs.frozen(kw_only=True)
+class VllmViolation:
+    """One violation row of one rank, with vLLM's engine-core request ids.
+
+    ``request_id`` is the victim (the request of the plan row, where the library's rows
+    say), ``culprit_id`` the slot's last writer, ``holders`` every request whose block
+    table held the slot at that step (the attribution until rows name their plan row).
+    """
+
+    rank: int
+    step: int
+    endpoint: str
+    fail_bits: FailBits
+    slot: int
+    position: int
+    stored_token: int
+    expected_token: int
+    request_id: str | None
+    culprit_id: str | None
+    holders: tuple[str, ...]
+    line: str
+
+    def request_ids(self) -> frozenset[str]:
+        ids = set(self.holders)
+        ids.update(r for r in (self.request_id, self.culprit_id) if r is not None)
+        return frozenset(ids)
 
 
 @attrs.frozen(kw_only=True)
 class VllmReport:
-    """Every rank's reports since the previous ``poll()``."""
+    """Every rank's violation rows since the previous ``poll()``."""
 
-    reports: tuple[tuple[int, CanaryReport], ...]
-    """``(rank, report)`` pairs, in poll order."""
+    violations: tuple[VllmViolation, ...]
     steps: int
+    executing: bool
 
     def __bool__(self) -> bool:
-        return any(bool(r) for _, r in self.reports)
+        return bool(self.violations)
 
-    @property
-    def violations(self) -> list[Any]:
-        return [v for _, r in self.reports for v in r.violations]
-
-    def request_ids(self) -> frozenset[Any]:
-        """vLLM's engine-core ids of every request a violation names (what
+    def request_ids(self) -> frozenset[str]:
+        """vLLM's engine-core ids of every request a row names (what
         ``llm.llm_engine.abort_request(ids, internal=True)`` takes)."""
-        return frozenset().union(*(r.request_ids() for _, r in self.reports))
+        return frozenset().union(*(v.request_ids() for v in self.violations))
 
     def first_step(self) -> int | None:
         return min((v.step for v in self.violations), default=None)
 
-    @property
-    def executing(self) -> bool:
-        return all(r.health.executing for _, r in self.reports)
-
     def __str__(self) -> str:
         lines = [f"kv-canary (vLLM): {len(self.violations)} violation row(s), {self.steps} steps"]
-        lines += [f"  rank {rank}: {line}" for rank, r in self.reports for line in r.log_lines()]
-        return "\n".join(lines[:21])
+        lines += [f"  rank {v.rank}: {v.line}" for v in self.violations[:20]]
+        return "\n".join(lines)
 
 
 def external_id(request_id: str) -> str:
@@ -463,10 +526,22 @@ class VllmCanary:
         ``"raise"`` raises ``kv-canary: ...`` on a violation; a callable receives the
         engine-core ids of the requests named and the report (``"log"``: the workers
         logged every row)."""
-        parts = self.llm.collective_rpc(_take)
+        parts = self.llm.collective_rpc("kv_canary_take")
         report = VllmReport(
-            reports=tuple((p["rank"], r) for p in parts for r in p["reports"]),
+            violations=tuple(
+                VllmViolation(
+                    rank=p["rank"],
+                    **{
+                        **row,
+                        "fail_bits": FailBits(row["fail_bits"]),
+                        "holders": tuple(row["holders"]),
+                    },
+                )
+                for p in parts
+                for row in p["rows"]
+            ),
             steps=max((p["steps"] for p in parts), default=0),
+            executing=all(p["executing"] for p in parts),
         )
         if not report.executing:
             logger.error("kv-canary: the canary is not executing on some rank")
@@ -504,23 +579,32 @@ def install(llm: Any, *, policy: Any = "log", **options: Any) -> VllmCanary:
     if transfer is None or transfer.kv_connector != CONNECTOR_NAME:
         raise _error(
             "the LLM was built without the canary's connector; pass "
-            "kv_transfer_config=kv_canary_engines.vllm.kv_transfer_config() to LLM(...)"
+            "LLM(model, **kv_canary_engines.vllm.engine_args())"
         )
     if config.scheduler_config.async_scheduling:
         raise _error(
             "async scheduling is on; supported: async_scheduling=False (the scheduler must "
             "know each step's input tokens when it schedules them)"
         )
-    runners = llm.collective_rpc(_activate, args=(attrs.asdict(opts),))
+    extension = str(getattr(config.parallel_config, "worker_extension_cls", ""))
+    if extension != WORKER_EXTENSION:
+        raise _error(
+            f"the LLM was built with worker_extension_cls={extension!r}; pass "
+            "LLM(model, **kv_canary_engines.vllm.engine_args())"
+        )
+    runners = llm.collective_rpc("kv_canary_activate", args=(attrs.asdict(opts),))
     return VllmCanary(llm, policy, list(runners))
 
 
 __all__ = [
     "CONNECTOR_NAME",
     "CanaryMetadata",
+    "CanaryWorkerExtension",
     "KVCanaryConnector",
     "VllmCanary",
     "VllmReport",
+    "VllmViolation",
+    "engine_args",
     "external_id",
     "install",
     "kv_transfer_config",
