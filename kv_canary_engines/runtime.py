@@ -702,6 +702,9 @@ class CanaryRuntime:
             if problems
             else Health()
         )
+        # in the order the launches ran: step, endpoint (HEAD verify, writes, TAIL
+        # verify, sweep), group; the ring's order within one launch is unspecified
+        violations.sort(key=lambda v: (v.step, -1 if v.endpoint is None else v.endpoint))
         report_out = CanaryReport(
             step=self._step,
             violations=tuple(violations),
