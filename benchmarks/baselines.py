@@ -30,8 +30,8 @@ import triton.language as tl
 
 from kv_canary_buffers import PlanBuffers
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from oracle import loop_plan
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.helpers.oracle import loop_plan
 
 SGLANG_MAX_BS = 4096
 

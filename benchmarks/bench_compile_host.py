@@ -17,9 +17,7 @@ import time
 
 import torch
 
-import kv_canary_kernels.plan as plan_module
-import kv_canary_kernels.verify as verify_module
-import kv_canary_kernels.write as write_module
+import kv_canary_kernels.compiled as compiled_module
 from kv_canary_buffers import CanaryStore, PlanBuffers, RealKV, RealKVMode
 from kv_canary_kernels import launch_plan, launch_verify, launch_write
 
@@ -32,9 +30,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     dev = torch.device(args.device)
     if dev.type == "cpu":
-        plan_module.dispatch_plan = lambda *a: None
-        write_module.dispatch_write = lambda *a: None
-        verify_module.dispatch_verify = lambda *a: None
+        # the operators' implementations call these (kv_canary_kernels.compiled)
+        compiled_module.dispatch_plan = lambda *a: None
+        compiled_module.dispatch_write = lambda *a: None
+        compiled_module.dispatch_verify = lambda *a: None
     bs = 256
     plan = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=bs * 16, device=dev)
     store = CanaryStore.allocate(num_slots=bs * 32, violation_capacity=64, device=dev)

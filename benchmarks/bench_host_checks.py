@@ -19,7 +19,7 @@ import timeit
 import torch
 
 from kv_canary_buffers import PlanBuffers
-from kv_canary_buffers.validation import validate_plan_args
+from kv_canary_buffers.plan import validate_plan_args
 
 
 def median_us(fn, rounds: int, calls: int) -> float:

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from harness import markdown_table
 from kv_canary_buffers import CanaryStore, PlanBuffers
 from kv_canary_kernels import launch_plan, launch_verify, launch_write
-from kv_canary_kernels.launcher import current_device
+from kv_canary_kernels.fast_launch import current_device
 
 BS = 8
 COLS = 64

@@ -69,7 +69,8 @@ from kv_canary_buffers import (
     verify_reference,
     write_reference,
 )
-from kv_canary_buffers.validation import validate_verify_args, validate_write_args
+from kv_canary_buffers.verify import validate_verify_args
+from kv_canary_buffers.write import validate_write_args
 from kv_canary_kernels import launch_plan, launch_verify, launch_write
 from kv_canary_kernels.plan import dispatch_plan
 from kv_canary_kernels.verify import dispatch_verify

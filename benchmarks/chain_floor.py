@@ -37,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import configure, gpu_time
-from kv_canary_kernels.canary_common import mix3
 from kv_canary_kernels.constants import (
     ANCHOR,
     REC_POSITION,
@@ -46,6 +45,7 @@ from kv_canary_kernels.constants import (
     REC_TOKEN,
     REC_W,
 )
+from kv_canary_kernels.records import mix3
 from kv_canary_kernels.write import _load_token
 
 

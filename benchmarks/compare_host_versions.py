@@ -39,11 +39,9 @@ from canary_cases import GPU_SIZES, World, expect_clean  # noqa: E402
 from compare_kernel_versions import export  # noqa: E402
 from harness import configure, host_time_stats_us  # noqa: E402
 from kv_canary_buffers import PlanBuffers, plan_reference, plans_equal  # noqa: E402
-from kv_canary_buffers.validation import (  # noqa: E402
-    validate_plan_args,
-    validate_verify_args,
-    validate_write_args,
-)
+from kv_canary_buffers.plan import validate_plan_args  # noqa: E402
+from kv_canary_buffers.verify import validate_verify_args  # noqa: E402
+from kv_canary_buffers.write import validate_write_args  # noqa: E402
 from kv_canary_kernels.plan import dispatch_plan  # noqa: E402
 from kv_canary_kernels.verify import dispatch_verify  # noqa: E402
 from kv_canary_kernels.write import dispatch_write  # noqa: E402

@@ -50,7 +50,8 @@ from kv_canary_buffers import (  # noqa: E402
     RealKVMode,
     plan_reference,
 )
-from kv_canary_buffers.validation import validate_verify_args, validate_write_args  # noqa: E402
+from kv_canary_buffers.verify import validate_verify_args  # noqa: E402
+from kv_canary_buffers.write import validate_write_args  # noqa: E402
 from kv_canary_kernels import launch_write  # noqa: E402
 
 DEV = torch.device("cuda")

@@ -14,7 +14,7 @@ from collections import Counter
 import torch
 
 from kv_canary_buffers import PlanBuffers
-from kv_canary_buffers.validation import validate_plan_args
+from kv_canary_buffers.plan import validate_plan_args
 
 
 def count(fn) -> Counter:

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kv_canary_buffers import PlanBuffers
-from kv_canary_buffers.validation import validate_plan_args
+from kv_canary_buffers.plan import validate_plan_args
 from kv_canary_kernels import launch_plan
 from kv_canary_kernels.plan import dispatch_plan
 from plan_cases import make_batch, verify_entries

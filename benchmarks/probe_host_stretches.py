@@ -47,11 +47,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import kv_canary_kernels.plan as plan_module
+import kv_canary_kernels.plan.dispatch as plan_module
 from kv_canary_buffers import PlanBuffers
 from kv_canary_buffers.buffers import STAGING_LINK_ATTR
 from kv_canary_buffers.layout import PLAN_FIELDS, SCAN_BLOCK
-from kv_canary_buffers.validation import validate_plan_args
+from kv_canary_buffers.plan import validate_plan_args
 from kv_canary_kernels import launch_plan
 from kv_canary_kernels.plan import dispatch_plan
 from plan_cases import make_batch, verify_entries

@@ -27,13 +27,11 @@ import torch
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 
-import kv_canary_kernels.launcher as L
+import kv_canary_kernels.fast_launch as L
 from canary_cases import GPU_SIZES, World
-from kv_canary_buffers.validation import (
-    validate_plan_args,
-    validate_verify_args,
-    validate_write_args,
-)
+from kv_canary_buffers.plan import validate_plan_args
+from kv_canary_buffers.verify import validate_verify_args
+from kv_canary_buffers.write import validate_write_args
 from kv_canary_kernels import launch_plan, launch_verify, launch_write
 from kv_canary_kernels.plan import dispatch_plan
 from kv_canary_kernels.verify import dispatch_verify

@@ -25,16 +25,15 @@ from ._version import __version__
 from .buffers import PlanBuffers
 from .compare import plans_equal
 from .distributed import GatheredReport, RankedViolation, gather_violation_reports
-from .plan_reference import plan_reference
+from .plan import PlanArgs, plan_reference, validate_plan_args
 from .real_kv import RealKV, RealKVMode
 from .report import Violation, ViolationReport
 from .sizing import verify_entries_needed
 from .staging import GraphInputs
 from .status import CanaryStatus, FailBits, PlanStatus
 from .store import CanaryStore
-from .validation import PlanArgs, validate_plan_args
-from .verify_reference import verify_reference
-from .write_reference import write_reference
+from .verify import verify_reference
+from .write import write_reference
 
 __all__ = [
     "CanaryStatus",

@@ -97,7 +97,7 @@ class Arena:
         init=False, repr=False, factory=lambda: itertools.count(1)
     )
     """Numbers for the launches on this arena that need one, 1, 2, ... (the plan's eager
-    one-launch path: ``kv_canary_kernels/large_batch.py``). Per arena, so a launch's
+    one-launch path: ``kv_canary_kernels/plan/large_batch.py``). Per arena, so a launch's
     parity alternates on its own buffers; a copy's arena starts again at 1, with its sync
     words zeroed."""
 

@@ -1,6 +1,6 @@
 """The layout tables rendered as text: reStructuredText for the classes' docstrings,
 Markdown for ``docs/api.md`` (``scripts/api_tables.py`` rewrites its generated blocks,
-``tests/test_docs.py`` checks them), so that no field's dtype, shape or meaning is written
+``tests/docs/test_docs.py`` checks them), so that no field's dtype, shape or meaning is written
 twice."""
 
 from __future__ import annotations

@@ -91,15 +91,15 @@ import torch
 from .buffers import PlanBuffers
 from .compare import plans_equal
 from .devices import normalize_device
-from .plan_reference import plan_reference
+from .plan import plan_reference
 from .real_kv import RealKV, RealKVMode
 from .report import Violation
 from .sizing import verify_entries_needed
 from .staging import GraphInputs
 from .status import CanaryStatus, FailBits, PlanStatus
 from .store import CanaryStore
-from .verify_reference import verify_reference
-from .write_reference import write_reference
+from .verify import verify_reference
+from .write import write_reference
 
 _EventPair: TypeAlias = tuple[torch.cuda.Event, torch.cuda.Event]
 

@@ -28,7 +28,7 @@ from .buffers import STAGING_LINK_ATTR, PlanBuffers, StagingLink, _check_arena_l
 from .checks import check_bool, check_capacity, check_row_tensor, check_tensor
 from .devices import DeviceLike, device_predicate, normalize_device
 from .layout import PADDING_REQ_POOL_INDEX, ROW_DTYPE, STAGING_FIELDS, staging_specs
-from .validation import check_buffers
+from .plan import check_buffers
 
 _get_fields = operator.attrgetter(*STAGING_FIELDS)
 

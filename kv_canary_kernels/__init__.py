@@ -13,8 +13,6 @@ imports ``triton`` (this package or another, see docs/troubleshooting.md).
 
 from kv_canary_buffers._version import __version__
 
-from .plan import launch_plan
-from .verify import launch_verify
-from .write import launch_write
+from .launch import launch_plan, launch_verify, launch_write
 
 __all__ = ["__version__", "launch_plan", "launch_verify", "launch_write"]

@@ -45,15 +45,15 @@ import torch
 
 from kv_canary_buffers.buffers import PlanBuffers
 from kv_canary_buffers.live import find_arena, find_real_kv
+from kv_canary_buffers.plan import validate_plan_args
 from kv_canary_buffers.real_kv import RealKV
 from kv_canary_buffers.store import CanaryStore
-from kv_canary_buffers.validation import (
-    VerifyArgs,
-    WriteArgs,
-    validate_plan_args,
-    validate_verify_args,
-    validate_write_args,
-)
+from kv_canary_buffers.verify import VerifyArgs, validate_verify_args
+from kv_canary_buffers.write import WriteArgs, validate_write_args
+
+from .plan import dispatch_plan
+from .verify import dispatch_verify
+from .write import dispatch_write
 
 _T = TypeVar("_T", PlanBuffers, CanaryStore)
 
@@ -95,8 +95,6 @@ def _plan_impl(
     req_to_verify_expected_tokens_valid_lens: torch.Tensor | None,
     kv_token_id_vs_position_offset: int,
 ) -> None:
-    from .plan import dispatch_plan
-
     buffers = _owner(handle, PlanBuffers, "buffers")
     args = validate_plan_args(
         buffers,
@@ -127,8 +125,6 @@ def _write_impl(
     real_kv_handle: int,
     sources: list[torch.Tensor],
 ) -> None:
-    from .write import dispatch_write
-
     store = _owner(store_handle, CanaryStore, "store")
     plan_buffers = _owner(plan_handle, PlanBuffers, "plan_buffers")
     args = validate_write_args(
@@ -160,8 +156,6 @@ def _verify_impl(
     real_kv_handle: int,
     sources: list[torch.Tensor],
 ) -> None:
-    from .verify import dispatch_verify
-
     store = _owner(store_handle, CanaryStore, "store")
     plan_buffers = _owner(plan_handle, PlanBuffers, "plan_buffers")
     args = validate_verify_args(

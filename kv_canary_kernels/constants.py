@@ -54,7 +54,7 @@ SHIFT1: tl.constexpr = _C(layout.SM_SHIFTS[0])
 SHIFT2: tl.constexpr = _C(layout.SM_SHIFTS[1])
 SHIFT3: tl.constexpr = _C(layout.SM_SHIFTS[2])
 PTX_PRODUCTS: tl.constexpr = _C(not INTERPRETING and torch.version.hip is None)
-"""The write chain's 64-bit products as inline PTX (:func:`canary_common.sm`): on NVIDIA
+"""The write chain's 64-bit products as inline PTX (:func:`records.sm`): on NVIDIA
 GPUs only, not under the interpreter (which runs no PTX) nor on ROCm (whose devices are
 also ``cuda`` to torch; the launchers take no other device type)."""
 
@@ -71,7 +71,7 @@ def _ptx_high_half(m: int) -> str:
 
 
 PTX_HIGH1: tl.constexpr = _C(_ptx_high_half(layout.SM_MUL1))
-"""The high half of a product by ``MUL1`` (:func:`canary_common._product_halves`)."""
+"""The high half of a product by ``MUL1`` (:func:`records._product_halves`)."""
 PTX_HIGH2: tl.constexpr = _C(_ptx_high_half(layout.SM_MUL2))
 """The high half of a product by ``MUL2``."""
 MODE_PARTIAL: tl.constexpr = _C(int(RealKVMode.PARTIAL))

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from torch.compiler import is_compiling
 
 from kv_canary_buffers.buffers import PlanBuffers
-from kv_canary_buffers.real_kv import RealKV
 from kv_canary_buffers.store import CanaryStore
-from kv_canary_buffers.validation import VerifyArgs, validate_verify_args
+from kv_canary_buffers.verify import VerifyArgs
 
-from . import compiled, config
-from .canary_common import append_violations, i64, mix3, raise_status, real_kv_or_zero
+from . import config
 from .config import device_config
 from .constants import (
     ANCHOR,
@@ -41,7 +38,7 @@ from .constants import (
     VERIFY_SLOT_BAD,
     VERIFY_TOKEN_BIT,
 )
-from .launcher import (
+from .fast_launch import (
     FastPath,
     Launcher,
     addresses,
@@ -51,6 +48,7 @@ from .launcher import (
     stage_key,
     stream_of,
 )
+from .records import append_violations, i64, mix3, raise_status, real_kv_or_zero
 from .sources import source_args
 
 _RUNTIME_INTS = [
@@ -229,7 +227,7 @@ def canary_verify_kernel(
 def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) -> None:
     """Launch the verify kernel on validated arguments (no check at all)."""
     # Everything but the launch tag is fixed by the store, the plan buffers, the sources
-    # and the config (launcher.FastPath): addresses in the arenas, which the validation's
+    # and the config (fast_launch.FastPath): addresses in the arenas, which the validation's
     # check() proved still in place and the objects'.
     fast_key = stage_key(
         store, buffers, args.real_kv, config.active.variant, args.check_expected_tokens
@@ -292,39 +290,3 @@ def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) 
 
 _FAST = FastPath()
 _VERIFY = Launcher(canary_verify_kernel)
-
-
-def launch_verify(
-    store: CanaryStore,
-    plan_buffers: PlanBuffers,
-    *,
-    launch_tag: int = 0,
-    check_expected_tokens: bool = True,
-    real_kv: RealKV | None = None,
-) -> None:
-    """Check the records of every verify entry of a plan on the GPU, equal to
-    :func:`kv_canary_buffers.verify_reference` (same arguments; violation rows of one call
-    in unspecified order).
-
-    Runs the shared validation first (a rejected call writes nothing), then one kernel
-    launch on the current stream. Never allocates, never syncs, never recompiles for a new
-    plan size or capacity, and is safe to capture in a CUDA graph. Entries whose slot,
-    predecessor or real-KV row lies outside the store are skipped with a
-    :class:`CanaryStatus` bit in ``store.status``.
-    """
-    if is_compiling() and compiled.verify(  # traced by torch.compile: one custom operator
-        store,
-        plan_buffers,
-        launch_tag=launch_tag,
-        check_expected_tokens=check_expected_tokens,
-        real_kv=real_kv,
-    ):
-        return
-    args = validate_verify_args(
-        store,
-        plan_buffers,
-        launch_tag=launch_tag,
-        check_expected_tokens=check_expected_tokens,
-        real_kv=real_kv,
-    )
-    dispatch_verify(store, plan_buffers, args)

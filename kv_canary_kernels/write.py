@@ -24,18 +24,14 @@ measurements: docs/design.md, docs/performance.md ("the write split").
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
-from torch.compiler import is_compiling
 
 from kv_canary_buffers.buffers import PlanBuffers
-from kv_canary_buffers.real_kv import RealKV
 from kv_canary_buffers.store import CanaryStore
-from kv_canary_buffers.validation import WriteArgs, validate_write_args
+from kv_canary_buffers.write import WriteArgs
 
-from . import compiled, config
-from .canary_common import append_violations, i64, mix3, raise_status, real_kv_or_zero
+from . import config
 from .config import INTERPRETING
 from .constants import (
     ANCHOR,
@@ -52,7 +48,7 @@ from .constants import (
     WRITE_SLOT_BAD,
     WRITE_TOKEN_BIT,
 )
-from .launcher import (
+from .fast_launch import (
     FastPath,
     Launcher,
     addresses,
@@ -62,6 +58,7 @@ from .launcher import (
     stage_key,
     stream_of,
 )
+from .records import append_violations, i64, mix3, raise_status, real_kv_or_zero
 from .sources import SourceArgs, source_args
 
 _RUNTIME_INTS = [
@@ -602,7 +599,7 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
     # kernel's order, as the validation read them).
     aligned = True if args.aligned else tuple(p % 16 == 0 for p in args.addresses)
     # Only the inputs (their addresses, read by the validation), their count and the tag
-    # change from call to call (launcher.FastPath); the fixed addresses lie in the arenas,
+    # change from call to call (fast_launch.FastPath); the fixed addresses lie in the arenas,
     # which the validation's check() proved still in place and the objects'.
     fast_key = stage_key(store, buffers, args.real_kv, variant, has_expected, aligned)
     if fast_key is not None:
@@ -675,50 +672,3 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
 
 _FAST = FastPath()
 _WRITE = Launcher(canary_write_kernel)
-
-
-def launch_write(
-    store: CanaryStore,
-    plan_buffers: PlanBuffers,
-    *,
-    input_ids: torch.Tensor,
-    positions: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-    launch_tag: int = 0,
-    expected_input_ids: torch.Tensor | None = None,
-    expected_positions: torch.Tensor | None = None,
-    real_kv: RealKV | None = None,
-) -> None:
-    """Stamp the records of the slots a step wrote, on the GPU, byte for byte equal to
-    :func:`kv_canary_buffers.write_reference` (same arguments, shapes and dtypes; violation
-    rows of one call in unspecified order).
-
-    Runs the shared validation first (a rejected call writes nothing), then one kernel
-    launch on the current stream. Never allocates, never syncs, never recompiles for a new
-    ``n`` or capacity, and is safe to capture in a CUDA graph. Data outside the store or
-    the inputs is skipped with a :class:`CanaryStatus` bit in ``store.status``.
-    """
-    if is_compiling() and compiled.write(  # traced by torch.compile: one custom operator
-        store,
-        plan_buffers,
-        input_ids=input_ids,
-        positions=positions,
-        out_cache_loc=out_cache_loc,
-        launch_tag=launch_tag,
-        expected_input_ids=expected_input_ids,
-        expected_positions=expected_positions,
-        real_kv=real_kv,
-    ):
-        return
-    args = validate_write_args(
-        store,
-        plan_buffers,
-        input_ids=input_ids,
-        positions=positions,
-        out_cache_loc=out_cache_loc,
-        launch_tag=launch_tag,
-        expected_input_ids=expected_input_ids,
-        expected_positions=expected_positions,
-        real_kv=real_kv,
-    )
-    dispatch_write(store, plan_buffers, args)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU check of the project in one run (use a 2-GPU machine for tests/test_multi_gpu.py):
+# Every GPU check of the project in one run (use a 2-GPU machine for tests/launch/test_multi_gpu.py):
 # GPU tests (those of torch.compile in a run of their own), compute-sanitizer memcheck of the
 # plan and of write/verify, the demo on CUDA with corruption injected, and the benchmark of
 # every stage. Writes run.log, memcheck-h200.log
@@ -7,8 +7,9 @@
 # On two GPUs also benchmarks/bench_multi_gpu.py. BENCH=0 skips benchmarks/bench.py;
 # CANARY=0 skips the canary contract tests on CUDA (the CPU suite runs them under the
 # interpreter, where the write's PTX products and unrolled loop are not compiled).
-# PARTS picks sections (default all: tests canary memcheck demo compile bench) so that a
-# device call that must stay under a time limit can run a few of them.
+# PARTS picks sections (default: tests canary memcheck demo compile bench; also suite, the
+# whole suite in one process) so that a device call that must stay under a time limit can
+# run a few of them. Sections select test folders (docs/testing.md has the map).
 # Usage: PYTHONPATH=. OUT=dir [BENCH=0] [CANARY=0] [PARTS="tests canary"] bash scripts/gpu-check.sh
 set -o pipefail
 PARTS=" ${PARTS:-tests canary memcheck demo compile bench} "
@@ -22,7 +23,7 @@ L=$OUT/run.log
 { date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; echo "sources $(find kv_canary_buffers kv_canary_kernels -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
 if part tests; then
 echo "== GPU tests $(date -u +%T)" >> $L
-timeout 300 python -m pytest -q tests/test_gpu.py tests/test_gpu_canary.py tests/test_gpu_fast_path.py tests/test_fast_launch.py tests/test_multi_gpu.py tests/test_end_to_end.py tests/test_demo.py tests/test_large_batch.py tests/test_property.py tests/test_out_of_range.py -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
+timeout 400 python -m pytest -q tests/launch tests/plan tests/buffers tests/api tests/test_demo.py tests/test_end_to_end.py -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
 fi
 if [ "${CANARY:-1}" = 1 ] && part canary; then
   echo "== canary contract tests on CUDA $(date -u +%T)" >> $L
@@ -30,14 +31,14 @@ if [ "${CANARY:-1}" = 1 ] && part canary; then
   # CPU core each (a write variant 3.5-10 s); the out-of-range property alone compiles
   # about 45 variants, 110-125 s for each of its three write tests on the H200 host.
   python -c "import xdist" 2>/dev/null && X="-n auto" || X=""
-  timeout 420 python -m pytest -q $X tests/test_canary_contract.py tests/test_canary_property.py tests/test_canary_out_of_range.py tests/test_write_replay.py -p no:cacheprovider >> $L 2>&1; echo "canary pytest rc=$?" >> $L
+  timeout 420 python -m pytest -q $X tests/records -p no:cacheprovider >> $L 2>&1; echo "canary pytest rc=$?" >> $L
   timeout 30 python benchmarks/chain_floor.py >> $L 2>&1; echo "chain_floor rc=$?" >> $L
 fi
 if part memcheck; then
 echo "== memcheck $(date -u +%T)" >> $L
 M=$OUT/memcheck-h200.log
-timeout 100 compute-sanitizer --tool memcheck python tests/gpu_memcheck_canary.py > $M 2>&1; echo "memcheck canary rc=$?" >> $L
-timeout 200 compute-sanitizer --tool memcheck python tests/gpu_memcheck.py >> $M 2>&1; echo "memcheck plan rc=$?" >> $L
+timeout 100 compute-sanitizer --tool memcheck python scripts/memcheck/canary.py > $M 2>&1; echo "memcheck canary rc=$?" >> $L
+timeout 200 compute-sanitizer --tool memcheck python scripts/memcheck/plan.py >> $M 2>&1; echo "memcheck plan rc=$?" >> $L
 grep -E "ERROR SUMMARY|gpu_memcheck" $M >> $L
 fi
 if part demo; then
@@ -50,8 +51,13 @@ if part demo && [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
 fi
 if part compile; then
 echo "== torch.compile tests $(date -u +%T)" >> $L
-timeout 240 python -m pytest -q tests/test_gpu_compile.py -p no:cacheprovider >> $L 2>&1; echo "compile pytest rc=$?" >> $L
+timeout 240 python -m pytest -q tests/compile -p no:cacheprovider >> $L 2>&1; echo "compile pytest rc=$?" >> $L
 timeout 90 python benchmarks/bench_compile_host.py >> $L 2>&1; echo "bench_compile_host rc=$?" >> $L
+fi
+if part suite; then
+  # The whole suite in one process (no test may depend on another's order or state).
+  echo "== whole suite, one process $(date -u +%T)" >> $L
+  timeout 590 python -m pytest -q tests -p no:cacheprovider >> $L 2>&1; echo "suite pytest rc=$?" >> $L
 fi
 if [ "${BENCH:-1}" = 1 ] && part bench; then
   echo "== bench $(date -u +%T)" >> $L

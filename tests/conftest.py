@@ -1,5 +1,13 @@
 """Test set-up: without CUDA the Triton kernels run in Triton's interpreter on CPU
-tensors. TRITON_INTERPRET must be set before any @triton.jit module is imported."""
+tensors. TRITON_INTERPRET must be set before any @triton.jit module is imported.
+
+Markers (pyproject.toml): ``gpu`` tests are skipped without CUDA and ``two_gpu`` tests with
+fewer than two CUDA devices, here, once; ``slow`` marks the tests that take longest (run
+``-m "not slow"`` for a quick pass).
+
+The tests live in folders by stage and concern (docs/testing.md has the map); each folder
+runs alone (``pytest tests/plan``), with the shared helpers of ``tests/helpers``.
+"""
 
 import os
 
@@ -12,8 +20,7 @@ import pytest
 
 from kv_canary_buffers import plan_reference
 from kv_canary_kernels import launch_plan
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from tests.helpers import DEVICE, LARGE_PATHS
 
 PLAN_PATHS = {"reference": plan_reference, "kernels": launch_plan}
 
@@ -29,10 +36,17 @@ def device():
     return DEVICE
 
 
-LARGE_PATHS = {"large-one-launch": {}, "large-three-launches": {"one_launch_max_rows": 0}}
-"""The two kernel paths of a batch of at least SCAN_BLOCK rows: one launch (eager, below
-``one_launch_max_rows``) and three (captured graphs and larger batches), as
-``launch_config`` changes."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip what this machine cannot run: ``gpu`` tests without CUDA, ``two_gpu`` tests
+    with fewer than two CUDA devices."""
+    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    no_gpu = pytest.mark.skip(reason="needs CUDA")
+    one_gpu = pytest.mark.skip(reason="needs two CUDA devices")
+    for item in items:
+        if devices < 2 and "two_gpu" in item.keywords:
+            item.add_marker(no_gpu if devices == 0 else one_gpu)
+        elif devices == 0 and "gpu" in item.keywords:
+            item.add_marker(no_gpu)
 
 
 @pytest.fixture(params=sorted(LARGE_PATHS))
@@ -48,6 +62,6 @@ def large_path(request):
 @pytest.fixture(params=["reference", "kernels"])
 def canary(request):
     """Each write/verify path in turn: the torch references and the Triton launchers."""
-    from canary_helpers import CANARY_PATHS
+    from tests.helpers.canary import CANARY_PATHS
 
     return CANARY_PATHS[request.param]

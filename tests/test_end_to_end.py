@@ -189,7 +189,6 @@ def test_every_kind_with_the_kernels_in_one_run():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_cuda_graph_replay_catches_every_kind():
     config = SimConfig(max_batch=16, device="cuda", seed=0, kernels=True, graphs=True)
     sim = Simulation(config)

@@ -1,0 +1,373 @@
+"""The write stage in torch: its arguments, their host-side checks and the reference.
+
+- :func:`validate_write_args` (-> :class:`WriteArgs`): every host-side check of one write
+  call, run first by both write paths (``write_reference`` here, ``launch_write`` in
+  ``kv_canary_kernels``); reads no tensor data and never syncs.
+- :func:`write_reference`: the torch write stage, the CPU path and the write kernel's
+  oracle. It follows docs/contract-canary.md ("Write") line by line. The chain within a row
+  is serial by definition, so the loop runs over token positions within rows, each step
+  vectorized across every row that still has tokens. It reads tensor data (to size the
+  loop and to check it), so on a GPU it synchronizes: an oracle and a CPU path, not
+  something to capture.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, NoReturn
+
+import torch
+
+from .buffers import PlanBuffers
+from .checks import check_int64, check_length, check_tensor, new_tuple
+from .hashing import mix3
+from .layout import INT64_MAX, INT64_MIN, POSITION, RECORD_DTYPE, ROW_DTYPE
+from .real_kv import RealKV, first_row_past_sources, real_kv_hash
+from .records import (
+    append_rows,
+    chain_hash_of,
+    check_not_aliasing_store,
+    check_plan_buffers,
+    check_real_kv,
+    check_same_device,
+    check_store,
+    plan_count,
+    raise_bad,
+)
+from .status import FailBits
+from .store import CanaryStore
+
+
+# --- arguments and their checks ---------------------------------------------------------
+class WriteArgs(NamedTuple):
+    """The validated arguments of one write call."""
+
+    n: int
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_cache_loc: torch.Tensor
+    launch_tag: int
+    expected_input_ids: torch.Tensor | None
+    expected_positions: torch.Tensor | None
+    real_kv: RealKV | None
+    """None when no real-KV hash is taken (no object, mode NONE or no sources)."""
+    aligned: bool
+    """Whether every per-token input starts 16-byte aligned (the kernels' fast variant)."""
+    addresses: tuple[int, ...]
+    """The data pointers of input_ids, positions, out_cache_loc, then of the expected
+    inputs or (without them) of input_ids and positions again, read once by the checks:
+    the kernel's launch passes them instead of the tensors."""
+
+
+def validate_write_args(
+    store: object,
+    plan_buffers: object,
+    *,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    launch_tag: int = 0,
+    expected_input_ids: torch.Tensor | None = None,
+    expected_positions: torch.Tensor | None = None,
+    real_kv: RealKV | None = None,
+) -> WriteArgs:
+    """Every host-side check of one write call (both write paths run it first).
+
+    ``TypeError`` for an object of the wrong type, ``ValueError`` for everything else;
+    reads no tensor data and never syncs."""
+    # check_store / check_plan_buffers / check_same_device, their common case inline
+    if type(store) is not CanaryStore:
+        check_store(store)  # raises the TypeError
+    st: CanaryStore = store  # type: ignore[assignment]
+    st.check()
+    if type(plan_buffers) is not PlanBuffers:
+        check_plan_buffers(plan_buffers)  # raises the TypeError
+    bufs: PlanBuffers = plan_buffers  # type: ignore[assignment]
+    bufs.check()
+    if st.arena.device != bufs.arena.device:
+        check_same_device(st, bufs)
+    has_expected = expected_input_ids is not None
+    if has_expected != (expected_positions is not None):
+        given = "expected_input_ids" if expected_positions is None else "expected_positions"
+        raise ValueError(
+            "kv-canary: expected_input_ids and expected_positions must be given together, "
+            f"got only {given}"
+        )
+    inputs = (
+        (input_ids, positions, out_cache_loc, expected_input_ids, expected_positions)
+        if has_expected
+        else (input_ids, positions, out_cache_loc)
+    )
+    # Hot path (every launch): a handful of attribute reads per input; the detailed
+    # checks below run only to word the error.
+    arena = st.arena
+    start, end = arena.base, arena.base + arena.nbytes
+    # get_device() alone is -1 on the CPU and on meta: compare the device type too
+    on_device = arena.on_device
+    n = out_cache_loc.shape[0] if isinstance(out_cache_loc, torch.Tensor) else -1
+    shape = (n,)
+    aligned = True
+    pointers = []
+    for t in inputs:
+        if not (
+            isinstance(t, torch.Tensor)
+            and t.dtype is ROW_DTYPE
+            and t.shape == shape
+            and on_device(t)
+            and t.is_contiguous()
+        ):
+            _raise_write_input_error(st, inputs)
+        ptr = t.data_ptr()
+        if ptr < end and start < ptr + 8 * n:
+            _raise_write_input_error(st, inputs)
+        aligned = aligned and ptr % 16 == 0
+        pointers.append(ptr)
+    if not has_expected:
+        pointers += pointers[:2]
+    tag = (
+        launch_tag
+        if type(launch_tag) is int and INT64_MIN <= launch_tag <= INT64_MAX
+        else (check_int64("launch_tag", launch_tag))
+    )
+    kv = None if real_kv is None else check_real_kv(real_kv, st)
+    return new_tuple(
+        WriteArgs,
+        (
+            n,
+            input_ids,
+            positions,
+            out_cache_loc,
+            tag,
+            expected_input_ids,
+            expected_positions,
+            kv,
+            aligned,
+            tuple(pointers),
+        ),
+    )
+
+
+_WRITE_INPUT_NAMES = (
+    "input_ids",
+    "positions",
+    "out_cache_loc",
+    "expected_input_ids",
+    "expected_positions",
+)
+
+
+def _raise_write_input_error(store: CanaryStore, inputs: tuple[Any, ...]) -> NoReturn:
+    """Word the first failing check of the write's per-token inputs."""
+    device = store.device
+    check_tensor("out_cache_loc", inputs[2], ROW_DTYPE, 1, device)
+    n = inputs[2].shape[0]
+    for name, t in zip(_WRITE_INPUT_NAMES, inputs):
+        check_length(name, t, n, device)
+    for name, t in zip(_WRITE_INPUT_NAMES, inputs):
+        check_not_aliasing_store(name, t, store)
+    raise AssertionError("kv-canary: internal error: the fast input check failed alone")
+
+
+# --- the torch reference ------------------------------------------------------------------
+def _rows(*columns: torch.Tensor) -> torch.Tensor:
+    return torch.stack([c.to(RECORD_DTYPE) for c in columns], dim=1)
+
+
+def _write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
+    num_slots = store.num_slots
+    n = args.n
+    num_rows = plan_count(buffers, "write_num_valid_reqs", buffers.write_req_capacity)
+    offsets = buffers.write_offsets[: num_rows + 1]
+    lo, hi = offsets[:-1], offsets[1:]
+    seeds = buffers.write_seed_slot_indices[:num_rows]
+    busy = hi > lo
+    bad = busy & ((lo < 0) | (hi > n))
+    if bool(bad.any()):
+        r = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"kv-canary: plan_buffers.write_offsets[{r}:{r + 2}] = [{int(lo[r])}, {int(hi[r])}] "
+            f"must lie in [0, n = len(out_cache_loc) = {n}] (data outside the inputs: the "
+            "kernels skip it and raise a CanaryStatus bit)"
+        )
+    bad = busy & (seeds >= num_slots)
+    if bool(bad.any()):
+        r = int(bad.nonzero()[0, 0])
+        raise_bad("plan_buffers.write_seed_slot_indices", r, int(seeds[r]), f"< {num_slots}")
+
+    seeds = torch.where(busy, seeds, -1)  # an idle row's seed is never read
+    lengths = torch.where(busy, hi - lo, 0)
+    total = int(lengths.sum())
+    row_of = torch.repeat_interleave(torch.arange(num_rows, device=lo.device), lengths)
+    first = torch.cumsum(lengths, 0) - lengths
+    index = (
+        lo.index_select(0, row_of)
+        + torch.arange(total, device=lo.device)
+        - first.index_select(0, row_of)
+    )
+    slots = args.out_cache_loc.index_select(0, index)
+    bad = slots >= num_slots
+    if bool(bad.any()):
+        j = int(bad.nonzero()[0, 0])
+        raise_bad("out_cache_loc", int(index[j]), int(slots[j]), f"< num_slots = {num_slots}")
+    written = slots >= 0
+    kv = _real_kv_of(args.real_kv, slots, written, index)
+
+    records = store.records
+    running = chain_hash_of(records, seeds)
+    check_pos = (store.chain_position_check != 0) & (seeds >= 0)
+    prev_pos = torch.where(check_pos, records.index_select(0, seeds.clamp_min(0))[:, POSITION], 0)
+
+    tokens = args.input_ids.index_select(0, index)
+    positions = args.positions.index_select(0, index)
+    exp_tok: torch.Tensor | None
+    exp_pos: torch.Tensor | None
+    bits: torch.Tensor | None
+    tag = torch.full((total,), args.launch_tag, dtype=RECORD_DTYPE, device=lo.device)
+    if args.expected_input_ids is not None:
+        assert args.expected_positions is not None
+        exp_tok = args.expected_input_ids.index_select(0, index)
+        exp_pos = args.expected_positions.index_select(0, index)
+        bits = torch.where(tokens != exp_tok, int(FailBits.WRITE_TOKEN), 0) | torch.where(
+            positions != exp_pos, int(FailBits.WRITE_POSITION), 0
+        )
+    else:
+        exp_tok = exp_pos = bits = None
+    chain_at = torch.empty(total, dtype=RECORD_DTYPE, device=lo.device)
+    pos_rule = torch.zeros(total, dtype=torch.bool, device=lo.device)
+    expected_next = torch.zeros(total, dtype=RECORD_DTYPE, device=lo.device)
+    max_len = int(lengths.max()) if num_rows else 0
+    for step in range(max_len):
+        rows = (lengths > step).nonzero().squeeze(1)
+        k = first.index_select(0, rows) + step  # flat token numbers of this step
+        w = written.index_select(0, k)
+        run = running.index_select(0, rows)
+        chain_at[k] = run
+        tok = tokens.index_select(0, k)
+        pos = positions.index_select(0, k)
+        checking = w & check_pos.index_select(0, rows)
+        want = prev_pos.index_select(0, rows) + 1
+        pos_rule[k] = checking & (pos != want)
+        expected_next[k] = want
+        prev_pos[rows] = torch.where(checking, pos, prev_pos.index_select(0, rows))
+        running[rows] = torch.where(w, mix3(run, tok, pos), run)
+
+    # Everything is checked: from here on the store is written.
+    kept = written.nonzero().squeeze(1)
+    # Sequential order: a slot written twice keeps its last record (index_put_ with
+    # accumulate=False applies duplicates in order on the CPU and is unspecified on a GPU,
+    # so a duplicate slot is written in a second, ordered pass).
+    new = _rows(tokens, positions, chain_at, kv).index_select(0, kept)
+    _store_in_order(records, slots.index_select(0, kept), new)
+
+    parts = []
+    if bits is not None:
+        assert exp_tok is not None and exp_pos is not None
+        hit = written & (bits != 0)
+        parts.append(
+            (hit, _rows(tag, slots, positions, tokens, exp_tok, chain_at, exp_pos, bits), 0)
+        )
+    pos_bits = torch.full_like(tag, int(FailBits.WRITE_POSITION))
+    parts.append(
+        (
+            pos_rule,
+            _rows(tag, slots, positions, tokens, tokens, chain_at, expected_next, pos_bits),
+            1,
+        )
+    )
+    append_rows(store, _in_flat_order(parts))
+    store.kernel_runs.add_(1)
+    store.slots_processed.add_(kept.numel())
+
+
+def _real_kv_of(
+    real_kv: RealKV | None, slots: torch.Tensor, written: torch.Tensor, index: torch.Tensor
+) -> torch.Tensor:
+    kv = torch.zeros_like(slots)
+    if real_kv is None:
+        return kv
+    looked = written.nonzero().squeeze(1)
+    s = slots.index_select(0, looked)
+    k = first_row_past_sources(real_kv, s)
+    if k is not None:
+        raise_bad(
+            "out_cache_loc",
+            int(index[looked[k]]),
+            int(s[k]),
+            "a slot whose real-KV page row lies inside every source",
+        )
+    kv[looked] = real_kv_hash(real_kv, s)
+    return kv
+
+
+def _store_in_order(records: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """``records[slots[i]] = rows[i]`` in order of ``i`` (the last write of a slot wins)."""
+    if slots.numel() == 0:
+        return
+    order = torch.arange(slots.numel(), device=slots.device)
+    last = torch.full((records.shape[0],), -1, dtype=torch.int64, device=slots.device)
+    last.scatter_reduce_(0, slots, order, reduce="amax")
+    final = last.index_select(0, slots) == order
+    records.index_copy_(0, slots[final], rows[final])
+
+
+def _in_flat_order(parts: list[tuple[torch.Tensor, torch.Tensor, int]]) -> torch.Tensor:
+    """The violation rows of ``parts`` (mask, rows, rank) in the contract's sequential
+    order: by flat token number, then rank within a token (input check before position)."""
+    keys, rows = [], []
+    for mask, part_rows, rank in parts:
+        idx = mask.nonzero().squeeze(1)
+        keys.append(idx * 2 + rank)
+        rows.append(part_rows.index_select(0, idx))
+    order = torch.argsort(torch.cat(keys))
+    return torch.cat(rows).index_select(0, order)
+
+
+def write_reference(
+    store: CanaryStore,
+    plan_buffers: PlanBuffers,
+    *,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    launch_tag: int = 0,
+    expected_input_ids: torch.Tensor | None = None,
+    expected_positions: torch.Tensor | None = None,
+    real_kv: RealKV | None = None,
+) -> None:
+    """Stamp the records of the slots a step wrote, exactly per docs/contract.md ("Write").
+
+    Args:
+        store: the :class:`CanaryStore` of the KV pool.
+        plan_buffers: a :class:`PlanBuffers` filled by the step's plan (its
+            ``write_offsets``, ``write_seed_slot_indices`` and ``write_num_valid_reqs``).
+        input_ids: int64 ``[n]``, the token of each written KV slot, flat in the order of
+            ``write_offsets``.
+        positions: int64 ``[n]``, each token's position.
+        out_cache_loc: int64 ``[n]``, each token's KV slot; negative: skip.
+        launch_tag: int64 written into every violation row of this call.
+        expected_input_ids: optional int64 ``[n]``; with ``expected_positions``, a token
+            or position differing from them appends a ``WRITE_TOKEN`` /
+            ``WRITE_POSITION`` row.
+        expected_positions: optional int64 ``[n]``, given with ``expected_input_ids``.
+        real_kv: optional :class:`RealKV` whose bytes are hashed into each record.
+
+    Raises:
+        TypeError: ``store`` is not a :class:`CanaryStore`, ``plan_buffers`` not a
+            :class:`PlanBuffers`, or an argument has the wrong type.
+        ValueError: a host-side check failed, or the data lies outside the store or the
+            inputs (the message names the argument, the index and the value). Nothing is
+            written then.
+    """
+    args = validate_write_args(
+        store,
+        plan_buffers,
+        input_ids=input_ids,
+        positions=positions,
+        out_cache_loc=out_cache_loc,
+        launch_tag=launch_tag,
+        expected_input_ids=expected_input_ids,
+        expected_positions=expected_positions,
+        real_kv=real_kv,
+    )
+    store.check(views=True)  # torch reads and writes through the views themselves
+    plan_buffers.check(views=True)
+    _write(store, plan_buffers, args)
