@@ -3,8 +3,9 @@ the engine itself misbehaves (its block pool, prefix cache, slot mapping or KV b
 canary's inputs. For tests and demonstrations of :mod:`kv_canary_engines.vllm`.
 
 Each fault is armed for one step (``at``, the canary runtime's step number) and records
-what it did in :attr:`VllmFaults.fired`: the step and the engine-core id of the request it
-harmed, which the canary's report must name.
+in :attr:`VllmFaults.fired` the step at which the engine misbehaved (for the allocator
+faults: when the block is handed out again, which may be steps after arming) and the
+engine-core id of the request it harmed, which the canary's report must name.
 """
 
 from __future__ import annotations
@@ -106,12 +107,12 @@ class VllmFaults:
             if block in got:  # count the victim's stale reference again, so that vLLM's
                 self.pool.get_new_blocks = original  # own ref-count asserts stay quiet
                 block.ref_cnt += 1
+                detail = f"block {block.block_id} reused"
+                self._record(Fault.FREED_WHILE_REFERENCED, request.request_id, detail)
             return got
 
         self.pool.get_new_blocks = reuse
-        return self._record(
-            Fault.FREED_WHILE_REFERENCED, request.request_id, f"block {block.block_id}"
-        )
+        return True
 
     def _double_allocation(self) -> bool:
         found = self._victim()
@@ -123,10 +124,11 @@ class VllmFaults:
         def hand_out_twice(num_blocks: int) -> list[Any]:
             self.pool.get_new_blocks = original
             block.ref_cnt += 1
+            self._record(Fault.DOUBLE_ALLOCATION, request.request_id, f"block {block.block_id}")
             return [block, *original(num_blocks - 1)] if num_blocks > 1 else [block]
 
         self.pool.get_new_blocks = hand_out_twice
-        return self._record(Fault.DOUBLE_ALLOCATION, request.request_id, f"block {block.block_id}")
+        return True
 
     def _stale_prefix_hit(self) -> bool:
         donor = self._donor
