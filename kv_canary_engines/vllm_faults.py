@@ -1,3 +1,5 @@
+# mypy: disable-error-code="import-not-found"
+# (vLLM is installed in .venv-engines only; the lint runs in .venv.)
 """Faults injected into a running in-process vLLM engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
 the engine itself misbehaves (its block pool, prefix cache, slot mapping or KV bytes), not the
 canary's inputs. For tests and demonstrations of :mod:`kv_canary_engines.vllm`.
@@ -16,6 +18,12 @@ from typing import Any
 
 import attrs
 import torch
+
+
+def _connector() -> Any:
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    return get_kv_transfer_group()
 
 
 class Fault(enum.Enum):
@@ -55,9 +63,7 @@ class VllmFaults:
     @property
     def step(self) -> int:
         """The canary runtime's next step (what the next forward's rows will carry)."""
-        from vllm.distributed.kv_transfer import get_kv_transfer_group
-
-        return int(get_kv_transfer_group().worker.runtime.step)
+        return int(_connector().worker.runtime.step)
 
     def arm(self, fault: Fault, at: int) -> None:
         self._armed.append((at, fault))
@@ -103,7 +109,7 @@ class VllmFaults:
         original = self.pool.get_new_blocks
 
         def reuse(num_blocks: int) -> list[Any]:
-            got = original(num_blocks)
+            got: list[Any] = original(num_blocks)
             if block in got:  # count the victim's stale reference again, so that vLLM's
                 self.pool.get_new_blocks = original  # own ref-count asserts stay quiet
                 block.ref_cnt += 1
@@ -165,7 +171,7 @@ class VllmFaults:
     def _batch(self) -> tuple[list[str], Any]:
         from vllm.forward_context import get_forward_context
 
-        attn = get_forward_context().attn_metadata
+        attn: Any = get_forward_context().attn_metadata
         return list(self.runner.input_batch.req_ids), next(iter(attn.values()))
 
     def _off_by_one_slot(self) -> bool:
@@ -183,7 +189,8 @@ class VllmFaults:
             b = ids.index(request.request_id)
             lo, hi = int(meta.query_start_loc[b]), int(meta.query_start_loc[b + 1])
             seen: set[int] = set()
-            for t in [meta.slot_mapping, *get_forward_context().slot_mapping.values()]:
+            mapping: Any = get_forward_context().slot_mapping
+            for t in [meta.slot_mapping, *mapping.values()]:
                 if t.data_ptr() not in seen:
                     seen.add(t.data_ptr())
                     t[lo:hi] += 1
@@ -208,9 +215,8 @@ class VllmFaults:
         return self._record(Fault.KV_OVERWRITE, request.request_id, f"slot {slot}")
 
     def _layer0(self) -> torch.Tensor:
-        from vllm.distributed.kv_transfer import get_kv_transfer_group
-
-        return next(iter(get_kv_transfer_group().kv_caches.values()))
+        kv: torch.Tensor = next(iter(_connector().kv_caches.values()))
+        return kv
 
     def _padding_write(self) -> bool:
         found = self._victim()
@@ -222,7 +228,7 @@ class VllmFaults:
         from vllm.model_executor.layers.attention import Attention
 
         layer = next(iter(get_layers_from_vllm_config(self.runner.vllm_config, Attention).values()))
-        impl = layer.impl
+        impl: Any = layer.impl
         original = impl.do_kv_cache_update
 
         def with_padding(layer_: Any, key: Any, value: Any, kv_cache: Any, slots: Any) -> None:
