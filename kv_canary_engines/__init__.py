@@ -23,6 +23,7 @@ from .runtime import (
     KVGroup,
     Policy,
     Row,
+    RuntimeStats,
     StepBatch,
     SweepBatch,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "KVGroup",
     "Policy",
     "Row",
+    "RuntimeStats",
     "SlotTable",
     "StepBatch",
     "SweepBatch",

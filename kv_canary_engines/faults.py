@@ -185,6 +185,15 @@ class TransformersFaults:
                 out.append(state)
         return out
 
+    def _lives(self, request_id: RequestId, min_left: int = 6) -> bool:
+        """Whether the request has at least ``min_left`` tokens still to generate (a
+        fault on a request about to finish harms nothing it reads again)."""
+        sched = self._bp.scheduler
+        state = sched.active_requests.get(request_id) or sched.waiting_requests.get(request_id)
+        if state is None:
+            return False
+        return bool(state._new_tokens_limit - len(state.generated_tokens) >= min_left)
+
     def _physical(self, request_id: RequestId, position: int) -> int:
         a = self._allocator
         block = a.block_table[request_id][position // a.tokens_per_page]
@@ -296,7 +305,7 @@ class TransformersFaults:
                 before = len(a.block_table.get(request_id, []))
                 result = original(request_id, past_length, query_length)
                 table = a.block_table.get(request_id, [])
-                if len(table) <= before:
+                if len(table) <= before or not self._lives(request_id):
                     return result
                 if not first or first["request"] == request_id:
                     first.update(request=request_id, block=int(table[before]))

@@ -213,12 +213,24 @@ class Row:
         tokens: the scheduler's token at each position, at least ``[0, P + E)`` (any
             sequence; only the positions the pool lacks are read: this step's, and a
             prefix the runtime has not seen, such as a prefix-cache hit).
+        draft_len: the last ``draft_len`` of the ``E`` tokens are speculative drafts:
+            the pool holds them for this step only, and the next step refills their
+            positions from ``tokens`` (by then the accepted ones), so a rejected draft
+            whose KV was not rolled back fails ``VERIFY_TOKEN``.
     """
 
     request_id: RequestId
     prefix_len: int = attrs.field(validator=_at_least(0))
     extend_len: int = attrs.field(validator=_at_least(0))
     tokens: Sequence[int]
+    draft_len: int = attrs.field(default=0, validator=_at_least(0))
+
+    def __attrs_post_init__(self) -> None:
+        if self.draft_len > self.extend_len:
+            raise ValueError(
+                f"kv-canary: Row.draft_len = {self.draft_len} must be <= extend_len = "
+                f"{self.extend_len}"
+            )
 
 
 @attrs.frozen(kw_only=True)
@@ -250,6 +262,22 @@ class SweepBatch:
 
     requests: Sequence[tuple[RequestId, int]]
     tables: Mapping[str, SlotTable]
+
+
+@attrs.define
+class RuntimeStats:
+    """Host-side counts of what the runtime saw (no device read)."""
+
+    steps: int = 0
+    verify_steps: int = 0
+    rows: int = 0
+    tokens: int = 0
+    prefix_hits: int = 0
+    """Rows first seen with a cached prefix (``P > 0``): a prefix-cache hit."""
+    chunked_rows: int = 0
+    """Rows continuing a chunked prefill (``P > 0`` and ``E > 1``)."""
+    sweeps: int = 0
+    polls: int = 0
 
 
 @attrs.define(eq=False)
@@ -326,6 +354,7 @@ class CanaryRuntime:
         self._launches: dict[tuple[int, str], int] = {}
         self._runs_at_poll: dict[tuple[int, str], int] = {}
         self._health = Health()
+        self.stats = RuntimeStats()
 
     # --- construction ---------------------------------------------------------
     def _make_group(self, spec: KVGroup, index: int) -> _Group:
@@ -410,6 +439,10 @@ class CanaryRuntime:
             raise TypeError(f"kv-canary: batch must be a StepBatch, got {type(batch).__name__}")
         step = self._step
         verify = step % self.config.verify_every == 0
+        st = self.stats
+        for r in batch.rows:
+            st.prefix_hits += int(r.prefix_len > 0 and not self.rows.row_of(r.request_id))
+            st.chunked_rows += int(r.prefix_len > 0 and r.extend_len > 1)
         rows = [self.rows.assign(r.request_id, step) for r in batch.rows]
         if len(set(rows)) != len(rows):
             raise ValueError("kv-canary: a request appears twice in one batch")
@@ -417,6 +450,10 @@ class CanaryRuntime:
         extend = [r.extend_len for r in batch.rows]
         ends = [p + e for p, e in zip(prefix, extend)]
         n = sum(extend)
+        st.steps += 1
+        st.verify_steps += int(verify)
+        st.rows += len(rows)
+        st.tokens += n
         self._grow_tables(rows, ends)
         for g in self._groups:  # grow before the plan, from the host's prefix lengths
             need = verify_entries_needed(prefix, swa_window_size=g.spec.window)
@@ -516,6 +553,7 @@ class CanaryRuntime:
         known = [(rid, length) for rid, length in batch.requests if self.rows.row_of(rid)]
         if not known:
             return
+        self.stats.sweeps += 1
         rows = [self.rows.row_of(rid) for rid, _ in known]
         given = [length for _, length in known]
         verified = [min(length, self.rows.length(row)) for row, length in zip(rows, given)]
@@ -650,7 +688,7 @@ class CanaryRuntime:
             filled = min(self.rows.filled(row), p)
             if filled < p:
                 gaps.append((row, filled, p, r.tokens))
-            self.rows.fill(row, end)
+            self.rows.fill(row, end - r.draft_len)  # drafts: refilled once accepted
         for row, lo, hi, tokens in gaps:
             out_rows += [row] * (hi - lo)
             out_pos += range(lo, hi)
@@ -665,6 +703,7 @@ class CanaryRuntime:
         _refuse_capture("poll")
         if self._pending is not None:
             raise RuntimeError("kv-canary: poll called between begin_step and end_step")
+        self.stats.polls += 1
         violations: list[EngineViolation] = []
         appended = dropped = 0
         plan_status: dict[str, PlanStatus] = {}

@@ -313,12 +313,15 @@ class TransformersCanary:
             self.manager.cancel_request(rid)
 
     def remove(self) -> None:
-        """Take the hooks off the model."""
+        """Take the hooks off the model (and the manager off the model's cache, where
+        :func:`install` put it)."""
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
         if getattr(self.model, "_kv_canary", None) is self:
             self.model._kv_canary = None
+        if getattr(self.model, "_cached_continuous_batching_manager", None) is self.manager:
+            del self.model._cached_continuous_batching_manager
 
     # --- the hooks ----------------------------------------------------------------------
     def _processor(self, kwargs: dict[str, Any]) -> Any:
