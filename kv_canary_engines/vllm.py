@@ -93,6 +93,10 @@ class ScheduledRequest:
     tokens: list[int]
     drafts: list[int]
     """Speculative tokens scheduled after the known ones."""
+    stamp_from: int
+    """Where the request's records stamped in earlier steps end: ``num_computed``, or the
+    start of the first prefix-cache block another request computes in this same step
+    (vLLM lets a request hit blocks whose KV the same forward writes)."""
 
 
 @dataclass
@@ -108,6 +112,7 @@ class KVCanaryConnector(KVConnectorBase_V1):  # type: ignore[misc, unused-ignore
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
+        self._block_size = int(vllm_config.cache_config.block_size)
         self._requests: dict[str, Any] = {}  # scheduler side: vLLM's Request objects
         self._sent: dict[str, int] = {}  # tokens sent to the workers per request
         self.kv_caches: dict[str, torch.Tensor] = {}  # worker side
@@ -139,7 +144,9 @@ class KVCanaryConnector(KVConnectorBase_V1):  # type: ignore[misc, unused-ignore
         cached = scheduler_output.scheduled_cached_reqs
         computed.update(zip(cached.req_ids, cached.num_computed_tokens))
         drafts = scheduler_output.scheduled_spec_decode_tokens
-        for req_id, num in scheduler_output.num_scheduled_tokens.items():
+        scheduled = scheduler_output.num_scheduled_tokens
+        stamp_from = self._stamp_from(scheduled, computed)
+        for req_id, num in scheduled.items():
             tokens = self._requests[req_id].all_token_ids
             start = self._sent.get(req_id, 0)
             self._sent[req_id] = len(tokens)
@@ -151,9 +158,31 @@ class KVCanaryConnector(KVConnectorBase_V1):  # type: ignore[misc, unused-ignore
                     token_start=start,
                     tokens=list(tokens[start:]),
                     drafts=list(drafts.get(req_id, ())),
+                    stamp_from=stamp_from.get(req_id, computed[req_id]),
                 )
             )
         return meta
+
+    def _stamp_from(self, scheduled: dict[str, int], computed: dict[str, int]) -> dict[str, int]:
+        """Per request whose prefix holds a block another request writes in this step,
+        the first position of that block (host work over the step's blocks)."""
+        manager = self._kv_cache_manager
+        if manager is None:
+            return {}
+        bs = self._block_size
+        blocks = {r: manager.get_block_ids(r)[0] for r in scheduled}
+        writers: dict[int, set[str]] = {}
+        for r, num in scheduled.items():
+            c = computed[r]
+            for i in range(c // bs, min((c + num - 1) // bs + 1, len(blocks[r]))):
+                writers.setdefault(blocks[r][i], set()).add(r)
+        out = {}
+        for r in scheduled:
+            for i in range(min(-(-computed[r] // bs), len(blocks[r]))):
+                if writers.get(blocks[r][i], set()) - {r}:
+                    out[r] = i * bs
+                    break
+        return out
 
     # Worker side.
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -346,30 +375,67 @@ class WorkerCanary:
             raise _error("micro-batched steps (ubatching) are not supported")
         first: Any = next(iter(attn.values()))
         by_id = {r.req_id: r for r in meta.requests}
+        order = self._batch_order(meta)
         rows = []
-        for req_id in self._batch_order(meta):
+        for req_id in order:
             r = by_id[req_id]
             known = self._tokens[req_id]
             tokens = known + r.drafts if r.drafts else known
             rows.append(
                 Row(
                     request_id=req_id,
-                    prefix_len=r.num_computed,
-                    extend_len=r.num_scheduled,
+                    prefix_len=r.stamp_from,
+                    extend_len=r.num_scheduled + r.num_computed - r.stamp_from,
                     tokens=tokens,
                 )
             )
         input_ids, positions = self._consumed()
+        loc = first.slot_mapping
+        if any(by_id[q].stamp_from < by_id[q].num_computed for q in order):
+            input_ids, positions, loc = self._with_restamps(
+                [by_id[q] for q in order], first.block_table, input_ids, positions, loc
+            )
         self.runtime.begin_step(
             StepBatch(
                 rows=rows,
                 tables={GROUP: BlockTable(table=first.block_table)},
-                out_cache_loc={GROUP: first.slot_mapping},
+                out_cache_loc={GROUP: loc},
                 input_ids=input_ids,
                 positions=positions,
             )
         )
         self._pending = True
+
+    def _with_restamps(
+        self,
+        batch: list[ScheduledRequest],
+        table: torch.Tensor,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        loc: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The step's per-token tensors with, before each row's own tokens, the positions
+        ``[stamp_from, num_computed)`` it shares with a block written in this step: the
+        row stamps them too (the same records the writing row stamps: same tokens, same
+        seed), so its verified prefix ends where the earlier steps' records end and its
+        chain starts from a record stamped before this step."""
+        device = loc.device
+        ids_out, pos_out, loc_out = [], [], []
+        start = 0
+        for b, r in enumerate(batch):
+            if r.stamp_from < r.num_computed:
+                pos = torch.arange(r.stamp_from, r.num_computed, device=device)
+                slots = table[b, pos // self.block_size].to(torch.int64) * self.block_size
+                known = self._tokens[r.req_id][r.stamp_from : r.num_computed]
+                ids_out.append(torch.tensor(known, dtype=torch.int64, device=device))
+                pos_out.append(pos)
+                loc_out.append(slots + pos % self.block_size)
+            end = start + r.num_scheduled
+            ids_out.append(input_ids[start:end].to(torch.int64))
+            pos_out.append(positions[start:end].to(torch.int64))
+            loc_out.append(loc[start:end].to(torch.int64))
+            start = end
+        return torch.cat(ids_out), torch.cat(pos_out), torch.cat(loc_out)
 
     def after_forward(self) -> None:
         if self._pending:
@@ -490,6 +556,8 @@ class VllmReport:
     violations: tuple[VllmViolation, ...]
     steps: int
     executing: bool
+    ranks: tuple[int, ...] = ()
+    """The tensor-parallel ranks that answered (each runs its own canary)."""
 
     def __bool__(self) -> bool:
         return bool(self.violations)
@@ -544,6 +612,7 @@ class VllmCanary:
             ),
             steps=max((p["steps"] for p in parts), default=0),
             executing=all(p["executing"] for p in parts),
+            ranks=tuple(p["rank"] for p in parts),
         )
         if not report.executing:
             logger.error("kv-canary: the canary is not executing on some rank")

