@@ -292,6 +292,12 @@ class WorkerCanary:
         if not caches:
             raise _error("the connector saw no KV caches (register_kv_caches was not called)")
         config = connector._vllm_config
+        mode = config.compilation_config.cudagraph_mode
+        if self.kind == "v2" and mode is not None and mode.has_full_cudagraphs():
+            raise _error(
+                f"the V2 model runner with cudagraph_mode={mode} binds the connector outside "
+                "the forward context; supported with the V2 runner: PIECEWISE or NONE"
+            )
         kv_config = getattr(self.runner, "kv_cache_config", None)
         if kv_config is not None and len(kv_config.kv_cache_groups) != 1:
             raise _error(

@@ -293,6 +293,17 @@ def test_install_refuses_what_it_cannot_follow(
     with pytest.raises(RuntimeError, match="kv-canary: real_kv='partial' needs a KV layout"):
         kv.install(engine, stages="reference")
     kv.install(engine, stages="reference", real_kv="none")  # any backend without real-KV
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match=r"kv-canary: model runner builtins\.object"):
+        kv._runner_kind(object())
+    from vllm.config import CUDAGraphMode
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    compilation = get_kv_transfer_group()._vllm_config.compilation_config
+    monkeypatch.setattr(kv, "_runner_kind", lambda runner: "v2")
+    monkeypatch.setattr(compilation, "cudagraph_mode", CUDAGraphMode.FULL_AND_PIECEWISE)
+    with pytest.raises(RuntimeError, match="kv-canary: the V2 model runner with cudagraph_mode"):
+        kv.install(engine, stages="reference")
     monkeypatch.setattr(vllm, "__version__", "0.31.2")
     with pytest.raises(RuntimeError, match=r"kv-canary: vLLM 0.31.2 is not supported"):
         kv.install(engine)
