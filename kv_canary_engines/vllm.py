@@ -393,6 +393,7 @@ class WorkerCanary:
                     prefix_len=r.stamp_from,
                     extend_len=r.num_scheduled + r.num_computed - r.stamp_from,
                     tokens=tokens,
+                    draft_len=len(r.drafts),
                 )
             )
         input_ids, positions = self._consumed()
