@@ -123,8 +123,9 @@ class TransformersFaults:
     - ``SLOT_OFF_BY_ONE``: one decode token's write index is one slot past its position.
     - ``KV_OVERWRITTEN``: during a forward, after layer 0 (hashed) wrote its KV, the
       first 16 bytes of a live prefix slot's K are changed.
-    - ``STALE_PREFIX_HIT``: a cached complete block is reallocated while its hash stays
-      in the prefix index; a later request with that prefix gets the reused block.
+    - ``STALE_PREFIX_HIT``: at the start of a schedule, a cached complete block that a
+      waiting request's prompt matches is reallocated while its hash stays in the prefix
+      index; that request then gets the reused block.
     - ``PADDING_WRITE``: the batch is padded (as with CUDA graphs) and the padding's
       write index is a live slot instead of the write trash.
     """
@@ -221,7 +222,7 @@ class TransformersFaults:
             FaultKind.FREED_PAGE_REUSED: self._arm_freed_page,
             FaultKind.DOUBLE_ALLOCATION: self._arm_double_allocation,
             FaultKind.SLOT_OFF_BY_ONE: self._arm_off_by_one,
-            FaultKind.STALE_PREFIX_HIT: self._arm_stale_prefix,
+            FaultKind.STALE_PREFIX_HIT: self._arm_stale_at_schedule,
             FaultKind.PADDING_WRITE: self._arm_padding,
         }.get(self.kind)
         if arm is not None:
@@ -390,16 +391,30 @@ class TransformersFaults:
                 )
                 return
 
+    def _arm_stale_at_schedule(self) -> None:
+        """A prefix hit is taken when the scheduler first considers a waiting request, so
+        the stale block is set up at the start of a schedule (the scheduler outlives a
+        session of a reused manager: a later session's first schedule counts)."""
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def schedule(*args: Any, **kwargs: Any) -> Any:
+                if self._stale is None and len(self._undo) == 1:
+                    self._arm_stale_prefix()
+                return original(*args, **kwargs)
+
+            return schedule
+
+        self._wrap(self._bp.scheduler, "schedule_batch", make)
+
     def _arm_stale_prefix(self) -> None:
         a = self._allocator
         ledger = a.ledger
         # a cached block that a waiting request's prompt will match (match_prefix_blocks
         # only reads the prefix index)
-        wanted = {
-            int(b)
-            for state in self._bp.scheduler.waiting_requests.values()
-            for b in a.match_prefix_blocks(state.remaining_prefill_tokens)
-        }
+        wanted: dict[int, set[RequestId]] = {}
+        for rid, state in self._bp.scheduler.waiting_requests.items():
+            for b in a.match_prefix_blocks(state.remaining_prefill_tokens):
+                wanted.setdefault(int(b), set()).add(rid)
         for block in [b for b in ledger.cached_blocks if b in wanted]:
             # the bug: the block leaves the cached set to be reallocated, its hash stays
             # in the prefix index
@@ -414,8 +429,8 @@ class TransformersFaults:
                     step=self._step,
                 )
 
-            # it is handed out next, to whichever request allocates first
-            self._give_block(block, exclude=set(), then=then, held=False)
+            # it is handed out next, to the first other request that allocates
+            self._give_block(block, exclude=wanted[block], then=then, held=False)
             return
 
     def _track_stale_victims(self) -> None:

@@ -543,6 +543,12 @@ class CanaryRuntime:
             return self.poll()
         return None
 
+    def discard_step(self) -> None:
+        """Drop the step ``begin_step`` prepared when its forward failed (no KV was
+        written, so no record is): the next ``begin_step`` may follow. A no-op between
+        steps."""
+        self._pending = None
+
     def sweep(self, batch: SweepBatch) -> None:
         """Re-verify the whole stamped prefix of each running request in ``batch`` against
         the HEAD store (no token check: docs/contract-canary.md, "Sweep"). Between steps,

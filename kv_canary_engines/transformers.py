@@ -360,12 +360,18 @@ class TransformersCanary:
             return
         runtime = self.runtime if self._cache is kwargs["cache"] else self._start(kwargs["cache"])
         assert runtime is not None and self._layout is not None
+        if self._in_step:  # the previous forward raised: its step wrote nothing
+            runtime.discard_step()
+            self._in_step = False
         layout = self._layout
         active = bp.scheduler.active_requests
         for rid in runtime.live_requests() - set(active):
             runtime.release(rid)  # finished, cancelled or soft reset since the last step
+        batch = bp.inputs_and_outputs.requests_in_batch
+        if any(str(fs.state.request_id).startswith("__warmup_") for fs in batch):
+            return  # warm-up forwards of fake requests (freed right after): not checked
         rows = []
-        for fs in bp.inputs_and_outputs.requests_in_batch:
+        for fs in batch:
             state = fs.state
             q = int(fs.query_length)
             rows.append(

@@ -76,6 +76,7 @@ class FakeEngine:
     double_alloc: list[tuple[str, int]] | None = None  # the next two requests' blocks: one
     allocations: list[tuple[str, int]] = attrs.Factory(list)
     doubled: tuple[str, str, int] | None = None  # (first, second, block) of double_alloc
+    window: int = 0  # also a sliding-window group "swa" over the same slots (identity LUT)
 
     def __attrs_post_init__(self) -> None:
         self.kv = torch.zeros(self.num_blocks, PAGE, KV_ELEMS, device=self.device)
@@ -91,10 +92,17 @@ class FakeEngine:
             real_kv_sources=(self.kv.view(self.num_blocks, PAGE * KV_ELEMS),),
             real_kv_bytes_per_token=KV_ELEMS * 4,
         )
+        groups = [group]
+        if self.window:
+            lut = torch.arange(self.num_blocks * PAGE, dtype=torch.int64, device=self.device)
+            groups.append(attrs.evolve(group, name="swa", window=self.window, lut=lut))
         self.runtime = CanaryRuntime(
-            config, [group], device=self.device, sweep_source=self.sweep_batch, **kwargs
+            config, groups, device=self.device, sweep_source=self.sweep_batch, **kwargs
         )
         return self.runtime
+
+    def _per_group(self, value: object) -> dict[str, object]:
+        return {"full": value, "swa": value} if self.window else {"full": value}
 
     def sweep_batch(self) -> SweepBatch | None:
         reqs = [r for r in self.running if r.cached]
@@ -102,7 +110,7 @@ class FakeEngine:
             return None
         return SweepBatch(
             requests=[(r.id, r.cached) for r in reqs],
-            tables={"full": self._table(reqs, [r.cached for r in reqs])},
+            tables=self._per_group(self._table(reqs, [r.cached for r in reqs])),  # type: ignore[arg-type]
         )
 
     # --- requests ----------------------------------------------------------------
@@ -209,8 +217,8 @@ class FakeEngine:
                         )
                         for r, e, k in zip(batch, extends, drafts)
                     ],
-                    tables={"full": self._table(batch, ends)},
-                    out_cache_loc={"full": out},
+                    tables=self._per_group(self._table(batch, ends)),  # type: ignore[arg-type]
+                    out_cache_loc=self._per_group(out),  # type: ignore[arg-type]
                     input_ids=ids,
                     positions=positions,
                 )

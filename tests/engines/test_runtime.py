@@ -77,6 +77,25 @@ def test_a_clean_run_has_no_violation_and_the_same_tokens(tables):
     assert engine.finished == reference_tokens(tables=tables)
 
 
+def test_a_sliding_window_group_verifies_only_its_window():
+    engine = FakeEngine(window=6, prefix_cache=False)
+    runtime = engine.attach(default_config())
+    workload(engine, n=6, output=20)
+    engine.run(8)
+    assert violations(engine) == []
+    victim = _decoding(engine, min_blocks=3)
+    engine.kv.view(-1, 8)[victim.blocks[0] * PAGE, 0] += 1.0  # position 0: out of the window
+    engine.run(2)
+    groups = {v.group for v in violations(engine)}
+    assert groups == {"full"}  # the window group no longer reads position 0
+    pos = victim.cached - 2  # inside the window
+    engine.kv.view(-1, 8)[victim.blocks[pos // PAGE] * PAGE + pos % PAGE, 0] += 1.0
+    engine.run(1)
+    recent = [v for v in violations(engine) if v.group == "swa"]
+    assert recent and all(v.request_ids() == {victim.id} for v in recent)
+    assert runtime.health.executing
+
+
 def test_rows_start_at_one_and_a_released_row_is_reused_after_the_poll():
     engine = FakeEngine()
     runtime = engine.attach(default_config(poll_every=1000))
