@@ -21,16 +21,11 @@ All assume valid data (no entries outside the tables) and are benchmark baseline
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 import triton
 import triton.language as tl
 
 from kv_canary_buffers import PlanBuffers
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.helpers.oracle import loop_plan
 
 SGLANG_MAX_BS = 4096
@@ -338,7 +333,7 @@ def _traffic_kernel(
 TRAFFIC_BLOCK = 128
 TRAFFIC_WARPS = 4
 """Entries and warps per program of ``_traffic_kernel``: the fastest of the sweep in
-``bench_plan.py --tune`` on the H200 (docs/performance.md)."""
+``python -m benchmarks --stage plan --tune`` on the H200 (docs/performance.md)."""
 
 
 def traffic_only_plan(

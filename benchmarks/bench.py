@@ -1,17 +1,20 @@
 """The benchmark's one entry point: every stage's cases of docs/performance.md, side by side
 in one run.
 
-    python benchmarks/bench.py                        # every stage (CUDA), ~3 min on an H200
-    python benchmarks/bench.py --stage verify,write   # a subset: plan, verify, write, step, all
-    python benchmarks/bench.py --quick                # fewer replays and calls
-    python benchmarks/bench.py --out DIR              # the CSV and plots into DIR
-    python benchmarks/bench.py --device cpu           # the plan's CPU case only
-    python benchmarks/bench.py --stage plan --tune    # the plan's launch-constant sweep
-    TRITON_INTERPRET=1 python benchmarks/bench.py --smoke   # every GPU code path, tiny, on CPU
-    python benchmarks/bench.py --stage plan --plot-from RUN.csv [OTHER_RUN.csv ...]
-                                                      # plots again from CSVs, no GPU
+Run from the repository's root:
+
+    python -m benchmarks                          # every stage (CUDA), ~3 min on an H200
+    python -m benchmarks --stage verify,write     # a subset: plan, verify, write, step, all
+    python -m benchmarks --quick                  # fewer replays and calls
+    python -m benchmarks --out DIR                # the CSV and plots into DIR
+    python -m benchmarks --plots-into-docs        # the plots into docs/ (the CSV as usual)
+    python -m benchmarks --device cpu             # the plan's CPU case only
+    python -m benchmarks --stage plan --tune      # the plan's launch-constant sweep
+    TRITON_INTERPRET=1 python -m benchmarks --smoke   # every GPU code path, tiny, on CPU
+    python -m benchmarks --plot-from benchmarks/reference/h200.csv [OTHER_RUN.csv ...]
+                                                  # plots again from CSVs, no GPU
     ncu --clock-control none --metrics gpu__time_duration.sum \\
-        python benchmarks/bench.py --profile-cases all    # the plan's per-kernel durations
+        python -m benchmarks --profile-cases all  # the plan's per-kernel durations
 
 Stages (benchmarks/plan_cases.py and benchmarks/canary_cases.py say what each times):
 ``plan`` (``launch_plan`` against a torch-only plan, SGLang's design, a traffic-only
@@ -22,9 +25,11 @@ call: a CUDA graph of 10 back-to-back calls, the median over replays timed with 
 events; host time per eager call of every launcher against its bare dispatch; device
 allocations over 100 calls. Targets of the issues are printed next to the measured values.
 
-Writes ``<results>/<stages>-<device>-<date>.csv`` as it goes (device, versions and date in
-every row), prints the tables (Markdown) and, when matplotlib is importable, PNG plots into
-``--plots``. Exits 1 when a measurement or a check failed (the rest still ran).
+Writes ``<stages>-<device>-<date>.csv`` as it goes (device, versions and date in every row)
+into ``--results`` (default ``benchmarks/out/``, which git ignores), prints the tables
+(Markdown) and, when matplotlib is importable, PNG plots beside the CSV (into ``docs/``
+only with ``--plots-into-docs``). Exits 1 when a measurement or a check failed (the rest
+still ran). ``benchmarks/reference/`` holds each machine's reference run.
 """
 
 from __future__ import annotations
@@ -36,21 +41,17 @@ if "--smoke" in sys.argv:  # the interpreter must be chosen before Triton is imp
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import argparse
-import datetime
 import platform
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import harness
+from benchmarks.harness import Recorder, fmt, markdown_table, value_of
 
-import harness  # noqa: E402
-from harness import Recorder, fmt, markdown_table, value_of  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 STAGES = ("plan", "verify", "write", "step")
 
@@ -360,7 +361,7 @@ def plot_canary(rows: list[dict], out_dir: Path, other_runs: Sequence[list[dict]
     except ImportError:
         print("matplotlib not installed: no plots")
         return
-    from plan_cases import run_label, spread_bars
+    from benchmarks.plan_cases import run_label, spread_bars
 
     out_dir.mkdir(parents=True, exist_ok=True)
     panels = [
@@ -479,14 +480,20 @@ def plot_canary(rows: list[dict], out_dir: Path, other_runs: Sequence[list[dict]
 
 
 def harness_target() -> float:
-    from canary_cases import HOST_TARGET_US
+    from benchmarks.canary_cases import HOST_TARGET_US
 
     return HOST_TARGET_US
 
 
 # --- main ----------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    paragraphs = __doc__.split("\n\n")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description=paragraphs[0],
+        epilog="\n\n".join(paragraphs[1:3]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--stage", default="all", help="comma-separated: plan, verify, write, step or all (default)"
     )
@@ -510,13 +517,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--results",
         type=Path,
         default=None,
-        help="CSV folder (default benchmarks/results; smoke: a temp folder)",
+        help="CSV folder (default benchmarks/out/, which git ignores)",
     )
-    parser.add_argument(
-        "--plots",
-        type=Path,
-        default=None,
-        help="PNG folder (default docs; smoke: the results folder)",
+    plots = parser.add_mutually_exclusive_group()
+    plots.add_argument(
+        "--plots", type=Path, default=None, help="PNG folder (default: the CSV's folder)"
+    )
+    plots.add_argument(
+        "--plots-into-docs",
+        action="store_true",
+        help="the PNGs into docs/, where docs/performance.md shows them",
     )
     parser.add_argument(
         "--out", type=Path, default=None, help="one folder for both the CSV and the plots"
@@ -527,16 +537,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         nargs="+",
         metavar="CSV",
-        help="measure nothing: draw the plots of the first CSV's --stage stages into --plots "
-        "(default docs); further CSVs are repeated runs of the same code, drawn as dots on "
-        "the plan's host plot. Needs no GPU",
+        help="measure nothing: draw the plots of the first CSV's --stage stages (for example "
+        "benchmarks/reference/h200.csv); further CSVs are repeated runs of the same code, "
+        "drawn as dots on the plan's host plot. Needs no GPU",
     )
     args = parser.parse_args(argv)
+    docs = ROOT / "docs" if args.plots_into_docs else None
     if args.plot_from:
-        from plan_cases import plot
+        from benchmarks.plan_cases import plot
 
         first, *others = (harness.load_rows(p) for p in args.plot_from)
-        out = args.out or args.plots or ROOT / "docs"
+        out = docs or args.plots or args.out or harness.OUT
         chosen = parse_stages(args.stage)
         if "plan" in chosen:
             plot(first, out, others)
@@ -556,24 +567,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpu_like = device == "cuda" or args.smoke
 
     if args.profile_cases:
-        from plan_cases import profile_cases
+        from benchmarks.plan_cases import profile_cases
 
         profile_cases(args.profile_cases)
         return 0
 
-    results = args.out or args.results
-    plots = args.out or args.plots
-    if args.smoke:
-        results = results or Path(tempfile.mkdtemp(prefix="kv-canary-smoke-"))
-        plots = plots or results
-    results = results or ROOT / "benchmarks" / "results"
-    plots = plots or ROOT / "docs"
+    results = args.out or args.results or harness.OUT
+    plots = docs or args.plots or args.out or results
     label = "-".join(stages) if len(stages) < len(STAGES) else "all"
     if args.tune:
         label = "plan-tune"
     if args.smoke:
         label = f"smoke-{label}"
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = harness.utc_stamp()
     name = torch.cuda.get_device_name() if device == "cuda" else (platform.processor() or "cpu")
     rec = Recorder(name, results / f"{label}-{device}-{stamp}.csv")
     started = time.perf_counter()
@@ -583,7 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     host_calls = 1 if args.smoke else (100 if quick else 1000)
     try:
         if args.tune:
-            from plan_cases import tune_gpu
+            from benchmarks.plan_cases import tune_gpu
 
             if device != "cuda":
                 raise SystemExit("--tune needs CUDA")
@@ -595,7 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rec.stage = "device"
             bandwidth = harness.copy_bandwidth()
             rec.add("gpu", "d2d_copy", "GB_per_s", bandwidth / 1e9)
-            from baselines import empty_launch
+            from benchmarks.baselines import empty_launch
             from kv_canary_buffers import PlanBuffers
 
             scratch = PlanBuffers.allocate(write_req_capacity=1, verify_capacity=1, device=device)
@@ -611,7 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.perf_counter()
             rec.stage = stage
             if stage == "plan":
-                from plan_cases import GPU_BATCHES, SMOKE_BATCHES, bench_cpu, bench_gpu
+                from benchmarks.plan_cases import GPU_BATCHES, SMOKE_BATCHES, bench_cpu, bench_gpu
 
                 harness.guarded(
                     rec, "plan cpu", lambda: bench_cpu(rec, repeats=1 if args.smoke or quick else 5)
@@ -628,7 +634,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         bandwidth=bandwidth,
                     )
             elif gpu_like:
-                import canary_cases as cc
+                from benchmarks import canary_cases as cc
 
                 sizes = cc.SMOKE_SIZES if args.smoke else cc.GPU_SIZES
                 if stage == "verify":
@@ -659,7 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         and rec.rows
         and (env.device == "cuda" or args.smoke or os.environ.get("KV_CANARY_PLOT_CPU"))
     ):
-        from plan_cases import plot
+        from benchmarks.plan_cases import plot
 
         plot(rec.rows, plots)
         plot_canary(rec.rows, plots)
@@ -667,5 +673,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if rec.errors else 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # one entry point, one command
+    raise SystemExit(
+        "kv-canary: run the benchmark as `python -m benchmarks` from the repository root"
+    )

@@ -1,4 +1,4 @@
-"""The write, verify and step stages' cases (``bench.py --stage write|verify|step``).
+"""The write, verify and step stages' cases (``python -m benchmarks --stage write|verify|step``).
 
 Every case is a *world*: a batch of requests whose KV slots are a random permutation of
 the pool (``req_to_token``, and under SWA a LUT that is another permutation), a token pool
@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import torch
 
-from canary_baselines import (
+from benchmarks.canary_baselines import (
     TorchVerify,
     multiset,
     verify_bytes,
@@ -44,7 +44,7 @@ from canary_baselines import (
     write_traffic_expected,
     write_traffic_grid,
 )
-from harness import (
+from benchmarks.harness import (
     ENV,
     HostTime,
     Recorder,
@@ -506,7 +506,7 @@ def smoke_verify_checks(
     """Smoke mode only: the torch-only verify is sync-free (so capturable); on a clean
     store and on a corrupted one, ``launch_verify`` and the torch-only verify append the
     same rows as ``verify_reference`` (the torch one in the same order)."""
-    from harness import SyncDetector
+    from benchmarks.harness import SyncDetector
 
     probe = copy.deepcopy(store)
     with SyncDetector() as det:
@@ -633,7 +633,7 @@ def write_case(
             write_reference(ref, buffers, launch_tag=WRITE_TAG, **inputs)
 
         if ENV.smoke:
-            from harness import SyncDetector
+            from benchmarks.harness import SyncDetector
 
             with SyncDetector() as det:  # the reason it is timed eagerly
                 call()

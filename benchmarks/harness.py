@@ -8,20 +8,25 @@ batches of eager calls without a sync (the variants interleaved, a sync between 
 the median over batches, with the fastest batch and the 90th percentile beside it (the
 CSV's ``value_min`` and ``value_p90``: the host of a lent machine is noisy).
 
-In smoke mode (``bench.py --smoke``, on the CPU under ``TRITON_INTERPRET=1``) the same code
-runs with no CUDA graph and no CUDA event: every "GPU time" is the wall time of eager
-calls, meaningless as a figure but running every implementation and check.
+Output (:data:`OUT`, :func:`logged`): every run writes into ``benchmarks/out/`` unless told
+otherwise, a folder git ignores; ``benchmarks/reference/`` holds the committed reference runs.
+
+In smoke mode (``python -m benchmarks --smoke``, on the CPU under ``TRITON_INTERPRET=1``)
+the same code runs with no CUDA graph and no CUDA event: every "GPU time" is the wall time
+of eager calls, meaningless as a figure but running every implementation and check.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime
 import platform
 import statistics
 import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -29,10 +34,55 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
+OUT = ROOT / "benchmarks" / "out"
+"""Where the benchmark and every probe write by default (ignored by git): never into the
+tree's tracked folders. ``docs/`` gets plots only when asked (``--plots-into-docs``)."""
+
+
+def utc_stamp() -> str:
+    """The time now, as the output files are named: ``20261201T120311Z``."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+
+
+class _Tee:
+    """A text stream that writes to two (stdout and a file)."""
+
+    def __init__(self, first, second) -> None:
+        self._first, self._second = first, second
+
+    def write(self, text: str) -> int:
+        self._second.write(text)
+        return self._first.write(text)
+
+    def flush(self) -> None:
+        self._first.flush()
+        self._second.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self._first, name)
+
+
+@contextlib.contextmanager
+def logged(name: str, folder: Path | None = None) -> Iterator[Path]:
+    """Everything printed to stdout inside the block, also kept in
+    ``folder/<name>-<UTC time>.txt`` (default :data:`OUT`): a probe's answer is kept
+    without a shell redirect, outside the tracked tree."""
+    folder = folder or OUT
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{utc_stamp()}.txt"
+    stdout = sys.stdout
+    with path.open("w") as f:
+        sys.stdout = _Tee(stdout, f)
+        try:
+            yield path
+        finally:
+            sys.stdout = stdout
+            print(f"output kept in {path}", file=sys.stderr)
+
 
 class Env:
     """The run's device and mode: one object, updated in place by :func:`configure`, so
-    that ``from harness import ENV`` sees the run's values wherever it was imported."""
+    that ``from benchmarks.harness import ENV`` sees the run's values wherever it was imported."""
 
     def __init__(self) -> None:
         self.device = "cpu"
@@ -202,9 +252,9 @@ class Recorder:
 
 def load_rows(path: Path) -> list[dict]:
     """The rows of a CSV the recorder wrote, as :attr:`Recorder.rows` holds them (numbers
-    as numbers), to plot a run again without a GPU (``bench.py --plot-from``). Columns a
-    CSV lacks read as empty; a CSV from before the ``stage`` column (the plan's
-    ``bench_plan.py`` runs) is the plan stage."""
+    as numbers), to plot a run again without a GPU (``python -m benchmarks --plot-from``).
+    Columns a CSV lacks read as empty; a CSV from before the ``stage`` column (the plan's
+    runs of 2026-11-29, in the tag ``benchmark-results-2026-12-01``) is the plan stage."""
     with Path(path).open(newline="") as f:
         reader = csv.DictReader(f)
         has_stage = "stage" in (reader.fieldnames or ())

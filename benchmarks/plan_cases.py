@@ -1,4 +1,4 @@
-"""The plan stage's cases (``bench.py --stage plan``; ``bench_plan.py`` is its alias).
+"""The plan stage's cases (``python -m benchmarks --stage plan``).
 
 CPU: time per ``plan_reference`` call against a plain-Python loop of the same plan
 (median over repeats, ``time.perf_counter``).
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from harness import (
+from benchmarks.harness import (
     ENV,
     Recorder,
     count_allocations,
@@ -96,7 +96,7 @@ def plan_bytes(kwargs: dict, entries: int) -> int:
 
 # --- CPU --------------------------------------------------------------------------
 def bench_cpu(rec: Recorder, repeats: int) -> None:
-    from baselines import python_loop_plan
+    from benchmarks.baselines import python_loop_plan
 
     kwargs = make_batch(256, window=WINDOW, pool=True, device="cpu")
     entries = verify_entries(kwargs)
@@ -123,7 +123,7 @@ SMOKE_MEAN_PREFIX = 4
 
 def memset_time_us(entries: int, replays: int) -> float:
     """``graph_time_us`` of a memset of as many bytes as the four outputs of ``entries``."""
-    from baselines import memset_outputs
+    from benchmarks.baselines import memset_outputs
 
     outputs = torch.empty(4 * entries, dtype=torch.int64, device=ENV.device)
     return graph_time_us(functools.partial(memset_outputs, outputs), replays)
@@ -133,8 +133,13 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
     """GPU time per plan of every implementation at every batch (SWA off and on), host
     time per eager ``launch_plan`` against its bare dispatch and device allocations during
     100 launches at every batch (SWA on). ``bandwidth``: the run's copy bandwidth (B/s)."""
-    from baselines import SGLANG_MAX_BS, sglang_design_plan, torch_plan, traffic_only_plan
-    from harness import guarded
+    from benchmarks.baselines import (
+        SGLANG_MAX_BS,
+        sglang_design_plan,
+        torch_plan,
+        traffic_only_plan,
+    )
+    from benchmarks.harness import guarded
     from kv_canary_buffers.layout import SCAN_BLOCK
     from kv_canary_kernels import launch_plan
     from kv_canary_kernels.config import DEFAULT_LAUNCH_CONFIG

@@ -11,6 +11,8 @@ Public names:
 - :func:`gather_violation_reports`: every rank's report, gathered (tensor parallelism).
 - :class:`GraphInputs`: capacity-sized per-row inputs for a captured (CUDA-graph) plan.
 - :func:`plan_reference`: the torch plan (CPU path and the kernels' oracle).
+- :class:`PlanInputs`, :class:`WriteInputs`, :class:`VerifyInputs`: each stage's keyword
+  arguments (``TypedDict``), shared by its torch reference and its Triton launcher.
 - :func:`validate_plan_args`: the host-side checks both plan paths run first.
 - :class:`PlanStatus`: the bits of the device-side status word.
 - :func:`plans_equal`: whether two buffers hold the same plan (for tests and ports).
@@ -25,15 +27,15 @@ from ._version import __version__
 from .buffers import PlanBuffers
 from .compare import plans_equal
 from .distributed import GatheredReport, RankedViolation, gather_violation_reports
-from .plan import PlanArgs, plan_reference, validate_plan_args
+from .plan import PlanArgs, PlanInputs, plan_reference, validate_plan_args
 from .real_kv import RealKV, RealKVMode
 from .report import Violation, ViolationReport
 from .sizing import verify_entries_needed
 from .staging import GraphInputs
 from .status import CanaryStatus, FailBits, PlanStatus
 from .store import CanaryStore
-from .verify import verify_reference
-from .write import write_reference
+from .verify import VerifyInputs, verify_reference
+from .write import WriteInputs, write_reference
 
 __all__ = [
     "CanaryStatus",
@@ -43,12 +45,15 @@ __all__ = [
     "GraphInputs",
     "PlanArgs",
     "PlanBuffers",
+    "PlanInputs",
     "PlanStatus",
     "RankedViolation",
     "RealKV",
     "RealKVMode",
+    "VerifyInputs",
     "Violation",
     "ViolationReport",
+    "WriteInputs",
     "__version__",
     "gather_violation_reports",
     "plan_reference",

@@ -19,7 +19,8 @@ def normalize_device(device: object, name: str = "device") -> torch.device:
     Raises ``TypeError`` for a value that is not a ``str``, ``torch.device`` or int, and
     ``ValueError`` (a ``kv-canary:`` message naming the devices that work here) for a
     device torch does not know, CUDA on a machine or a torch build without it, a CUDA
-    index past the last, or another backend torch cannot allocate on here (torch's own
+    index past the last, ``meta`` (a tensor without memory: nothing could be stamped, read
+    back or checked there), or another backend torch cannot allocate on here (torch's own
     errors for these are an ``AssertionError`` or a ``NotImplementedError``). Runs at
     allocation only, never at a launch."""
     if isinstance(device, torch.device):
@@ -44,11 +45,17 @@ def normalize_device(device: object, name: str = "device") -> torch.device:
             f"kv-canary: {name} must be a str, a torch.device or an int (a CUDA index), got "
             f"{type(device).__name__} {device!r}"
         )
-    if dev.type in ("cpu", "meta"):
+    if dev.type == "cpu":
         return dev
     got = repr(device) if isinstance(device, str) else f"{device!r} ({dev})"
     if isinstance(device, torch.device):
         got = repr(str(device))
+    if dev.type == "meta":
+        raise ValueError(
+            f"kv-canary: {name} must be a device with memory (here: {_working_devices()}), "
+            f"got {got}: a meta tensor holds no data, so no record could be written, read "
+            "back or checked there"
+        )
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             why = (

@@ -16,9 +16,10 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 import torch
+from typing_extensions import Unpack
 
 from .arena import Arena
 from .buffers import STAGING_LINK_ATTR, PlanBuffers, StagingLink
@@ -39,6 +40,43 @@ from .layout import (
 
 
 # --- arguments and their checks ---------------------------------------------------------
+class _PlanInputsRequired(TypedDict):
+    """The required keys of :class:`PlanInputs` (a base class: ``Required[...]`` is not
+    read from postponed annotations)."""
+
+    req_pool_indices: torch.Tensor
+    """int64 ``[bs]``; ``0`` marks a padding row. ``bs`` must be
+    ``<= buffers.write_req_capacity``."""
+    prefix_lens: torch.Tensor
+    """int64 ``[bs]``, tokens already in the KV cache per row (``P``)."""
+    extend_seq_lens: torch.Tensor
+    """int64 ``[bs]``, tokens this step writes per row (``E``)."""
+    req_to_token: torch.Tensor
+    """int32 ``[rows, max_seq_len]``, slot of each (request, position)."""
+
+
+class PlanInputs(_PlanInputsRequired, total=False):
+    """The plan's keyword arguments, one definition for every plan entry point
+    (``plan_reference``, ``kv_canary_kernels.launch_plan``, their ``torch.compile``
+    operator): ``**inputs: Unpack[PlanInputs]``. Their defaults are
+    :func:`validate_plan_args`'s. Every tensor must be on the buffers' device."""
+
+    swa_window_size: int
+    """``W >= 0`` (default 0): ``0`` is full attention, ``W > 0`` verifies only the last
+    ``W`` positions of the prefix and needs the LUT."""
+    full_to_swa_index_mapping: torch.Tensor | None
+    """optional int64 ``[lut_len]`` translating full-pool slots to sliding-window-pool
+    slots (negative slots pass through)."""
+    req_to_verify_expected_tokens: torch.Tensor | None
+    """optional int32 ``[pool_rows, pool_cols]`` of expected token ids, indexed by
+    ``req_pool_indices``."""
+    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None
+    """int64 ``[bs]``, required with the pool; entries at ``pos + offset`` outside
+    ``[0, valid_len)`` get token ``-1``."""
+    kv_token_id_vs_position_offset: int
+    """added to the position before the pool lookup (default 0)."""
+
+
 class PlanArgs(NamedTuple):
     """The validated arguments of one plan call, as both plan paths consume them.
 
@@ -436,38 +474,14 @@ def _plan(args: PlanArgs, verify_capacity: int) -> dict[str, Any]:
     return out
 
 
-def plan_reference(
-    buffers: PlanBuffers,
-    *,
-    req_pool_indices: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    extend_seq_lens: torch.Tensor,
-    req_to_token: torch.Tensor,
-    swa_window_size: int = 0,
-    full_to_swa_index_mapping: torch.Tensor | None = None,
-    req_to_verify_expected_tokens: torch.Tensor | None = None,
-    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None,
-    kv_token_id_vs_position_offset: int = 0,
-) -> None:
+def plan_reference(buffers: PlanBuffers, **inputs: Unpack[PlanInputs]) -> None:
     """Fill ``buffers`` with the plan of one batch, exactly per ``docs/contract.md``.
 
     Args:
-        buffers: the :class:`PlanBuffers` to fill; every other tensor must be on
-            ``buffers.device``.
-        req_pool_indices: int64 ``[bs]``; ``0`` marks a padding row. ``bs`` must be
-            ``<= buffers.write_req_capacity``.
-        prefix_lens: int64 ``[bs]``, tokens already in the KV cache per row (``P``).
-        extend_seq_lens: int64 ``[bs]``, tokens this step writes per row (``E``).
-        req_to_token: int32 ``[rows, max_seq_len]``, slot of each (request, position).
-        swa_window_size: ``W >= 0``; ``0`` is full attention, ``W > 0`` verifies only the
-            last ``W`` positions of the prefix and needs the LUT.
-        full_to_swa_index_mapping: optional int64 ``[lut_len]`` translating full-pool
-            slots to sliding-window-pool slots (negative slots pass through).
-        req_to_verify_expected_tokens: optional int32 ``[pool_rows, pool_cols]`` of
-            expected token ids, indexed by ``req_pool_indices``.
-        req_to_verify_expected_tokens_valid_lens: int64 ``[bs]``, required with the pool;
-            entries at ``pos + offset`` outside ``[0, valid_len)`` get token ``-1``.
-        kv_token_id_vs_position_offset: added to the position before the pool lookup.
+        buffers: the :class:`PlanBuffers` to fill.
+        **inputs: the batch, :class:`PlanInputs` (``req_pool_indices``, ``prefix_lens``,
+            ``extend_seq_lens``, ``req_to_token``, and the optional window, LUT and
+            expected-token pool).
 
     Raises:
         TypeError: ``buffers`` is not a :class:`PlanBuffers`, or an argument has the
@@ -475,18 +489,7 @@ def plan_reference(
         ValueError: a host-side check failed, or an active row's data lies outside the
             tables (the message names the row and the value). Nothing is written then.
     """
-    args = validate_plan_args(
-        buffers,
-        req_pool_indices=req_pool_indices,
-        prefix_lens=prefix_lens,
-        extend_seq_lens=extend_seq_lens,
-        req_to_token=req_to_token,
-        swa_window_size=swa_window_size,
-        full_to_swa_index_mapping=full_to_swa_index_mapping,
-        req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-        kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
-    )
+    args = validate_plan_args(buffers, **inputs)
     buffers.check(views=True)  # torch writes through the views themselves
     plan = _plan(args, buffers.verify_capacity)
 

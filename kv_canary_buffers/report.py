@@ -1,8 +1,15 @@
-"""Violation reports: the rows of a store's violation ring, decoded for people and logs."""
+"""Violation reports: the rows of a store's violation ring, decoded for people, logs and
+JSON.
+
+Log lines follow SGLang's frozen ``kv_canary violation: launch_tag=... fail_reason=a+b
+slot_idx=... position=... stored_token=... expected_token=... stored_chain_hash=0x...
+expected_aux=0x...`` key=value format (what its log parsers match), SGLang's reason
+labels included; this project's own fields follow them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -55,8 +62,63 @@ class Violation:
             f"chain {to_unsigned(self.stored_chain_hash):#018x}, {aux}"
         )
 
+    def log_line(self, tag_names: Mapping[int, str] | None = None) -> str:
+        """This row as one line of SGLang's frozen key=value format, then this project's
+        own fields (``key=value``, after SGLang's). ``tag_names`` names launch tags
+        (``launch_tag=HEAD_FULL``); a tag without a name is written as its number."""
+        reasons = [reason_label(bit) for bit in FailBits if bit and bit in self.fail_bits]
+        tag = tag_names.get(self.launch_tag) if tag_names is not None else None
+        line = (
+            "kv_canary violation: "
+            f"launch_tag={self.launch_tag if tag is None else tag} "
+            f"fail_reason={'+'.join(reasons) if reasons else 'none'} "
+            f"slot_idx={self.slot} "
+            f"position={self.position} "
+            f"stored_token={self.stored_token} "
+            f"expected_token={self.expected_token} "
+            f"stored_chain_hash={to_unsigned(self.stored_chain_hash):#018x} "
+            f"expected_aux={to_unsigned(self.expected_aux):#018x}"
+        )
+        extra = [f"{name}={getattr(self, name)}" for name in _OWN_FIELDS]
+        return " ".join([line, *extra])
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON-ready values (int64 columns as ints, ``fail_bits`` as an
+        int, with its names in ``fail_reasons``); :meth:`from_dict` reads it back."""
+        out: dict[str, Any] = {f.name: int(getattr(self, f.name)) for f in _FIELDS}
+        out["fail_reasons"] = [bit.name for bit in FailBits if bit and bit in self.fail_bits]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Violation:
+        """The :class:`Violation` that :meth:`to_dict` wrote (``fail_reasons`` ignored:
+        ``fail_bits`` holds them)."""
+        values: dict[str, Any] = {f.name: int(data[f.name]) for f in _FIELDS if f.name in data}
+        values["fail_bits"] = FailBits(values.get("fail_bits", 0) & int(_ALL_BITS))
+        return cls(**values)
+
 
 _ALL_BITS = FailBits(sum(FailBits))
+_FIELDS = attrs.fields(Violation)
+_OWN_FIELDS = tuple(f.name for f in _FIELDS if f.name not in (*VIOLATION_COLUMNS, "fail_bits"))
+"""The fields this project adds beside SGLang's eight ring columns (written after them in
+a log line)."""
+_REASON_LABELS = {
+    FailBits.CHAIN: "verify_chain_hash",
+    FailBits.POSITION: "verify_position",
+    FailBits.REAL_KV: "verify_real_kv_hash",
+    FailBits.WRITE_TOKEN: "write_token",
+    FailBits.WRITE_POSITION: "write_position",
+    FailBits.VERIFY_TOKEN: "verify_token",
+}
+"""SGLang's ``fail_reason`` label of each bit (its ``FailReason`` names, lower case, without
+``_mismatch``): log parsers written for SGLang match these."""
+
+
+def reason_label(bit: FailBits) -> str:
+    """SGLang's ``fail_reason`` label of one fail bit (``FailBits.CHAIN`` ->
+    ``verify_chain_hash``), as in log lines and metrics."""
+    return _REASON_LABELS[bit]
 
 
 @attrs.frozen(kw_only=True)
@@ -90,6 +152,29 @@ class ViolationReport:
                 if bit and bit in v.fail_bits:
                     counts[bit] = counts.get(bit, 0) + 1
         return counts
+
+    def log_lines(self, tag_names: Mapping[int, str] | None = None) -> list[str]:
+        """One line per kept row in SGLang's frozen format (:meth:`Violation.log_line`),
+        for ``logging``: ``for line in report.log_lines(): logger.warning(line)``."""
+        return [v.log_line(tag_names) for v in self.violations]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-ready values (``json.dumps(report.to_dict())``): the rows
+        (:meth:`Violation.to_dict`) and the counters; :meth:`from_dict` reads it back."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in attrs.fields(ViolationReport)}
+        out["violations"] = [v.to_dict() for v in self.violations]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ViolationReport:
+        """The :class:`ViolationReport` that :meth:`to_dict` wrote."""
+        values = {
+            f.name: int(data[f.name])
+            for f in attrs.fields(ViolationReport)
+            if f.name != "violations" and f.name in data
+        }
+        rows = tuple(Violation.from_dict(v) for v in data.get("violations", ()))
+        return cls(violations=rows, **values)
 
     def __str__(self) -> str:
         dropped = f", {self.dropped} dropped (ring full)" if self.dropped else ""

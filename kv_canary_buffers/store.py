@@ -12,6 +12,7 @@ arena), sized from ``num_slots`` and ``violation_capacity`` by construction.
 from __future__ import annotations
 
 import operator
+import os
 from typing import Any, NoReturn
 
 import attrs
@@ -195,12 +196,84 @@ class CanaryStore:
         return new
 
     def __reduce__(self) -> Any:
-        self.check(views=True)
-        state = {name: getattr(self, name).cpu() for name in _FIELD_NAMES}
+        state = self._state()
         return (
             _unpickle_store,
             (self.num_slots, self.violation_capacity, str(self.device), self.generation, state),
         )
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        """Every field as its own CPU tensor (a copy: views of one arena in several dtypes
+        cannot be saved by ``torch.save``, which refuses two types over one storage)."""
+        self.check(views=True)
+        return {name: getattr(self, name).to("cpu", copy=True) for name in _FIELD_NAMES}
+
+    # --- saving (syncs) ---------------------------------------------------------------
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write every field of the store to ``path`` (``torch.save`` of a dict of CPU
+        tensors and ints, readable with ``torch.load(weights_only=True)``), for a later
+        :meth:`load` or ``python -m kv_canary_buffers decode PATH``. Synchronizes (the
+        fields are copied to the host); reads only, the ring is not cleared."""
+        torch.save(
+            {
+                "format": _SAVE_FORMAT,
+                "version": _SAVE_VERSION,
+                "num_slots": self.num_slots,
+                "violation_capacity": self.violation_capacity,
+                "generation": self.generation,
+                "fields": self._state(),
+            },
+            path,
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, device: DeviceLike) -> CanaryStore:
+        """A new store on ``device`` holding what :meth:`save` wrote to ``path``: every
+        record, ring row, counter, flag and the status, and its generation. A field the
+        file does not hold (a file written before the field existed) starts zeroed.
+
+        Raises ``ValueError`` (``kv-canary:``) for a file that is not a saved store or
+        whose fields do not fit its sizes, and what :meth:`allocate` raises."""
+        data = torch.load(path, map_location="cpu", weights_only=True)
+        if not (isinstance(data, dict) and data.get("format") == _SAVE_FORMAT):
+            raise ValueError(
+                f"kv-canary: path must be a file written by CanaryStore.save, got {path!s} "
+                f"holding {type(data).__name__}"
+                + (f" of format {data.get('format')!r}" if isinstance(data, dict) else "")
+            )
+        if data.get("version") != _SAVE_VERSION:
+            raise ValueError(
+                f"kv-canary: {path!s} must be a saved store of version {_SAVE_VERSION}, got "
+                f"version {data.get('version')!r}"
+            )
+        store = cls._allocate(
+            data["num_slots"], data["violation_capacity"], device, data["generation"]
+        )
+        fields = data["fields"]
+        unknown = sorted(set(fields) - set(_FIELD_NAMES))
+        if unknown:
+            raise ValueError(
+                f"kv-canary: {path!s} must hold CanaryStore fields only "
+                f"({', '.join(_FIELD_NAMES)}), got {', '.join(unknown)}"
+            )
+        for name, value in fields.items():
+            own = getattr(store, name)
+            if not (
+                isinstance(value, torch.Tensor)
+                and value.dtype == own.dtype
+                and value.shape == own.shape
+            ):
+                raise ValueError(
+                    f"kv-canary: {path!s} field {name} must be {own.dtype} "
+                    f"{list(own.shape)} for its sizes, got "
+                    + (
+                        f"{value.dtype} {list(value.shape)}"
+                        if isinstance(value, torch.Tensor)
+                        else type(value).__name__
+                    )
+                )
+            own.copy_(value)
+        return store
 
     # --- checks ---------------------------------------------------------------------
     def check(self, *, views: bool = False) -> None:
@@ -289,6 +362,10 @@ class CanaryStore:
 
 CanaryStore.__doc__ = docstring_with_fields(CanaryStore.__doc__, STORE_FIELDS, "contents")
 _ALL_STATUS = CanaryStatus(sum(CanaryStatus))
+_SAVE_FORMAT = "kv-canary-store"
+_SAVE_VERSION = 1
+"""What :meth:`CanaryStore.save` writes: a dict with this format name and version, the
+sizes, the generation and ``fields`` (one CPU tensor per field, by name)."""
 
 
 def _unpickle_store(

@@ -11,9 +11,10 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
 import torch
+from typing_extensions import Unpack
 
 from .buffers import PlanBuffers
 from .checks import check_bool, check_int64, new_tuple
@@ -43,6 +44,22 @@ from .store import CanaryStore
 
 
 # --- arguments and their checks ---------------------------------------------------------
+class VerifyInputs(TypedDict, total=False):
+    """The verify's keyword arguments, one definition for every verify entry point
+    (``verify_reference``, ``kv_canary_kernels.launch_verify``, their ``torch.compile``
+    operator): ``**inputs: Unpack[VerifyInputs]``. Their defaults are
+    :func:`validate_verify_args`'s."""
+
+    launch_tag: int
+    """int64 written into every violation row of this call (default 0)."""
+    check_expected_tokens: bool
+    """compare each record's token with the plan's expected token (default True; ``-1``
+    entries are never compared); off for the background sweep."""
+    real_kv: RealKV | None
+    """optional :class:`RealKV`; its hash of each slot's bytes is compared with the one
+    the write stored."""
+
+
 class VerifyArgs(NamedTuple):
     """The validated arguments of one verify call."""
 
@@ -160,25 +177,18 @@ def _verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) -> None:
 
 
 def verify_reference(
-    store: CanaryStore,
-    plan_buffers: PlanBuffers,
-    *,
-    launch_tag: int = 0,
-    check_expected_tokens: bool = True,
-    real_kv: RealKV | None = None,
+    store: CanaryStore, plan_buffers: PlanBuffers, **inputs: Unpack[VerifyInputs]
 ) -> None:
-    """Check the records of every verify entry of a plan, exactly per docs/contract.md
-    ("Verify"), appending a violation row for each entry that disagrees.
+    """Check the records of every verify entry of a plan, exactly per
+    docs/contract-canary.md ("Verify"), appending a violation row for each entry that
+    disagrees.
 
     Args:
         store: the :class:`CanaryStore` of the KV pool.
         plan_buffers: a :class:`PlanBuffers` filled by a plan (its verify entries,
             ``verify_num_valid`` and ``verify_enable``; an overflowed plan checks nothing).
-        launch_tag: int64 written into every violation row of this call.
-        check_expected_tokens: compare each record's token with the plan's expected
-            token (``-1`` entries are never compared); off for the background sweep.
-        real_kv: optional :class:`RealKV`; its hash of each slot's bytes is compared with
-            the one the write stored.
+        **inputs: :class:`VerifyInputs` (``launch_tag``, ``check_expected_tokens``,
+            ``real_kv``).
 
     Raises:
         TypeError: ``store``/``plan_buffers`` of the wrong type, or an argument of the
@@ -187,13 +197,7 @@ def verify_reference(
             outside the store (the message names the entry and the value). Nothing is
             written then.
     """
-    args = validate_verify_args(
-        store,
-        plan_buffers,
-        launch_tag=launch_tag,
-        check_expected_tokens=check_expected_tokens,
-        real_kv=real_kv,
-    )
+    args = validate_verify_args(store, plan_buffers, **inputs)
     store.check(views=True)  # torch reads and writes through the views themselves
     plan_buffers.check(views=True)
     _verify(store, plan_buffers, args)

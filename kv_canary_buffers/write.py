@@ -13,9 +13,10 @@
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn, TypedDict
 
 import torch
+from typing_extensions import Unpack
 
 from .buffers import PlanBuffers
 from .checks import check_int64, check_length, check_tensor, new_tuple
@@ -38,6 +39,35 @@ from .store import CanaryStore
 
 
 # --- arguments and their checks ---------------------------------------------------------
+class _WriteInputsRequired(TypedDict):
+    """The required keys of :class:`WriteInputs` (see :class:`PlanInputs`)."""
+
+    input_ids: torch.Tensor
+    """int64 ``[n]``, the token of each written KV slot, flat in the order of the plan's
+    ``write_offsets``."""
+    positions: torch.Tensor
+    """int64 ``[n]``, each token's position."""
+    out_cache_loc: torch.Tensor
+    """int64 ``[n]``, each token's KV slot; negative: skip."""
+
+
+class WriteInputs(_WriteInputsRequired, total=False):
+    """The write's keyword arguments, one definition for every write entry point
+    (``write_reference``, ``kv_canary_kernels.launch_write``, their ``torch.compile``
+    operator): ``**inputs: Unpack[WriteInputs]``. Their defaults are
+    :func:`validate_write_args`'s. Every tensor must be on the store's device."""
+
+    launch_tag: int
+    """int64 written into every violation row of this call (default 0)."""
+    expected_input_ids: torch.Tensor | None
+    """optional int64 ``[n]``; with ``expected_positions``, a token or position differing
+    from them appends a ``WRITE_TOKEN`` / ``WRITE_POSITION`` row."""
+    expected_positions: torch.Tensor | None
+    """optional int64 ``[n]``, given with ``expected_input_ids``."""
+    real_kv: RealKV | None
+    """optional :class:`RealKV` whose bytes are hashed into each record."""
+
+
 class WriteArgs(NamedTuple):
     """The validated arguments of one write call."""
 
@@ -322,33 +352,17 @@ def _in_flat_order(parts: list[tuple[torch.Tensor, torch.Tensor, int]]) -> torch
 
 
 def write_reference(
-    store: CanaryStore,
-    plan_buffers: PlanBuffers,
-    *,
-    input_ids: torch.Tensor,
-    positions: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-    launch_tag: int = 0,
-    expected_input_ids: torch.Tensor | None = None,
-    expected_positions: torch.Tensor | None = None,
-    real_kv: RealKV | None = None,
+    store: CanaryStore, plan_buffers: PlanBuffers, **inputs: Unpack[WriteInputs]
 ) -> None:
-    """Stamp the records of the slots a step wrote, exactly per docs/contract.md ("Write").
+    """Stamp the records of the slots a step wrote, exactly per docs/contract-canary.md
+    ("Write").
 
     Args:
         store: the :class:`CanaryStore` of the KV pool.
         plan_buffers: a :class:`PlanBuffers` filled by the step's plan (its
             ``write_offsets``, ``write_seed_slot_indices`` and ``write_num_valid_reqs``).
-        input_ids: int64 ``[n]``, the token of each written KV slot, flat in the order of
-            ``write_offsets``.
-        positions: int64 ``[n]``, each token's position.
-        out_cache_loc: int64 ``[n]``, each token's KV slot; negative: skip.
-        launch_tag: int64 written into every violation row of this call.
-        expected_input_ids: optional int64 ``[n]``; with ``expected_positions``, a token
-            or position differing from them appends a ``WRITE_TOKEN`` /
-            ``WRITE_POSITION`` row.
-        expected_positions: optional int64 ``[n]``, given with ``expected_input_ids``.
-        real_kv: optional :class:`RealKV` whose bytes are hashed into each record.
+        **inputs: the step's tokens, :class:`WriteInputs` (``input_ids``, ``positions``,
+            ``out_cache_loc``, and the optional tag, expected inputs and ``real_kv``).
 
     Raises:
         TypeError: ``store`` is not a :class:`CanaryStore`, ``plan_buffers`` not a
@@ -357,17 +371,7 @@ def write_reference(
             inputs (the message names the argument, the index and the value). Nothing is
             written then.
     """
-    args = validate_write_args(
-        store,
-        plan_buffers,
-        input_ids=input_ids,
-        positions=positions,
-        out_cache_loc=out_cache_loc,
-        launch_tag=launch_tag,
-        expected_input_ids=expected_input_ids,
-        expected_positions=expected_positions,
-        real_kv=real_kv,
-    )
+    args = validate_write_args(store, plan_buffers, **inputs)
     store.check(views=True)  # torch reads and writes through the views themselves
     plan_buffers.check(views=True)
     _write(store, plan_buffers, args)

@@ -38,18 +38,20 @@ second graph input sharing the arena's storage (docs/user-guide.md, "torch.compi
 from __future__ import annotations
 
 import collections
+import inspect
 from collections.abc import Sequence
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, NoReturn, TypeVar, cast, get_type_hints
 
 import torch
+from typing_extensions import Unpack
 
 from kv_canary_buffers.buffers import PlanBuffers
 from kv_canary_buffers.live import find_arena, find_real_kv
-from kv_canary_buffers.plan import validate_plan_args
+from kv_canary_buffers.plan import PlanInputs, validate_plan_args
 from kv_canary_buffers.real_kv import RealKV
 from kv_canary_buffers.store import CanaryStore
-from kv_canary_buffers.verify import VerifyArgs, validate_verify_args
-from kv_canary_buffers.write import WriteArgs, validate_write_args
+from kv_canary_buffers.verify import VerifyArgs, VerifyInputs, validate_verify_args
+from kv_canary_buffers.write import WriteArgs, WriteInputs, validate_write_args
 
 from .plan import dispatch_plan
 from .verify import dispatch_verify
@@ -63,51 +65,84 @@ object's own arena) and ``"<op> on a copy"`` (functionalization passed a copy, c
 back after the call). For tests and diagnostics."""
 
 # --- the operators -------------------------------------------------------------------
-_PLAN_SCHEMA = (
-    "(Tensor(a!) arena, SymInt handle, Tensor req_pool_indices, Tensor prefix_lens, "
-    "Tensor extend_seq_lens, Tensor req_to_token, SymInt swa_window_size, "
-    "Tensor? full_to_swa_index_mapping, Tensor? req_to_verify_expected_tokens, "
-    "Tensor? req_to_verify_expected_tokens_valid_lens, SymInt kv_token_id_vs_position_offset) "
-    "-> ()"
-)
-_WRITE_SCHEMA = (
-    "(Tensor(a!) store_arena, Tensor plan_arena, SymInt store_handle, SymInt plan_handle, "
-    "Tensor input_ids, Tensor positions, Tensor out_cache_loc, SymInt launch_tag, "
-    "Tensor? expected_input_ids, Tensor? expected_positions, SymInt real_kv_handle, "
-    "Tensor[] sources) -> ()"
-)
-_VERIFY_SCHEMA = (
-    "(Tensor(a!) store_arena, Tensor plan_arena, SymInt store_handle, SymInt plan_handle, "
-    "SymInt launch_tag, bool check_expected_tokens, SymInt real_kv_handle, Tensor[] sources) -> ()"
-)
+# Each operator's schema and argument order come from its stage's inputs TypedDict
+# (PlanInputs, WriteInputs, VerifyInputs: the one definition of the keywords), after the
+# objects' arenas and handles; a RealKV becomes its handle and its source tensors.
+_Kind = str
+"""How one keyword crosses the operator: ``tensor``, ``optional tensor``, ``int``, ``bool``
+or ``real_kv`` (two operator arguments: the handle and the sources)."""
+
+_SCHEMA_OF_KIND = {
+    "tensor": "Tensor {}",
+    "optional tensor": "Tensor? {}",
+    "int": "SymInt {}",
+    "bool": "bool {}",
+    "real_kv": "SymInt real_kv_handle, Tensor[] sources",
+}
 
 
-def _plan_impl(
-    arena: torch.Tensor,
-    handle: int,
-    req_pool_indices: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    extend_seq_lens: torch.Tensor,
-    req_to_token: torch.Tensor,
-    swa_window_size: int,
-    full_to_swa_index_mapping: torch.Tensor | None,
-    req_to_verify_expected_tokens: torch.Tensor | None,
-    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None,
-    kv_token_id_vs_position_offset: int,
-) -> None:
+def _kinds(inputs: type) -> dict[str, _Kind]:
+    """Each keyword of a stage's inputs TypedDict and its kind, in definition order."""
+    kinds = {}
+    for name, hint in get_type_hints(inputs).items():
+        if hint is torch.Tensor:
+            kinds[name] = "tensor"
+        elif hint == torch.Tensor | None:
+            kinds[name] = "optional tensor"
+        elif hint == RealKV | None:
+            kinds[name] = "real_kv"
+        elif hint is bool:
+            kinds[name] = "bool"
+        elif hint is int:
+            kinds[name] = "int"
+        else:  # pragma: no cover - a new kind of input needs a line here
+            raise TypeError(f"kv-canary: internal error: no operator kind for {name}: {hint}")
+    return kinds
+
+
+def _schema(head: str, kinds: dict[str, _Kind]) -> str:
+    body = ", ".join(_SCHEMA_OF_KIND[kind].format(name) for name, kind in kinds.items())
+    return f"({head}, {body}) -> ()"
+
+
+def _defaults(validate: Any, kinds: dict[str, _Kind]) -> dict[str, Any]:
+    """The validation's default of each optional keyword (one source: its signature)."""
+    params = inspect.signature(validate).parameters
+    return {n: params[n].default for n in kinds if params[n].default is not params[n].empty}
+
+
+_PLAN = _kinds(PlanInputs)
+_WRITE = _kinds(WriteInputs)
+_VERIFY = _kinds(VerifyInputs)
+_PLAN_DEFAULTS = _defaults(validate_plan_args, _PLAN)
+_WRITE_DEFAULTS = _defaults(validate_write_args, _WRITE)
+_VERIFY_DEFAULTS = _defaults(validate_verify_args, _VERIFY)
+# The sources are the operators' last argument (_write_impl, _verify_impl read them there).
+assert list(_WRITE)[-1] == list(_VERIFY)[-1] == "real_kv"
+_PAIR = "Tensor(a!) store_arena, Tensor plan_arena, SymInt store_handle, SymInt plan_handle"
+PLAN_SCHEMA = _schema("Tensor(a!) arena, SymInt handle", _PLAN)
+WRITE_SCHEMA = _schema(_PAIR, _WRITE)
+VERIFY_SCHEMA = _schema(_PAIR, _VERIFY)
+"""The operators' schemas (``torch.ops.kv_canary.plan`` / ``write`` / ``verify``)."""
+
+
+def _as_inputs(kinds: dict[str, _Kind], values: Sequence[Any]) -> dict[str, Any]:
+    """The operator's trailing arguments as the stage's keywords (a RealKV found again)."""
+    out: dict[str, Any] = {}
+    i = 0
+    for name, kind in kinds.items():
+        if kind == "real_kv":
+            out[name] = _real_kv(values[i])
+            i += 2  # the handle, then the sources (read back by _with_sources)
+        else:
+            out[name] = values[i]
+            i += 1
+    return out
+
+
+def _plan_impl(arena: torch.Tensor, handle: int, *values: Any) -> None:
     buffers = _owner(handle, PlanBuffers, "buffers")
-    args = validate_plan_args(
-        buffers,
-        req_pool_indices=req_pool_indices,
-        prefix_lens=prefix_lens,
-        extend_seq_lens=extend_seq_lens,
-        req_to_token=req_to_token,
-        swa_window_size=swa_window_size,
-        full_to_swa_index_mapping=full_to_swa_index_mapping,
-        req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-        kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
-    )
+    args = validate_plan_args(buffers, **_as_inputs(_PLAN, values))
     dispatch_plan(_laid_over("plan", buffers, arena, "buffers"), args)
 
 
@@ -116,29 +151,12 @@ def _write_impl(
     plan_arena: torch.Tensor,
     store_handle: int,
     plan_handle: int,
-    input_ids: torch.Tensor,
-    positions: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-    launch_tag: int,
-    expected_input_ids: torch.Tensor | None,
-    expected_positions: torch.Tensor | None,
-    real_kv_handle: int,
-    sources: list[torch.Tensor],
+    *values: Any,
 ) -> None:
     store = _owner(store_handle, CanaryStore, "store")
     plan_buffers = _owner(plan_handle, PlanBuffers, "plan_buffers")
-    args = validate_write_args(
-        store,
-        plan_buffers,
-        input_ids=input_ids,
-        positions=positions,
-        out_cache_loc=out_cache_loc,
-        launch_tag=launch_tag,
-        expected_input_ids=expected_input_ids,
-        expected_positions=expected_positions,
-        real_kv=_real_kv(real_kv_handle),
-    )
-    args = cast(WriteArgs, _with_sources(args, sources))
+    args = validate_write_args(store, plan_buffers, **_as_inputs(_WRITE, values))
+    args = cast(WriteArgs, _with_sources(args, values[-1]))
     dispatch_write(
         _laid_over("write", store, store_arena, "store"),
         _laid_over(None, plan_buffers, plan_arena, "plan_buffers"),
@@ -151,21 +169,12 @@ def _verify_impl(
     plan_arena: torch.Tensor,
     store_handle: int,
     plan_handle: int,
-    launch_tag: int,
-    check_expected_tokens: bool,
-    real_kv_handle: int,
-    sources: list[torch.Tensor],
+    *values: Any,
 ) -> None:
     store = _owner(store_handle, CanaryStore, "store")
     plan_buffers = _owner(plan_handle, PlanBuffers, "plan_buffers")
-    args = validate_verify_args(
-        store,
-        plan_buffers,
-        launch_tag=launch_tag,
-        check_expected_tokens=check_expected_tokens,
-        real_kv=_real_kv(real_kv_handle),
-    )
-    args = cast(VerifyArgs, _with_sources(args, sources))
+    args = validate_verify_args(store, plan_buffers, **_as_inputs(_VERIFY, values))
+    args = cast(VerifyArgs, _with_sources(args, values[-1]))
     dispatch_verify(
         _laid_over("verify", store, store_arena, "store"),
         _laid_over(None, plan_buffers, plan_arena, "plan_buffers"),
@@ -193,145 +202,93 @@ def _define(name: str, schema: str, impl: Any) -> Any:
     return getattr(torch.ops.kv_canary, name).default
 
 
-plan_op = _define("plan", _PLAN_SCHEMA, _plan_impl)
-write_op = _define("write", _WRITE_SCHEMA, _write_impl)
-verify_op = _define("verify", _VERIFY_SCHEMA, _verify_impl)
+plan_op = _define("plan", PLAN_SCHEMA, _plan_impl)
+write_op = _define("write", WRITE_SCHEMA, _write_impl)
+verify_op = _define("verify", VERIFY_SCHEMA, _verify_impl)
 
 
 # --- what the launchers call while dynamo traces them ---------------------------------
-def plan(
-    buffers: PlanBuffers,
-    *,
-    req_pool_indices: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    extend_seq_lens: torch.Tensor,
-    req_to_token: torch.Tensor,
-    swa_window_size: int,
-    full_to_swa_index_mapping: torch.Tensor | None,
-    req_to_verify_expected_tokens: torch.Tensor | None,
-    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None,
-    kv_token_id_vs_position_offset: int,
-) -> bool:
+# Plain loops: older dynamo releases trace generator expressions less reliably.
+def _op_values(
+    kinds: dict[str, _Kind], defaults: dict[str, Any], inputs: dict[str, Any]
+) -> list[Any] | None:
+    """The operator's trailing arguments for the stage's keywords ``inputs``, or None when
+    one is missing, unknown or of the wrong type: the launcher's eager checks then raise
+    their error while dynamo traces (and the operator is not added to the graph)."""
+    for name in inputs:
+        if name not in kinds:
+            return None
+    values: list[Any] = []
+    for name, kind in kinds.items():
+        if name in inputs:
+            value = inputs[name]
+        elif name in defaults:
+            value = defaults[name]
+        else:
+            return None
+        if kind == "tensor":
+            ok = isinstance(value, torch.Tensor)
+        elif kind == "optional tensor":
+            ok = value is None or isinstance(value, torch.Tensor)
+        elif kind == "int":
+            ok = type(value) is int
+        elif kind == "bool":
+            ok = type(value) is bool
+        else:  # real_kv
+            ok = value is None or type(value) is RealKV
+            if ok:
+                values.extend(_real_kv_args(value))
+                continue
+        if not ok:
+            return None
+        values.append(value)
+    return values
+
+
+def plan(buffers: PlanBuffers, **inputs: Unpack[PlanInputs]) -> bool:
     """``launch_plan`` traced: the ``kv_canary::plan`` operator. Returns False (and adds
     nothing to the graph) when an argument's type is wrong, so that the launcher's eager
     checks raise their error while dynamo traces."""
-    if not (
-        type(buffers) is PlanBuffers
-        and _tensors(req_pool_indices, prefix_lens, extend_seq_lens, req_to_token)
-        and _tensors_or_none(
-            full_to_swa_index_mapping,
-            req_to_verify_expected_tokens,
-            req_to_verify_expected_tokens_valid_lens,
-        )
-        and type(swa_window_size) is int
-        and type(kv_token_id_vs_position_offset) is int
-    ):
+    values = _op_values(_PLAN, _PLAN_DEFAULTS, dict(inputs))
+    if type(buffers) is not PlanBuffers or values is None:
         return False
     arena = buffers.arena
-    plan_op(
-        arena.tensor,
-        arena.handle,
-        req_pool_indices,
-        prefix_lens,
-        extend_seq_lens,
-        req_to_token,
-        swa_window_size,
-        full_to_swa_index_mapping,
-        req_to_verify_expected_tokens,
-        req_to_verify_expected_tokens_valid_lens,
-        kv_token_id_vs_position_offset,
-    )
+    plan_op(arena.tensor, arena.handle, *values)
     return True
 
 
-def write(
-    store: CanaryStore,
-    plan_buffers: PlanBuffers,
-    *,
-    input_ids: torch.Tensor,
-    positions: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-    launch_tag: int,
-    expected_input_ids: torch.Tensor | None,
-    expected_positions: torch.Tensor | None,
-    real_kv: RealKV | None,
-) -> bool:
+def write(store: CanaryStore, plan_buffers: PlanBuffers, **inputs: Unpack[WriteInputs]) -> bool:
     """``launch_write`` traced: the ``kv_canary::write`` operator (False: see :func:`plan`)."""
-    if not (
-        _objects_ok(store, plan_buffers, real_kv)
-        and _tensors(input_ids, positions, out_cache_loc)
-        and _tensors_or_none(expected_input_ids, expected_positions)
-        and type(launch_tag) is int
-    ):
+    values = _op_values(_WRITE, _WRITE_DEFAULTS, dict(inputs))
+    if not _objects_ok(store, plan_buffers) or values is None:
         return False
-    kv_handle, sources = _real_kv_args(real_kv)
     write_op(
         store.arena.tensor,
         plan_buffers.arena.tensor,
         store.arena.handle,
         plan_buffers.arena.handle,
-        input_ids,
-        positions,
-        out_cache_loc,
-        launch_tag,
-        expected_input_ids,
-        expected_positions,
-        kv_handle,
-        sources,
+        *values,
     )
     return True
 
 
-def verify(
-    store: CanaryStore,
-    plan_buffers: PlanBuffers,
-    *,
-    launch_tag: int,
-    check_expected_tokens: bool,
-    real_kv: RealKV | None,
-) -> bool:
+def verify(store: CanaryStore, plan_buffers: PlanBuffers, **inputs: Unpack[VerifyInputs]) -> bool:
     """``launch_verify`` traced: the ``kv_canary::verify`` operator (False: see :func:`plan`)."""
-    if not (
-        _objects_ok(store, plan_buffers, real_kv)
-        and type(launch_tag) is int
-        and type(check_expected_tokens) is bool
-    ):
+    values = _op_values(_VERIFY, _VERIFY_DEFAULTS, dict(inputs))
+    if not _objects_ok(store, plan_buffers) or values is None:
         return False
-    kv_handle, sources = _real_kv_args(real_kv)
     verify_op(
         store.arena.tensor,
         plan_buffers.arena.tensor,
         store.arena.handle,
         plan_buffers.arena.handle,
-        launch_tag,
-        check_expected_tokens,
-        kv_handle,
-        sources,
+        *values,
     )
     return True
 
 
-def _objects_ok(store: object, plan_buffers: object, real_kv: object) -> bool:
-    return (
-        type(store) is CanaryStore
-        and type(plan_buffers) is PlanBuffers
-        and (real_kv is None or type(real_kv) is RealKV)
-    )
-
-
-# Plain loops: older dynamo releases trace generator expressions less reliably.
-def _tensors(*values: object) -> bool:
-    for v in values:
-        if not isinstance(v, torch.Tensor):
-            return False
-    return True
-
-
-def _tensors_or_none(*values: object) -> bool:
-    for v in values:
-        if v is not None and not isinstance(v, torch.Tensor):
-            return False
-    return True
+def _objects_ok(store: object, plan_buffers: object) -> bool:
+    return type(store) is CanaryStore and type(plan_buffers) is PlanBuffers
 
 
 def _real_kv_args(real_kv: RealKV | None) -> tuple[int, list[torch.Tensor]]:

@@ -17,15 +17,14 @@ launch_verify  ``verify_reference``        :mod:`.verify` (``dispatch_verify``)
 
 from __future__ import annotations
 
-import torch
 from torch.compiler import is_compiling
+from typing_extensions import Unpack
 
 from kv_canary_buffers.buffers import PlanBuffers
-from kv_canary_buffers.plan import validate_plan_args
-from kv_canary_buffers.real_kv import RealKV
+from kv_canary_buffers.plan import PlanInputs, validate_plan_args
 from kv_canary_buffers.store import CanaryStore
-from kv_canary_buffers.verify import validate_verify_args
-from kv_canary_buffers.write import validate_write_args
+from kv_canary_buffers.verify import VerifyInputs, validate_verify_args
+from kv_canary_buffers.write import WriteInputs, validate_write_args
 
 from . import compiled
 from .plan import dispatch_plan
@@ -33,19 +32,7 @@ from .verify import dispatch_verify
 from .write import dispatch_write
 
 
-def launch_plan(
-    buffers: PlanBuffers,
-    *,
-    req_pool_indices: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    extend_seq_lens: torch.Tensor,
-    req_to_token: torch.Tensor,
-    swa_window_size: int = 0,
-    full_to_swa_index_mapping: torch.Tensor | None = None,
-    req_to_verify_expected_tokens: torch.Tensor | None = None,
-    req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None,
-    kv_token_id_vs_position_offset: int = 0,
-) -> None:
+def launch_plan(buffers: PlanBuffers, **inputs: Unpack[PlanInputs]) -> None:
     """Fill ``buffers`` with the plan of one batch on the GPU, byte for byte equal to
     :func:`kv_canary_buffers.plan_reference` (same arguments, shapes and dtypes).
 
@@ -65,45 +52,15 @@ def launch_plan(
         RuntimeError: Triton cannot run on ``buffers.device`` (a CPU tensor without
             ``TRITON_INTERPRET=1``): use ``plan_reference`` there.
     """
-    if is_compiling() and compiled.plan(  # traced by torch.compile: one custom operator
-        buffers,
-        req_pool_indices=req_pool_indices,
-        prefix_lens=prefix_lens,
-        extend_seq_lens=extend_seq_lens,
-        req_to_token=req_to_token,
-        swa_window_size=swa_window_size,
-        full_to_swa_index_mapping=full_to_swa_index_mapping,
-        req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-        kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
-    ):
+    # traced by torch.compile: one custom operator
+    if is_compiling() and compiled.plan(buffers, **inputs):
         return
-    args = validate_plan_args(
-        buffers,
-        req_pool_indices=req_pool_indices,
-        prefix_lens=prefix_lens,
-        extend_seq_lens=extend_seq_lens,
-        req_to_token=req_to_token,
-        swa_window_size=swa_window_size,
-        full_to_swa_index_mapping=full_to_swa_index_mapping,
-        req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-        kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
-    )
+    args = validate_plan_args(buffers, **inputs)
     dispatch_plan(buffers, args)
 
 
 def launch_write(
-    store: CanaryStore,
-    plan_buffers: PlanBuffers,
-    *,
-    input_ids: torch.Tensor,
-    positions: torch.Tensor,
-    out_cache_loc: torch.Tensor,
-    launch_tag: int = 0,
-    expected_input_ids: torch.Tensor | None = None,
-    expected_positions: torch.Tensor | None = None,
-    real_kv: RealKV | None = None,
+    store: CanaryStore, plan_buffers: PlanBuffers, **inputs: Unpack[WriteInputs]
 ) -> None:
     """Stamp the records of the slots a step wrote, on the GPU, byte for byte equal to
     :func:`kv_canary_buffers.write_reference` (same arguments, shapes and dtypes; violation
@@ -114,39 +71,15 @@ def launch_write(
     ``n`` or capacity, and is safe to capture in a CUDA graph. Data outside the store or
     the inputs is skipped with a :class:`CanaryStatus` bit in ``store.status``.
     """
-    if is_compiling() and compiled.write(  # traced by torch.compile: one custom operator
-        store,
-        plan_buffers,
-        input_ids=input_ids,
-        positions=positions,
-        out_cache_loc=out_cache_loc,
-        launch_tag=launch_tag,
-        expected_input_ids=expected_input_ids,
-        expected_positions=expected_positions,
-        real_kv=real_kv,
-    ):
+    # traced by torch.compile: one custom operator
+    if is_compiling() and compiled.write(store, plan_buffers, **inputs):
         return
-    args = validate_write_args(
-        store,
-        plan_buffers,
-        input_ids=input_ids,
-        positions=positions,
-        out_cache_loc=out_cache_loc,
-        launch_tag=launch_tag,
-        expected_input_ids=expected_input_ids,
-        expected_positions=expected_positions,
-        real_kv=real_kv,
-    )
+    args = validate_write_args(store, plan_buffers, **inputs)
     dispatch_write(store, plan_buffers, args)
 
 
 def launch_verify(
-    store: CanaryStore,
-    plan_buffers: PlanBuffers,
-    *,
-    launch_tag: int = 0,
-    check_expected_tokens: bool = True,
-    real_kv: RealKV | None = None,
+    store: CanaryStore, plan_buffers: PlanBuffers, **inputs: Unpack[VerifyInputs]
 ) -> None:
     """Check the records of every verify entry of a plan on the GPU, equal to
     :func:`kv_canary_buffers.verify_reference` (same arguments; violation rows of one call
@@ -158,19 +91,8 @@ def launch_verify(
     predecessor or real-KV row lies outside the store are skipped with a
     :class:`CanaryStatus` bit in ``store.status``.
     """
-    if is_compiling() and compiled.verify(  # traced by torch.compile: one custom operator
-        store,
-        plan_buffers,
-        launch_tag=launch_tag,
-        check_expected_tokens=check_expected_tokens,
-        real_kv=real_kv,
-    ):
+    # traced by torch.compile: one custom operator
+    if is_compiling() and compiled.verify(store, plan_buffers, **inputs):
         return
-    args = validate_verify_args(
-        store,
-        plan_buffers,
-        launch_tag=launch_tag,
-        check_expected_tokens=check_expected_tokens,
-        real_kv=real_kv,
-    )
+    args = validate_verify_args(store, plan_buffers, **inputs)
     dispatch_verify(store, plan_buffers, args)

@@ -70,7 +70,7 @@ def _product_halves(lo, hi, M: tl.constexpr, HIGH_PTX: tl.constexpr):
     The high half in PTX: written in Triton, LLVM fuses the three partial products into a
     chain of three dependent multiply-adds (IMAD.WIDE, IMAD, IMAD), while this order lets
     ptxas start ``lo * M_hi`` first. A write row's hash chain is serial, so this latency
-    is its speed: 92 against 104 ns a ``mix3`` on the H200 (benchmarks/chain_floor.py).
+    is its speed: 92 against 104 ns a ``mix3`` on the H200 (benchmarks/probes/write_chain_floor.py).
     """
     low = lo * tl.full(lo.shape, M & 0xFFFFFFFF, tl.uint32)
     # The multipliers as immediates in the text (PTX_HIGH1, PTX_HIGH2): as register
@@ -191,47 +191,23 @@ def _words32(t):
 
 @triton.jit
 def real_kv_hash(
-    slot,
-    mask,
-    page_size,
-    bpt_words,
-    kv_words,
-    src0,
-    src1,
-    src2,
-    src3,
-    stride0,
-    stride1,
-    stride2,
-    stride3,
-    rows0,
-    rows1,
-    rows2,
-    rows3,
-    NUM_SOURCES: tl.constexpr,
-    MODE: tl.constexpr,
-    CHUNK: tl.constexpr,
+    slot, mask, kv, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr, CHUNK: tl.constexpr
 ):
     """The contract's ``real_kv(s)`` for in-range slot lanes in ``mask`` (uint64), and the
-    lanes whose page row lies past some source (their hash is unspecified)."""
+    lanes whose page row lies past some source (their hash is unspecified).
+
+    ``kv``: the real-KV geometry, ``(page_size, bpt_words, kv_words, sources, strides,
+    rows)``, the last three four-tuples (each source's pointer, row stride in words and
+    row count; the first ``NUM_SOURCES`` are read), as the kernels take them."""
+    page_size, bpt_words, kv_words, sources, strides, rows = kv
     page = slot // page_size
     first_word = (slot % page_size) * bpt_words
     h = tl.zeros(slot.shape, tl.uint64)
     bad = mask & ~mask
-    if NUM_SOURCES > 0:
-        a, b = source_hash(src0, stride0, rows0, page, first_word, mask, kv_words, MODE, CHUNK)
-        h = sm(h ^ a)
-        bad |= b
-    if NUM_SOURCES > 1:
-        a, b = source_hash(src1, stride1, rows1, page, first_word, mask, kv_words, MODE, CHUNK)
-        h = sm(h ^ a)
-        bad |= b
-    if NUM_SOURCES > 2:
-        a, b = source_hash(src2, stride2, rows2, page, first_word, mask, kv_words, MODE, CHUNK)
-        h = sm(h ^ a)
-        bad |= b
-    if NUM_SOURCES > 3:
-        a, b = source_hash(src3, stride3, rows3, page, first_word, mask, kv_words, MODE, CHUNK)
+    for i in tl.static_range(NUM_SOURCES):
+        a, b = source_hash(
+            sources[i], strides[i], rows[i], page, first_word, mask, kv_words, MODE, CHUNK
+        )
         h = sm(h ^ a)
         bad |= b
     return h, bad
@@ -239,31 +215,26 @@ def real_kv_hash(
 
 @triton.jit
 def real_kv_or_zero(
-    slot, ok, flags, page_size, bpt_words, kv_words,
-    src0, src1, src2, src3, stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
-    NUM_SOURCES: tl.constexpr, MODE: tl.constexpr, CHUNK: tl.constexpr,
-):  # fmt: skip
+    slot, ok, flags, kv, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr, CHUNK: tl.constexpr
+):
     """``real_kv(s)`` (int64) of the lanes in ``ok``, zeros without sources; ``ok`` less
-    the lanes whose page row lies past a source, whose bit goes into ``flags``."""
+    the lanes whose page row lies past a source, whose bit goes into ``flags``. ``kv`` as
+    for :func:`real_kv_hash`."""
     if NUM_SOURCES > 0:
-        kv, row_bad = real_kv_hash(
-            slot, ok, page_size, bpt_words, kv_words,
-            src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-            rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
-        )  # fmt: skip
+        kv_hash, row_bad = real_kv_hash(slot, ok, kv, NUM_SOURCES, MODE, CHUNK)
         flags |= tl.where(row_bad, REAL_KV_ROW_BAD, 0)
         ok &= ~row_bad
-        kv = i64(kv)
+        kv_hash = i64(kv_hash)
     else:
-        kv = tl.zeros(slot.shape, tl.int64)
-    return kv, ok, flags
+        kv_hash = tl.zeros(slot.shape, tl.int64)
+    return kv_hash, ok, flags
 
 
 @triton.jit
-def store_rows(
-    keep, index, tag, slot, position, stored_token, expected_token, chain, aux, bits, violations_ptr
-):
-    """Store one violation row per lane in ``keep`` at ring row ``index``."""
+def store_rows(keep, index, columns, violations_ptr):
+    """Store one violation row per lane in ``keep`` at ring row ``index`` (``columns``: as
+    for :func:`append_violations`)."""
+    tag, slot, position, stored_token, expected_token, chain, aux, bits = columns
     row = violations_ptr + index * VIOL_W
     tl.store(row + VIOL_TAG, tl.zeros_like(slot) + tag, mask=keep)
     tl.store(row + VIOL_SLOT, slot, mask=keep)
@@ -276,49 +247,31 @@ def store_rows(
 
 
 @triton.jit
-def append_violations(
-    bad,
-    tag,
-    slot,
-    position,
-    stored_token,
-    expected_token,
-    chain,
-    aux,
-    bits,
-    violations_ptr,
-    count_ptr,
-    capacity,
-):
-    """Append one row per lane in ``bad``: one predicated atomic per lane reserves its ring
-    index, rows past ``capacity`` are counted but not stored (fill once). No reduction, no
-    branch and no shared memory: a clean step (no lane in ``bad``) pays a few predicated-off
-    instructions. A step with violations on most lanes serializes its atomics on one
-    counter, which is the cost of a badly broken engine, not of a healthy one."""
+def append_violations(bad, columns, store):
+    """Append one row per lane in ``bad``: ``columns`` holds the row's columns in ring
+    order (``launch_tag, slot, position, stored_token, expected_token, stored_chain_hash,
+    expected_aux, fail_bits``; the tag a scalar, the rest lanes); ``store`` is the store's
+    ``(records_ptr, violations_ptr, violation_count_ptr, violation_capacity)``.
+
+    One predicated atomic per lane reserves its ring index, rows past the capacity are
+    counted but not stored (fill once). No reduction, no branch and no shared memory: a
+    clean step (no lane in ``bad``) pays a few predicated-off instructions. A step with
+    violations on most lanes serializes its atomics on one counter, which is the cost of a
+    badly broken engine, not of a healthy one."""
+    _, violations_ptr, violation_count_ptr, violation_capacity = store
+    slot = columns[1]
     # Every atomic of the kernels is relaxed (but the one-launch plan's sync words in
     # large_batch.py, which order its programs): Triton's default (acq_rel) compiles to a
     # MEMBAR.GPU (waiting for every store in flight) and an L1 invalidate around each one,
     # about 0.6 us a decode write on the H200. Nothing orders memory through these words:
     # readers are later kernels or the host after a sync.
     index = tl.atomic_add(
-        count_ptr + tl.zeros_like(slot),
+        violation_count_ptr + tl.zeros_like(slot),
         tl.full(slot.shape, 1, tl.int64),
         mask=bad,
         sem="relaxed",
     )
-    store_rows(
-        bad & (index < capacity),
-        index,
-        tag,
-        slot,
-        position,
-        stored_token,
-        expected_token,
-        chain,
-        aux,
-        bits,
-        violations_ptr,
-    )
+    store_rows(bad & (index < violation_capacity), index, columns, violations_ptr)
 
 
 @triton.jit

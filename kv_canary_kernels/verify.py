@@ -95,18 +95,18 @@ def load_records(records_ptr, slots, mask):
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def canary_verify_kernel(
     # the plan
-    slot_ptr,
-    token_ptr,
-    position_ptr,
-    prev_ptr,
-    num_valid_ptr,
-    enable_ptr,
+    verify_slot_indices_ptr,
+    verify_expected_tokens_ptr,
+    verify_expected_positions_ptr,
+    verify_prev_slot_indices_ptr,
+    verify_num_valid_ptr,
+    verify_enable_ptr,
     # the store
     records_ptr,
     violations_ptr,
-    count_ptr,
-    runs_ptr,
-    processed_ptr,
+    violation_count_ptr,
+    kernel_runs_ptr,
+    slots_processed_ptr,
     status_ptr,
     # real-KV sources
     src0,
@@ -135,28 +135,40 @@ def canary_verify_kernel(
     BLOCK: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
+    # The store's ring and the real-KV geometry, as the shared helpers take them (records.py)
+    store = (records_ptr, violations_ptr, violation_count_ptr, violation_capacity)
+    kv = (
+        page_size,
+        bpt_words,
+        kv_words,
+        (src0, src1, src2, src3),
+        (stride0, stride1, stride2, stride3),
+        (rows0, rows1, rows2, rows3),
+    )
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK)
-    enabled = tl.load(enable_ptr) != 0
-    num_valid = tl.load(num_valid_ptr).to(tl.int64)
+    enabled = tl.load(verify_enable_ptr) != 0
+    num_valid = tl.load(verify_num_valid_ptr).to(tl.int64)
     count_bad = enabled & ((num_valid < 0) | (num_valid > verify_capacity))
     flags = tl.where((lanes == 0) & (pid == 0) & count_bad, PLAN_COUNT_BAD, 0)
     n = tl.where(enabled, tl.minimum(tl.maximum(num_valid, 0), verify_capacity), 0)
     if pid == 0:
-        tl.atomic_add(runs_ptr, 1, sem="relaxed")  # relaxed: see append_violations
+        tl.atomic_add(kernel_runs_ptr, 1, sem="relaxed")  # relaxed: see append_violations
         if n > 0:
-            tl.atomic_add(processed_ptr, n, sem="relaxed")
+            tl.atomic_add(slots_processed_ptr, n, sem="relaxed")
     for start in range(pid * BLOCK, n, nprog * BLOCK):
         entry = start + lanes
         # Every load of the entry columns is masked by the count only, so that all four
         # leave in the first round trip (a mask that waited for the slot would add one).
         in_range = entry < n
-        slot = tl.load(slot_ptr + entry, mask=in_range, other=DUMMY_SLOT)
-        prev = tl.load(prev_ptr + entry, mask=in_range, other=DUMMY_SLOT)
-        want_position = tl.load(position_ptr + entry, mask=in_range, other=0)
+        slot = tl.load(verify_slot_indices_ptr + entry, mask=in_range, other=DUMMY_SLOT)
+        prev = tl.load(verify_prev_slot_indices_ptr + entry, mask=in_range, other=DUMMY_SLOT)
+        want_position = tl.load(verify_expected_positions_ptr + entry, mask=in_range, other=0)
         if CHECK_TOKENS:
-            want_token = tl.load(token_ptr + entry, mask=in_range, other=UNCHECKED_TOKEN)
+            want_token = tl.load(
+                verify_expected_tokens_ptr + entry, mask=in_range, other=UNCHECKED_TOKEN
+            )
         else:
             want_token = tl.full([BLOCK], UNCHECKED_TOKEN, tl.int64)
         looked = in_range & (slot != DUMMY_SLOT)
@@ -187,11 +199,7 @@ def canary_verify_kernel(
         r_position, _ = tl.split(position2)
         r_prev, _ = tl.split(prev2)
         r_kv, _ = tl.split(kv2)
-        kv, ok, flags = real_kv_or_zero(
-            slot, ok, flags, page_size, bpt_words, kv_words,
-            src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-            rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
-        )  # fmt: skip
+        kv_hash, ok, flags = real_kv_or_zero(slot, ok, flags, kv, NUM_SOURCES, MODE, CHUNK)
         # hash_of(slot) and hash_of(prev) of every lane; the lane to the right may need
         # the first as its predecessor's.
         own, loaded = tl.split(i64(mix3(prev2.to(tl.uint64, bitcast=True), token2, position2)))
@@ -202,24 +210,15 @@ def canary_verify_kernel(
         bits = (
             tl.where(reachable & (r_prev != expected_chain), CHAIN_BIT, 0)
             | tl.where(r_position != want_position, POSITION_BIT, 0)
-            | tl.where(r_kv != kv, REAL_KV_BIT, 0)
+            | tl.where(r_kv != kv_hash, REAL_KV_BIT, 0)
             | tl.where(
                 (want_token != UNCHECKED_TOKEN) & (r_token != want_token), VERIFY_TOKEN_BIT, 0
             )
         )
         append_violations(
             ok & (bits != 0),
-            launch_tag,
-            slot,
-            r_position,
-            r_token,
-            want_token,
-            r_prev,
-            expected_chain,
-            bits,
-            violations_ptr,
-            count_ptr,
-            violation_capacity,
+            (launch_tag, slot, r_position, r_token, want_token, r_prev, expected_chain, bits),
+            store,
         )
     raise_status(status_ptr, flags)
 

@@ -86,14 +86,24 @@ _RUNTIME_INTS = [
 
 @triton.jit
 def _load_token(
-    ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, index, mask, HAS_EXPECTED: tl.constexpr
+    out_cache_loc_ptr,
+    input_ids_ptr,
+    positions_ptr,
+    expected_input_ids_ptr,
+    expected_positions_ptr,
+    index,
+    mask,
+    HAS_EXPECTED: tl.constexpr,
 ):
-    slot = tl.load(ocl_ptr + index, mask=mask, other=NO_SLOT)
-    token = tl.load(ids_ptr + index, mask=mask, other=0)
-    position = tl.load(pos_ptr + index, mask=mask, other=0)
+    """Token ``index`` of the step: ``(slot, token, position, exp_token, exp_position)``
+    (the expected ones the token's own without ``HAS_EXPECTED``). Flat arguments:
+    benchmarks/chain_floor.py's kernel calls it too; the walks call :func:`_token_at`."""
+    slot = tl.load(out_cache_loc_ptr + index, mask=mask, other=NO_SLOT)
+    token = tl.load(input_ids_ptr + index, mask=mask, other=0)
+    position = tl.load(positions_ptr + index, mask=mask, other=0)
     if HAS_EXPECTED:
-        exp_token = tl.load(exp_ids_ptr + index, mask=mask, other=0)
-        exp_position = tl.load(exp_pos_ptr + index, mask=mask, other=0)
+        exp_token = tl.load(expected_input_ids_ptr + index, mask=mask, other=0)
+        exp_position = tl.load(expected_positions_ptr + index, mask=mask, other=0)
     else:
         exp_token = token
         exp_position = position
@@ -101,38 +111,61 @@ def _load_token(
 
 
 @triton.jit
+def _token_at(inputs, index, mask, HAS_EXPECTED: tl.constexpr):
+    """:func:`_load_token` from ``inputs``, the step's input pointers in the kernel's
+    order: ``(input_ids_ptr, positions_ptr, out_cache_loc_ptr, expected_input_ids_ptr,
+    expected_positions_ptr)``."""
+    (
+        input_ids_ptr,
+        positions_ptr,
+        out_cache_loc_ptr,
+        expected_input_ids_ptr,
+        expected_positions_ptr,
+    ) = inputs
+    return _load_token(
+        out_cache_loc_ptr,
+        input_ids_ptr,
+        positions_ptr,
+        expected_input_ids_ptr,
+        expected_positions_ptr,
+        index,
+        mask,
+        HAS_EXPECTED,
+    )
+
+
+@triton.jit
 def _stamped(
-    slot, live, flags, num_slots, page_size, bpt_words, kv_words,
-    src0, src1, src2, src3, stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
+    slot, live, flags, num_slots, kv,
     NUM_SOURCES: tl.constexpr, MODE: tl.constexpr, CHUNK: tl.constexpr,
 ):  # fmt: skip
     """A side program's verdict on a token whose slot is ``slot`` (``live``: in its row and
     not skipped): the slot's real-KV hash, whether its record is stamped (in the store and
     its page inside every source; the chain programs' ``slot_limit`` is the same test), and
-    the flags with the bits of a slot past the store or a page past a source."""
+    the flags with the bits of a slot past the store or a page past a source. ``kv``: the
+    real-KV geometry (:func:`~kv_canary_kernels.records.real_kv_hash`)."""
     slot_bad = live & (slot >= num_slots)
     flags |= tl.where(slot_bad, WRITE_SLOT_BAD, 0)
-    return real_kv_or_zero(
-        slot, live & ~slot_bad, flags, page_size, bpt_words, kv_words,
-        src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-        rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
-    )  # fmt: skip
+    return real_kv_or_zero(slot, live & ~slot_bad, flags, kv, NUM_SOURCES, MODE, CHUNK)
 
 
 @triton.jit
 def _steps(
-    ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
-    count_ptr, first, length, start, stop, chained, seed, check_pos, num_slots, slot_limit,
-    violation_capacity, launch_tag, page_size, bpt_words, kv_words,
-    src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-    rows0, rows1, rows2, rows3,
-    s0, t0, p0, et0, ep0, s1, t1, p1, et1, ep1, running, flags, expect, suspect, prev_pos,
+    inputs, store, kv, row, seed, check_pos, start, stop, ahead, state,
+    num_slots, slot_limit, launch_tag,
     HAS_EXPECTED: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
     CHUNK: tl.constexpr, SIDE: tl.constexpr, CHAIN: tl.constexpr, APPEND: tl.constexpr,
     UNROLL: tl.constexpr,
 ):  # fmt: skip
     """Steps ``[start, stop)`` of each lane's row walk (token ``first + step``), with two
-    tokens in flight ahead of the one at hand (``s0 ...``, ``s1 ...``; returned rotated).
+    tokens in flight ahead of the one at hand (``ahead``: two tokens as
+    :func:`_load_token` returns them). Returns ``(ahead, state)`` after the steps.
+
+    The groups, as the kernel builds them: ``inputs``, the step's input pointers
+    (:func:`_token_at`); ``store``, ``(records_ptr, violations_ptr, violation_count_ptr,
+    violation_capacity)``; ``kv``, the real-KV geometry (``records.real_kv_hash``);
+    ``row``, each lane's ``(first, length, chained)``; ``state``, the walk's ``(running,
+    flags, expect, suspect, prev_pos)``. ``seed`` is each lane's seed slot.
 
     Lanes in ``chained`` have their chain hashed (``CHAIN``), their ``PREV_HASH`` stamped
     and their write checks run by this walk. A side program (``SIDE``) also stamps every
@@ -147,31 +180,27 @@ def _steps(
     violation rows (the KV bytes' hash, stored nowhere there, is dead code to the
     compiler: the replay reads only what its checks need).
     """
+    records_ptr = store[0]
+    first, length, chained = row
+    # Named in the flat arguments' old order: Triton's loop carries values in the order
+    # their names first appear.
+    s0, t0, p0, et0, ep0 = ahead[0]
+    s1, t1, p1, et1, ep1 = ahead[1]
+    running, flags, expect, suspect, prev_pos = state
     limit = slot_limit.to(tl.int64).to(tl.uint64)  # >= 0: a value conversion
     for step in tl.range(start, stop, loop_unroll_factor=UNROLL):
-        s2, t2, p2, et2, ep2 = _load_token(
-            ocl_ptr,
-            ids_ptr,
-            pos_ptr,
-            exp_ids_ptr,
-            exp_pos_ptr,
-            first + step + 2,
-            length > step + 2,
-            HAS_EXPECTED,
-        )
+        s2, t2, p2, et2, ep2 = _token_at(inputs, first + step + 2, length > step + 2, HAS_EXPECTED)
         if SIDE:
             # ``step < length`` repeats what the masked loads say (NO_SLOT past the row's
             # end), but without it ptxas scheduled the loop 14% slower on the H200.
-            kv, ok, flags = _stamped(
-                s0, (step < length) & (s0 >= 0), flags, num_slots, page_size, bpt_words,
-                kv_words, src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-                rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
-            )  # fmt: skip
+            kv_hash, ok, flags = _stamped(
+                s0, (step < length) & (s0 >= 0), flags, num_slots, kv, NUM_SOURCES, MODE, CHUNK
+            )
         else:
             # The side's ok tokens in one unsigned compare: NO_SLOT (past the row's end)
             # and skipped slots wrap high; ``slot_limit`` folds in the real-KV page test.
             ok = s0.to(tl.uint64, bitcast=True) < limit
-            kv = tl.zeros_like(s0)
+            kv_hash = tl.zeros_like(s0)
         chain = i64(running)
         if CHAIN:
             # The chain first: everything below is off its critical path.
@@ -188,32 +217,17 @@ def _steps(
             if HAS_EXPECTED:
                 append_violations(
                     ok & chained & (bits != 0),
-                    launch_tag,
-                    s0,
-                    p0,
-                    t0,
-                    et0,
-                    chain,
-                    ep0,
-                    bits,
-                    violations_ptr,
-                    count_ptr,
-                    violation_capacity,
+                    (launch_tag, s0, p0, t0, et0, chain, ep0, bits),
+                    store,
                 )
             append_violations(
                 checked & (p0 != want),
-                launch_tag,
-                s0,
-                p0,
-                t0,
-                t0,
-                chain,
-                want,
-                tl.full(flags.shape, WRITE_POSITION_BIT, tl.int32),
-                violations_ptr,
-                count_ptr,
-                violation_capacity,
-            )
+                (
+                    launch_tag, s0, p0, t0, t0, chain, want,
+                    tl.full(flags.shape, WRITE_POSITION_BIT, tl.int32),
+                ),
+                store,
+            )  # fmt: skip
             prev_pos = tl.where(checked, p0, prev_pos)
         else:
             # Scalar 8-byte stores: a [ROWS, 4] tile would cost a layout change through
@@ -225,7 +239,7 @@ def _steps(
                 tl.store(rec + REC_POSITION, p0, mask=own)
                 if CHAIN:
                     tl.store(rec + REC_PREV_HASH, chain, mask=ok & chained)
-                tl.store(rec + REC_REAL_KV, kv, mask=ok)
+                tl.store(rec + REC_REAL_KV, kv_hash, mask=ok)
             else:
                 tl.store(rec + REC_PREV_HASH, chain, mask=ok)
                 seeded = ok & (s0 == seed)
@@ -244,34 +258,32 @@ def _steps(
             expect += ok.to(tl.int64)
         s0, t0, p0, et0, ep0 = s1, t1, p1, et1, ep1
         s1, t1, p1, et1, ep1 = s2, t2, p2, et2, ep2
-    return s0, t0, p0, et0, ep0, s1, t1, p1, et1, ep1, running, flags, expect, suspect, prev_pos
+    ahead = (s0, t0, p0, et0, ep0), (s1, t1, p1, et1, ep1)
+    return ahead, (running, flags, expect, suspect, prev_pos)
 
 
 @triton.jit
 def _walk_rows(
-    ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
-    count_ptr, first, length, chained, seed, seed_record, has_seed, seed_position, check_pos,
-    prev_pos, flags, num_slots,
-    slot_limit, violation_capacity, launch_tag, page_size, bpt_words, kv_words,
-    src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-    rows0, rows1, rows2, rows3,
+    inputs, store, kv, row, seeds, check_pos, prev_pos, flags, num_slots, slot_limit,
+    launch_tag,
     HAS_EXPECTED: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
     CHUNK: tl.constexpr, SIDE: tl.constexpr, APPEND: tl.constexpr,
     CHAIN_UNROLL: tl.constexpr,
 ):  # fmt: skip
-    """Each lane walks its row's ``length`` tokens in order, from ``first`` (see
-    :func:`_steps`). Returns the flags, the records written per lane (side programs) and
+    """Each lane walks its row's ``length`` tokens in order, from ``first`` (``row``: see
+    :func:`_steps`; ``seeds``: each lane's ``(seed, has_seed, seed_position,
+    seed_record)``). Returns the flags, the records written per lane (side programs) and
     the suspect lanes."""
+    first, length, chained = row
+    seed, has_seed, seed_position, seed_record = seeds
     expect = prev_pos + 1
     expect0 = expect
     suspect = tl.zeros_like(length) != 0
     # Two tokens in flight ahead of the one at hand: their loads complete while the chain
     # hashes, off its critical path (four ahead, unrolled by 5, measured slower).
-    s0, t0, p0, et0, ep0 = _load_token(
-        ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first, length > 0, HAS_EXPECTED
-    )
-    s1, t1, p1, et1, ep1 = _load_token(
-        ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first + 1, length > 1, HAS_EXPECTED
+    ahead = (
+        _token_at(inputs, first, length > 0, HAS_EXPECTED),
+        _token_at(inputs, first + 1, length > 1, HAS_EXPECTED),
     )
     running = _seed_hash(has_seed, seed_record, seed_position)
     longest = tl.max(length, 0)
@@ -291,97 +303,70 @@ def _walk_rows(
     # tenfold unrolled), in a side program's chained steps (short rows: at most
     # ``write_chain_tokens``) and in the replay (only on a violation).
     UNROLL: tl.constexpr = 1 if (APPEND or SIDE) else CHAIN_UNROLL
-    state = _steps(
-        ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
-        count_ptr, first, length, 0, chained_steps, chained, seed, check_pos, num_slots,
-        slot_limit, violation_capacity, launch_tag, page_size, bpt_words, kv_words,
-        src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-        rows0, rows1, rows2, rows3,
-        s0, t0, p0, et0, ep0, s1, t1, p1, et1, ep1, running, flags, expect, suspect, prev_pos,
+    ahead, state = _steps(
+        inputs, store, kv, row, seed, check_pos, 0, chained_steps, ahead,
+        (running, flags, expect, suspect, prev_pos), num_slots, slot_limit, launch_tag,
         HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, SIDE, True, APPEND, UNROLL,
     )  # fmt: skip
     if SPLIT:
-        s0, t0, p0, et0, ep0, s1, t1, p1, et1, ep1, running, flags, expect, suspect, prev_pos = (
-            state
-        )
         SIDE_UNROLL: tl.constexpr = 2
-        state = _steps(
-            ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
-            count_ptr, first, length, chained_steps, longest, chained, seed, check_pos,
-            num_slots, slot_limit, violation_capacity, launch_tag, page_size, bpt_words,
-            kv_words, src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-            rows0, rows1, rows2, rows3,
-            s0, t0, p0, et0, ep0, s1, t1, p1, et1, ep1, running, flags, expect, suspect,
-            prev_pos, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, True, False, False, SIDE_UNROLL,
+        ahead, state = _steps(
+            inputs, store, kv, row, seed, check_pos, chained_steps, longest, ahead, state,
+            num_slots, slot_limit, launch_tag,
+            HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, True, False, False, SIDE_UNROLL,
         )  # fmt: skip
-    _, _, _, _, _, _, _, _, _, _, _, flags, expect, suspect, _ = state
+    _, flags, expect, suspect, _ = state
     return flags, expect - expect0, suspect
 
 
 @triton.jit
 def _walk_and_replay(
-    ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
-    count_ptr, first, length, chained, seed, seed_record, has_seed, seed_position, check_pos,
-    prev_pos, flags, num_slots, slot_limit, violation_capacity, launch_tag, page_size,
-    bpt_words, kv_words, src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-    rows0, rows1, rows2, rows3,
+    inputs, store, kv, row, seeds, check_pos, prev_pos, flags, num_slots, slot_limit,
+    launch_tag,
     HAS_EXPECTED: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
     CHUNK: tl.constexpr, SIDE: tl.constexpr, CHAIN_UNROLL: tl.constexpr,
 ):  # fmt: skip
     """:func:`_walk_rows`, then, only if some lane met a failing token (rare: an engine
     bug), the same walk of those lanes for their violation rows. Returns the flags and the
     records written per lane."""
+    first, length, _ = row
     flags, written, suspect = _walk_rows(
-        ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
-        count_ptr, first, length, chained, seed, seed_record, has_seed, seed_position,
-        check_pos, prev_pos, flags, num_slots, slot_limit, violation_capacity, launch_tag,
-        page_size, bpt_words, kv_words, src0, src1, src2, src3,
-        stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
-        HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, SIDE, False, CHAIN_UNROLL,
+        inputs, store, kv, row, seeds, check_pos, prev_pos, flags, num_slots, slot_limit,
+        launch_tag, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, SIDE, False, CHAIN_UNROLL,
     )  # fmt: skip
     if tl.max(suspect.to(tl.int32), 0) != 0:
         _walk_rows(
-            ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
-            count_ptr, first, tl.where(suspect, length, 0), suspect, seed, seed_record,
-            has_seed, seed_position, check_pos, prev_pos, flags, num_slots, slot_limit,
-            violation_capacity, launch_tag, page_size, bpt_words, kv_words,
-            src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-            rows0, rows1, rows2, rows3, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, SIDE, True,
-            CHAIN_UNROLL,
+            inputs, store, kv, (first, tl.where(suspect, length, 0), suspect), seeds,
+            check_pos, prev_pos, flags, num_slots, slot_limit, launch_tag,
+            HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, SIDE, True, CHAIN_UNROLL,
         )  # fmt: skip
     return flags, written
 
 
 @triton.jit
 def _single_tokens(
-    ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
-    count_ptr, first, length, has_seed, seed_record, seed_position, check_pos, prev_pos, flags,
-    num_slots,
-    violation_capacity, launch_tag, page_size, bpt_words, kv_words,
-    src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-    rows0, rows1, rows2, rows3,
+    inputs, store, kv, first, length, seeds, check_pos, prev_pos, flags, num_slots,
+    launch_tag,
     HAS_EXPECTED: tl.constexpr, NUM_SOURCES: tl.constexpr, MODE: tl.constexpr,
     CHUNK: tl.constexpr,
 ):  # fmt: skip
     """A side program's rows when none has more than one token (a decode step): each
     lane's token stamped with the seed's hash, its violation rows appended at once (no
     replay), and the chain not advanced past it (nothing reads that hash). Returns the
-    flags and the records written per lane."""
-    s0, t0, p0, et0, ep0 = _load_token(
-        ocl_ptr, ids_ptr, pos_ptr, exp_ids_ptr, exp_pos_ptr, first, length > 0, HAS_EXPECTED
-    )
+    flags and the records written per lane. The groups as for :func:`_walk_rows`."""
+    records_ptr = store[0]
+    _, has_seed, seed_position, seed_record = seeds
+    s0, t0, p0, et0, ep0 = _token_at(inputs, first, length > 0, HAS_EXPECTED)
     running = _seed_hash(has_seed, seed_record, seed_position)
-    kv, ok, flags = _stamped(
-        s0, (length > 0) & (s0 >= 0), flags, num_slots, page_size, bpt_words, kv_words,
-        src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-        rows0, rows1, rows2, rows3, NUM_SOURCES, MODE, CHUNK,
-    )  # fmt: skip
+    kv_hash, ok, flags = _stamped(
+        s0, (length > 0) & (s0 >= 0), flags, num_slots, kv, NUM_SOURCES, MODE, CHUNK
+    )
     chain = i64(running)
     rec = records_ptr + s0 * REC_W
     tl.store(rec + REC_TOKEN, t0, mask=ok)
     tl.store(rec + REC_POSITION, p0, mask=ok)
     tl.store(rec + REC_PREV_HASH, chain, mask=ok)
-    tl.store(rec + REC_REAL_KV, kv, mask=ok)
+    tl.store(rec + REC_REAL_KV, kv_hash, mask=ok)
     want = prev_pos + 1
     position_bad = ok & check_pos & (p0 != want)
     if HAS_EXPECTED:
@@ -394,21 +379,28 @@ def _single_tokens(
     # shuffle), not free even when no lane appends.
     if tl.max((input_bad | position_bad).to(tl.int32), 0) != 0:
         if HAS_EXPECTED:
-            append_violations(
-                input_bad, launch_tag, s0, p0, t0, et0, chain, ep0, bits,
-                violations_ptr, count_ptr, violation_capacity,
-            )  # fmt: skip
+            append_violations(input_bad, (launch_tag, s0, p0, t0, et0, chain, ep0, bits), store)
         append_violations(
-            position_bad, launch_tag, s0, p0, t0, t0, chain, want,
-            tl.full(flags.shape, WRITE_POSITION_BIT, tl.int32), violations_ptr, count_ptr,
-            violation_capacity,
+            position_bad,
+            (
+                launch_tag, s0, p0, t0, t0, chain, want,
+                tl.full(flags.shape, WRITE_POSITION_BIT, tl.int32),
+            ),
+            store,
         )  # fmt: skip
     return flags, ok.to(tl.int64)
 
 
 @triton.jit
 def _row_spans(
-    write_offsets_ptr, seeds_ptr, records_ptr, rows, num_rows, write_capacity, n, num_slots
+    write_offsets_ptr,
+    write_seed_slot_indices_ptr,
+    records_ptr,
+    rows,
+    num_rows,
+    write_capacity,
+    n,
+    num_slots,
 ):
     """Each lane's row: its first token, its length (0 for a row that writes nothing), its
     seed slot, whether it has a seed, the seed's position, the seed record's
@@ -428,7 +420,7 @@ def _row_spans(
     length = tl.maximum(tl.minimum(tl.maximum(hi, 0), n) - first, 0)
     # The seed and its record are loaded without waiting for the offsets (a row that
     # turns out idle ignores them): two round trips side by side instead of in a row.
-    seed = tl.load(seeds_ptr + rows, mask=in_buffers, other=NO_SLOT)
+    seed = tl.load(write_seed_slot_indices_ptr + rows, mask=in_buffers, other=NO_SLOT)
     seed_in_range = in_buffers & (seed >= 0) & (seed < num_slots)
     seed_rec = records_ptr + seed * REC_W
     seed_token = tl.load(seed_rec + REC_TOKEN, mask=seed_in_range, other=0)
@@ -458,22 +450,22 @@ def _seed_hash(has_seed, seed_record, seed_position):
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def canary_write_kernel(
     # the step's inputs
-    ids_ptr,
-    pos_ptr,
-    ocl_ptr,
-    exp_ids_ptr,
-    exp_pos_ptr,
+    input_ids_ptr,
+    positions_ptr,
+    out_cache_loc_ptr,
+    expected_input_ids_ptr,
+    expected_positions_ptr,
     # the plan
     write_offsets_ptr,
-    seeds_ptr,
-    num_rows_ptr,
+    write_seed_slot_indices_ptr,
+    write_num_valid_reqs_ptr,
     # the store
     records_ptr,
     violations_ptr,
-    count_ptr,
-    runs_ptr,
-    processed_ptr,
-    check_ptr,
+    violation_count_ptr,
+    kernel_runs_ptr,
+    slots_processed_ptr,
+    chain_position_check_ptr,
     status_ptr,
     # real-KV sources
     src0,
@@ -507,10 +499,27 @@ def canary_write_kernel(
     CHUNK: tl.constexpr,
     CHAIN_UNROLL: tl.constexpr,
 ):
+    # The arguments the helpers take together (tuples: a grouping, no code of their own).
+    inputs = (
+        input_ids_ptr,
+        positions_ptr,
+        out_cache_loc_ptr,
+        expected_input_ids_ptr,
+        expected_positions_ptr,
+    )
+    store = (records_ptr, violations_ptr, violation_count_ptr, violation_capacity)
+    kv = (
+        page_size,
+        bpt_words,
+        kv_words,
+        (src0, src1, src2, src3),
+        (stride0, stride1, stride2, stride3),
+        (rows0, rows1, rows2, rows3),
+    )
     pid = tl.program_id(0)
     if pid == 0:
-        tl.atomic_add(runs_ptr, 1, sem="relaxed")  # relaxed: see append_violations
-    raw_rows = tl.load(num_rows_ptr).to(tl.int64)
+        tl.atomic_add(kernel_runs_ptr, 1, sem="relaxed")  # relaxed: see append_violations
+    raw_rows = tl.load(write_num_valid_reqs_ptr).to(tl.int64)
     num_rows = tl.minimum(tl.maximum(raw_rows, 0), write_capacity)
     lanes = tl.arange(0, ROWS)
     side_programs = (write_capacity + ROWS - 1) // ROWS
@@ -522,11 +531,19 @@ def canary_write_kernel(
     else:
         rows = pid * ROWS + lanes.to(tl.int64)
     first, length, seed, has_seed, seed_position, seed_record, flags = _row_spans(
-        write_offsets_ptr, seeds_ptr, records_ptr, rows, num_rows, write_capacity, n, num_slots
+        write_offsets_ptr,
+        write_seed_slot_indices_ptr,
+        records_ptr,
+        rows,
+        num_rows,
+        write_capacity,
+        n,
+        num_slots,
     )
+    seeds = (seed, has_seed, seed_position, seed_record)
     # The flag loaded per lane (one word, broadcast): a scalar bool combined with a lane
     # vector comes out as int32 in Triton 3.9's interpreter, and a mask must be bool.
-    check_pos = has_seed & (tl.load(check_ptr + tl.zeros_like(rows)) != 0)
+    check_pos = has_seed & (tl.load(chain_position_check_ptr + tl.zeros_like(rows)) != 0)
     prev_pos = tl.where(check_pos, seed_position, 0)
     long = length > chain_tokens
     if not is_chain:
@@ -540,36 +557,25 @@ def canary_write_kernel(
             # no chain to advance past it. (Not with real-KV sources: a second copy of
             # their hash would double the compile time.)
             flags, written = _single_tokens(
-                ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr,
-                violations_ptr, count_ptr, first, length, has_seed, seed_record, seed_position,
-                check_pos, prev_pos, flags, num_slots, violation_capacity, launch_tag,
-                page_size, bpt_words, kv_words, src0, src1, src2, src3,
-                stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
-                HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK,
+                inputs, store, kv, first, length, seeds, check_pos, prev_pos, flags,
+                num_slots, launch_tag, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK,
             )  # fmt: skip
         else:
             flags, written = _walk_and_replay(
-                ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr,
-                violations_ptr, count_ptr, first, length, ~long, seed, seed_record, has_seed,
-                seed_position, check_pos, prev_pos, flags, num_slots, slot_limit,
-                violation_capacity, launch_tag, page_size, bpt_words, kv_words,
-                src0, src1, src2, src3, stride0, stride1, stride2, stride3,
-                rows0, rows1, rows2, rows3, HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, True,
-                CHAIN_UNROLL,
+                inputs, store, kv, (first, length, ~long), seeds, check_pos, prev_pos,
+                flags, num_slots, slot_limit, launch_tag,
+                HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, True, CHAIN_UNROLL,
             )  # fmt: skip
         total = tl.sum(written, 0)
         if total > 0:
-            tl.atomic_add(processed_ptr, total, sem="relaxed")
+            tl.atomic_add(slots_processed_ptr, total, sem="relaxed")
         raise_status(status_ptr, flags)
     else:
         # A chain program: its long rows' chains, their write checks and violation rows.
         length = tl.where(long, length, 0)
         _walk_and_replay(
-            ids_ptr, pos_ptr, ocl_ptr, exp_ids_ptr, exp_pos_ptr, records_ptr, violations_ptr,
-            count_ptr, first, length, length > 0, seed, seed_record, has_seed, seed_position,
-            check_pos, prev_pos, flags, num_slots, slot_limit, violation_capacity, launch_tag,
-            page_size, bpt_words, kv_words, src0, src1, src2, src3,
-            stride0, stride1, stride2, stride3, rows0, rows1, rows2, rows3,
+            inputs, store, kv, (first, length, length > 0), seeds, check_pos, prev_pos,
+            flags, num_slots, slot_limit, launch_tag,
             HAS_EXPECTED, NUM_SOURCES, MODE, CHUNK, False, CHAIN_UNROLL,
         )  # fmt: skip
 

@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-venv.sh
-exec .venv/bin/python -m kv_canary_buffers "$@"
+exec .venv/bin/python -m kv_canary_demo "$@"

@@ -4,7 +4,7 @@
 # plan and of write/verify, the demo on CUDA with corruption injected, and the benchmark of
 # every stage. Writes run.log, memcheck-h200.log
 # and the benchmark CSV and plots under $OUT (default: ./gpu-check-out).
-# On two GPUs also benchmarks/bench_multi_gpu.py. BENCH=0 skips benchmarks/bench.py;
+# On two GPUs also benchmarks.probes.two_gpu_costs. BENCH=0 skips the benchmark (python -m benchmarks);
 # CANARY=0 skips the canary contract tests on CUDA (the CPU suite runs them under the
 # interpreter, where the write's PTX products and unrolled loop are not compiled).
 # PARTS picks sections (default: tests canary memcheck demo compile bench; also suite, the
@@ -20,10 +20,10 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 L=$OUT/run.log
 # The sources' digest beside the commit (a copied working tree may carry a stale .git), in
 # C order: a glob's order follows the locale.
-{ date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; echo "sources $(find kv_canary_buffers kv_canary_kernels -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
+{ date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; echo "sources $(find kv_canary_buffers kv_canary_kernels kv_canary_demo -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
 if part tests; then
 echo "== GPU tests $(date -u +%T)" >> $L
-timeout 400 python -m pytest -q tests/launch tests/plan tests/buffers tests/api tests/test_demo.py tests/test_end_to_end.py -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
+timeout 400 python -m pytest -q tests/launch tests/plan tests/buffers tests/api tests/demo -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
 fi
 if [ "${CANARY:-1}" = 1 ] && part canary; then
   echo "== canary contract tests on CUDA $(date -u +%T)" >> $L
@@ -32,7 +32,7 @@ if [ "${CANARY:-1}" = 1 ] && part canary; then
   # about 45 variants, 110-125 s for each of its three write tests on the H200 host.
   python -c "import xdist" 2>/dev/null && X="-n auto" || X=""
   timeout 420 python -m pytest -q $X tests/records -p no:cacheprovider >> $L 2>&1; echo "canary pytest rc=$?" >> $L
-  timeout 30 python benchmarks/chain_floor.py >> $L 2>&1; echo "chain_floor rc=$?" >> $L
+  timeout 30 python -m benchmarks.probes.write_chain_floor >> $L 2>&1; echo "write_chain_floor rc=$?" >> $L
 fi
 if part memcheck; then
 echo "== memcheck $(date -u +%T)" >> $L
@@ -43,16 +43,16 @@ grep -E "ERROR SUMMARY|gpu_memcheck" $M >> $L
 fi
 if part demo; then
 echo "== demo $(date -u +%T)" >> $L
-timeout 60 python -m kv_canary_buffers --device cuda --inject-corruption --steps 120 >> $L 2>&1; echo "demo rc=$?" >> $L
+timeout 60 python -m kv_canary_demo --device cuda --inject-corruption --steps 120 >> $L 2>&1; echo "demo rc=$?" >> $L
 fi
 if part demo && [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
   echo "== two GPUs: launch host cost, NCCL gather $(date -u +%T)" >> $L
-  timeout 120 python benchmarks/bench_multi_gpu.py >> $L 2>&1; echo "bench_multi_gpu rc=$?" >> $L
+  timeout 120 python -m benchmarks.probes.two_gpu_costs >> $L 2>&1; echo "two_gpu_costs rc=$?" >> $L
 fi
 if part compile; then
 echo "== torch.compile tests $(date -u +%T)" >> $L
 timeout 240 python -m pytest -q tests/compile -p no:cacheprovider >> $L 2>&1; echo "compile pytest rc=$?" >> $L
-timeout 90 python benchmarks/bench_compile_host.py >> $L 2>&1; echo "bench_compile_host rc=$?" >> $L
+timeout 90 python -m benchmarks.probes.compiled_step_host >> $L 2>&1; echo "compiled_step_host rc=$?" >> $L
 fi
 if part suite; then
   # The whole suite in one process (no test may depend on another's order or state).
@@ -61,6 +61,6 @@ if part suite; then
 fi
 if [ "${BENCH:-1}" = 1 ] && part bench; then
   echo "== bench $(date -u +%T)" >> $L
-  timeout 240 python benchmarks/bench.py --quick --out $OUT >> $L 2>&1; echo "bench rc=$?" >> $L
+  timeout 240 python -m benchmarks --quick --out $OUT >> $L 2>&1; echo "bench rc=$?" >> $L
 fi
 echo "== done $(date -u +%T)" >> $L

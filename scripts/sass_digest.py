@@ -97,20 +97,27 @@ VARIANTS: list[tuple[str, str, str, dict[str, Any], int]] = [
 
 
 _INT32_POINTERS = {
+    # the int32 fields (kv_canary_buffers.layout) and inputs, by their kernel parameters'
+    # names: `<field>_ptr` ...
     "req_to_token_ptr",
-    "token_pool_ptr",
+    "req_to_verify_expected_tokens_ptr",
     "write_num_valid_reqs_ptr",
     "verify_num_valid_ptr",
     "verify_enable_ptr",
+    "verify_row_hints_ptr",
+    "chain_position_check_ptr",
+    "status_ptr",
+    # ... and as trees before that naming called them
+    "token_pool_ptr",
     "num_rows_ptr",
     "num_valid_ptr",
     "enable_ptr",
     "check_ptr",
-    "status_ptr",
     "row_hints_ptr",
 }
-"""Pointer parameters compiled as int32 (the rest int64, ``src*`` bf16): the digest needs a
-typing that is the same in both trees and compiles, not the launch's exact one."""
+"""Pointer parameters compiled as int32 (the rest int64, ``src*`` bf16), as the launchers
+pass them: each int32 field's and input's parameter, under its name in this tree and in
+older ones, so that every tree is compiled with the same types."""
 
 
 def _compile(fn: Any, constexprs: dict[str, Any], num_warps: int) -> Any:
@@ -136,7 +143,11 @@ def _compile(fn: Any, constexprs: dict[str, Any], num_warps: int) -> Any:
 
 
 def _sass(cubin: bytes) -> str:
-    from sass_model import cuobjdump
+    try:
+        from benchmarks.sass import cuobjdump
+    except ModuleNotFoundError:  # a tree from before benchmarks/ was a package
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from sass_model import cuobjdump
 
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
@@ -157,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump", type=Path, help="write each variant's SASS into this folder")
     args = parser.parse_args(argv)
     os.environ["TRITON_INTERPRET"] = "0"
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.append(str(ROOT))  # benchmarks.sass; the kernels first on PYTHONPATH stay first
     for name, module, kernel, constexprs, warps in VARIANTS:
         try:
             mod = importlib.import_module(f"kv_canary_kernels.{module}")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv (Python 3.10+) and installs this package with its test and bench extras.
+# Creates .venv (Python 3.10+) and installs this package with its test, bench and demo extras.
 # Re-running is a no-op once installed. Three worlds, each checked with
 # `pip install --isolated --dry-run` (README, "Two commands"):
 #
@@ -50,7 +50,7 @@ if "$PYTHON" -c "import torch, triton" 2>/dev/null; then
   [ -x .venv/bin/python ] || "$PYTHON" -m venv --system-site-packages .venv
   pin_installed
   if ! .venv/bin/python -m pip install -q --no-build-isolation -c "$constraints" \
-      -e '.[test,bench]'; then
+      -e '.[test,bench,demo]'; then
     echo "setup-venv: could not install the extras (offline?); installing the package alone" >&2
     .venv/bin/python -m pip install -q --no-build-isolation --no-deps -e .
   fi
@@ -62,6 +62,6 @@ else
     .venv/bin/python -m pip install -q "triton==$TRITON_VERSION"       # world 3
   fi
   pin_installed
-  .venv/bin/python -m pip install -q -c "$constraints" -e '.[test,bench]'
+  .venv/bin/python -m pip install -q -c "$constraints" -e '.[test,bench,demo]'
 fi
 echo "$want" > "$stamp"

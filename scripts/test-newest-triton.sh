@@ -10,6 +10,6 @@ venv=.venv-newest-triton
 "$venv/bin/python" -m pip install -q --upgrade pip
 "$venv/bin/python" -m pip install -q "torch==${KV_CANARY_TORCH:-2.13.0}"
 "$venv/bin/python" -m pip install -q --upgrade triton numpy
-"$venv/bin/python" -m pip install -q -e '.[test,bench]'
+"$venv/bin/python" -m pip install -q -e '.[test,bench,demo]'
 "$venv/bin/python" -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__)"
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"

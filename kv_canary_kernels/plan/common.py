@@ -39,10 +39,12 @@ def window_start(prefix_len, window):
 
 
 @triton.jit
-def load_valid_lens(valid_lens_ptr, rows, mask, HAS_POOL: tl.constexpr):
-    """Valid lengths of the token pool for ``rows`` (masked lanes and no pool: zeros)."""
+def load_valid_lens(pool, rows, mask, HAS_POOL: tl.constexpr):
+    """Valid lengths of the token pool for ``rows`` (masked lanes and no pool: zeros);
+    ``pool`` as for :func:`write_entries`."""
+    req_to_verify_expected_tokens_valid_lens_ptr = pool[1]
     if HAS_POOL:
-        valid_len = tl.load(valid_lens_ptr + rows, mask=mask, other=0)
+        valid_len = tl.load(req_to_verify_expected_tokens_valid_lens_ptr + rows, mask=mask, other=0)
     else:
         valid_len = tl.zeros(rows.shape, tl.int64)
     return valid_len
@@ -70,16 +72,10 @@ def load_write_counts(extend_seq_lens_ptr, rows, in_batch, active):
 
 
 @triton.jit
-def load_rows(
-    req_pool_indices_ptr,
-    prefix_lens_ptr,
-    extend_seq_lens_ptr,
-    rows,
-    bs,
-    window,
-    verify_capacity,
-):
-    """Per-row inputs and the contract's ``(active, vcount, wcount)`` for ``rows``."""
+def load_rows(row_inputs, rows, bs, window, verify_capacity):
+    """Per-row inputs and the contract's ``(active, vcount, wcount)`` for ``rows``;
+    ``row_inputs``: ``(req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr)``."""
+    req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr = row_inputs
     in_batch, rp, prefix, active, vcount = load_verify_rows(
         req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window, verify_capacity
     )
@@ -110,17 +106,22 @@ def find_rows(first, n_rows, entry, offsets, IN_REGISTERS: tl.constexpr, BLOCK: 
 
 
 @triton.jit
-def translate(slot, lut_ptr, lut_len, mask):
+def translate(slot, lut, mask):
     """``xlat`` of the contract for the lanes in ``mask``: non-negative slots are looked
-    up in the LUT, negative ones pass through. A slot at or past ``lut_len`` is not read:
-    it becomes slot 0 and its lane is reported in the second result."""
+    up in the LUT (``lut``: ``(full_to_swa_index_mapping_ptr, lut_len)``), negative ones
+    pass through. A slot at or past ``lut_len`` is not read: it becomes slot 0 and its
+    lane is reported in the second result."""
+    full_to_swa_index_mapping_ptr, lut_len = lut
     looked_up = mask & (slot >= 0)
     in_range = slot < lut_len
     # The tables are re-read every step, while the outputs (often larger than L2) are
     # written once per step: ask L2 to keep the tables (evict_last) and to let the
     # streamed outputs go first (the .cs stores in write_entries).
     value = tl.load(
-        lut_ptr + slot, mask=looked_up & in_range, other=DUMMY_SLOT, eviction_policy="evict_last"
+        full_to_swa_index_mapping_ptr + slot,
+        mask=looked_up & in_range,
+        other=DUMMY_SLOT,
+        eviction_policy="evict_last",
     )
     return tl.where(looked_up, value, slot), looked_up & (slot >= lut_len)
 
@@ -146,16 +147,16 @@ def write_offsets_and_counters(
     v_total,
     owns_counters,
     write_offsets_ptr,
-    write_num_valid_reqs_ptr,
-    verify_num_valid_ptr,
-    verify_enable_ptr,
+    counters,
     bs,
     write_capacity,
     verify_capacity,
 ):
     """``write_offsets`` of a block of ``rows`` (the total at index ``bs``, zeros after it
     within the block) and, when ``owns_counters`` (the block holds index ``bs``), the three
-    counters. ``w_before``: write entries of the rows before the block."""
+    counters (``counters``: ``(write_num_valid_reqs_ptr, verify_num_valid_ptr,
+    verify_enable_ptr)``). ``w_before``: write entries of the rows before the block."""
+    write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr = counters
     w_excl = w_before + tl.cumsum(wcount, 0) - wcount
     w_out = tl.where(in_batch, w_excl, tl.where(rows == bs, w_total, 0))
     tl.store(write_offsets_ptr + rows, w_out, mask=rows <= write_capacity)
@@ -178,20 +179,19 @@ def write_seeds(
     active,
     wcount,
     valid_len,
-    req_to_token_ptr,
-    lut_ptr,
-    write_seed_ptr,
-    table_rows,
-    table_cols,
-    lut_len,
-    pool_rows,
-    pool_cols,
+    table,
+    lut,
+    pool,
+    write_seed_slot_indices_ptr,
     HAS_LUT: tl.constexpr,
     HAS_POOL: tl.constexpr,
 ):
     """Seeds of a block of ``rows``, and the status bits of the rows' own values
     (returned: req_pool_index, prefix_len, valid_len, pool row, and the seed's LUT slot).
-    ``valid_len`` holds the rows' valid lengths of the token pool (ignored without it)."""
+    ``valid_len`` holds the rows' valid lengths of the token pool (ignored without it).
+    ``table``, ``lut``, ``pool``: as for :func:`write_entries`."""
+    req_to_token_ptr, table_rows, table_cols = table
+    _, _, pool_rows, pool_cols, _ = pool
     rp_ok = (rp >= 0) & (rp < table_rows)
     wants_seed = active & (prefix > 0) & (wcount > 0)
     seed_pos = tl.maximum(prefix, 1) - 1  # P - 1 where a seed is read; no wrap at -2**63
@@ -203,9 +203,9 @@ def write_seeds(
     flags = tl.where(active & ~rp_ok, REQ_POOL_INDEX_BIT, 0)
     flags |= tl.where(active & (prefix > table_cols), PREFIX_LEN_BIT, 0)
     if HAS_LUT:
-        seed, bad_slot = translate(seed, lut_ptr, lut_len, seed_read)
+        seed, bad_slot = translate(seed, lut, seed_read)
         flags |= tl.where(bad_slot, LUT_SLOT_BIT, 0)
-    tl.store(write_seed_ptr + rows, tl.where(wants_seed, seed, NO_SLOT), mask=in_batch)
+    tl.store(write_seed_slot_indices_ptr + rows, tl.where(wants_seed, seed, NO_SLOT), mask=in_batch)
     if HAS_POOL:
         flags |= tl.where(active & ((rp < 0) | (rp >= pool_rows)), POOL_ROW_BIT, 0)
         flags |= tl.where(active & (valid_len > pool_cols), VALID_LEN_BIT, 0)
@@ -215,29 +215,21 @@ def write_seeds(
 @triton.jit
 def write_seed_block(
     rows,
-    req_pool_indices_ptr,
-    prefix_lens_ptr,
-    extend_seq_lens_ptr,
-    valid_lens_ptr,
-    req_to_token_ptr,
-    lut_ptr,
-    write_seed_ptr,
+    row_inputs,
+    table,
+    lut,
+    pool,
+    write_seed_slot_indices_ptr,
     bs,
     window,
-    table_rows,
-    table_cols,
-    lut_len,
-    pool_rows,
-    pool_cols,
     HAS_LUT: tl.constexpr,
     HAS_POOL: tl.constexpr,
 ):
     """:func:`write_seeds` of a block of ``rows``, from their inputs loaded here (the
-    large-batch paths' seed blocks need no scan); returns the rows' status bits."""
+    large-batch paths' seed blocks need no scan); returns the rows' status bits.
+    ``row_inputs`` as for :func:`load_rows`."""
     in_batch, rp, prefix, active, _vcount, wcount = load_rows(
-        req_pool_indices_ptr,
-        prefix_lens_ptr,
-        extend_seq_lens_ptr,
+        row_inputs,
         rows,
         bs,
         window,
@@ -250,15 +242,11 @@ def write_seed_block(
         prefix,
         active,
         wcount,
-        load_valid_lens(valid_lens_ptr, rows, in_batch, HAS_POOL),
-        req_to_token_ptr,
-        lut_ptr,
-        write_seed_ptr,
-        table_rows,
-        table_cols,
-        lut_len,
-        pool_rows,
-        pool_cols,
+        load_valid_lens(pool, rows, in_batch, HAS_POOL),
+        table,
+        lut,
+        pool,
+        write_seed_slot_indices_ptr,
         HAS_LUT,
         HAS_POOL,
     )
@@ -288,26 +276,33 @@ def write_entries(
     rp,
     pos,
     valid_len,
-    req_to_token_ptr,
-    lut_ptr,
-    token_pool_ptr,
-    slot_ptr,
-    token_ptr,
-    position_ptr,
-    prev_slot_ptr,
-    token_offset,
-    table_rows,
-    table_cols,
-    lut_len,
-    pool_rows,
-    pool_cols,
+    table,
+    lut,
+    pool,
+    entries,
     HAS_LUT: tl.constexpr,
     HAS_POOL: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """Slot, expected token, position and prev slot of each verify ``entry`` (lanes in
     ``in_range``), given its ``row`` and that row's ``rp``, position and valid length.
-    Returns the LUT status bit if a looked-up slot was out of range."""
+    Returns the LUT status bit if a looked-up slot was out of range.
+
+    The groups, as the kernels build them: ``table``, ``(req_to_token_ptr, table_rows,
+    table_cols)``; ``lut``, ``(full_to_swa_index_mapping_ptr, lut_len)``; ``pool``, the
+    expected-token pool ``(req_to_verify_expected_tokens_ptr,
+    req_to_verify_expected_tokens_valid_lens_ptr, pool_rows, pool_cols, token_offset)``;
+    ``entries``, the plan's four entry columns ``(verify_slot_indices_ptr,
+    verify_expected_tokens_ptr, verify_expected_positions_ptr,
+    verify_prev_slot_indices_ptr)``."""
+    req_to_token_ptr, table_rows, table_cols = table
+    req_to_verify_expected_tokens_ptr, _, pool_rows, pool_cols, token_offset = pool
+    (
+        verify_slot_indices_ptr,
+        verify_expected_tokens_ptr,
+        verify_expected_positions_ptr,
+        verify_prev_slot_indices_ptr,
+    ) = entries
     rp_ok = (rp >= 0) & (rp < table_rows)
     table_row = req_to_token_ptr + rp * table_cols
     # Reads that would leave the table are not made: those slots become 0, untranslated.
@@ -318,14 +313,14 @@ def write_entries(
     prev_read = in_range & rp_ok & has_prev & (pos <= table_cols)
     bits = tl.full([], 0, tl.int32)
     if HAS_LUT:
-        slot, bad_slot = translate(slot, lut_ptr, lut_len, slot_read)
+        slot, bad_slot = translate(slot, lut, slot_read)
         # LUT reads are random: where the lane to the left holds position pos - 1 of the
         # same row, take its translated slot instead of reading the LUT a second time.
         left = tl.maximum(tl.arange(0, BLOCK) - 1, 0)
         from_left = (tl.arange(0, BLOCK) > 0) & (tl.gather(row, left, 0) == row)
         prev_read &= ~from_left
         prev = tl.load(table_row + pos - 1, mask=prev_read, other=DUMMY_SLOT).to(tl.int64)
-        prev, bad_prev = translate(prev, lut_ptr, lut_len, prev_read)
+        prev, bad_prev = translate(prev, lut, prev_read)
         prev = tl.where(from_left, tl.gather(slot, left, 0), prev)
         bits = any_bit(bad_slot | bad_prev, LUT_SLOT_BIT)
     else:
@@ -337,13 +332,17 @@ def write_entries(
         q = tl.minimum(pos, INT64_MAX - tl.maximum(token_offset.to(tl.int64), 0)) + token_offset
         checked = in_range & (q >= 0) & (q < valid_len)
         checked &= (q < pool_cols) & (rp >= 0) & (rp < pool_rows)
-        token = tl.load(token_pool_ptr + rp * pool_cols + q, mask=checked, other=UNCHECKED_TOKEN)
+        token = tl.load(
+            req_to_verify_expected_tokens_ptr + rp * pool_cols + q,
+            mask=checked,
+            other=UNCHECKED_TOKEN,
+        )
         token = token.to(tl.int64)
     else:
         token = tl.full([BLOCK], UNCHECKED_TOKEN, tl.int64)
     # Streaming stores: see translate().
-    tl.store(slot_ptr + entry, slot, mask=in_range, cache_modifier=".cs")
-    tl.store(token_ptr + entry, token, mask=in_range, cache_modifier=".cs")
-    tl.store(position_ptr + entry, pos, mask=in_range, cache_modifier=".cs")
-    tl.store(prev_slot_ptr + entry, prev, mask=in_range, cache_modifier=".cs")
+    tl.store(verify_slot_indices_ptr + entry, slot, mask=in_range, cache_modifier=".cs")
+    tl.store(verify_expected_tokens_ptr + entry, token, mask=in_range, cache_modifier=".cs")
+    tl.store(verify_expected_positions_ptr + entry, pos, mask=in_range, cache_modifier=".cs")
+    tl.store(verify_prev_slot_indices_ptr + entry, prev, mask=in_range, cache_modifier=".cs")
     return bits

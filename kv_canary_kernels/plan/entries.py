@@ -47,27 +47,15 @@ def write_entry_blocks(
     first,
     step,
     total,
-    req_pool_indices_ptr,
-    prefix_lens_ptr,
-    req_to_token_ptr,
-    lut_ptr,
-    token_pool_ptr,
-    valid_lens_ptr,
-    verify_offsets_ptr,
-    row_hints_ptr,
-    slot_ptr,
-    token_ptr,
-    position_ptr,
-    prev_slot_ptr,
+    row_inputs,
+    table,
+    lut,
+    pool,
+    scan,
+    entries,
     bs,
     verify_capacity,
     window,
-    token_offset,
-    table_rows,
-    table_cols,
-    lut_len,
-    pool_rows,
-    pool_cols,
     HAS_LUT: tl.constexpr,
     HAS_POOL: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -75,19 +63,23 @@ def write_entry_blocks(
     HINT_STRIDE: tl.constexpr,
 ):
     """The verify entries of blocks ``first, first + step, ...`` below ``total``, from the
-    scan's ``verify_offsets`` and row hints (see the module's docstring); returns the
-    status bits of their reads.
+    scan's ``verify_offsets`` and row hints (``scan``: ``(verify_offsets_ptr,
+    verify_row_hints_ptr)``; see the module's docstring); returns the status bits of their
+    reads. ``row_inputs`` as for :func:`~.common.load_rows`, the other groups as for
+    :func:`~.common.write_entries`.
 
     The count, hints and rows are clamped to the buffers: they are this plan's own in
     every launch that follows the protocol, and the one-launch path must stay in bounds
     when it did not (``PLAN_SYNC_LOST``: its scratch may be another launch's)."""
+    req_pool_indices_ptr, prefix_lens_ptr, _ = row_inputs
+    verify_offsets_ptr, verify_row_hints_ptr = scan
     total = tl.minimum(tl.maximum(total, 0), verify_capacity)
     bits = tl.full([], 0, tl.int32)
     for start in range(first, total, step):
         entry = start + tl.arange(0, BLOCK)
         in_range = entry < total
         last = tl.minimum(start + BLOCK, total) - 1
-        first_row = tl.load(row_hints_ptr + start // HINT_STRIDE)
+        first_row = tl.load(verify_row_hints_ptr + start // HINT_STRIDE)
         first_row = tl.minimum(tl.maximum(first_row, 0), bs - 1).to(tl.int32)
         # The rows from first_row on, in one load of each input.
         w_rows = first_row + tl.arange(0, ROW_WINDOW)
@@ -99,7 +91,7 @@ def write_entry_blocks(
             w_rp = tl.load(req_pool_indices_ptr + w_rows, mask=w_valid, other=PADDING_ROW)
             w_prefix = tl.load(prefix_lens_ptr + w_rows, mask=w_valid, other=0)
             w_base = window_start(w_prefix, window) - w_offsets  # pos = base + entry
-            w_valid_lens = load_valid_lens(valid_lens_ptr, w_rows, w_valid, HAS_POOL)
+            w_valid_lens = load_valid_lens(pool, w_rows, w_valid, HAS_POOL)
             k = find_rows(0, n_rows, entry, w_offsets, True, BLOCK)
             row = first_row + k
             rp = tl.gather(w_rp, k, 0)
@@ -109,7 +101,9 @@ def write_entry_blocks(
             # Many short rows: binary search in memory, up to the next block's row.
             next_start = start + BLOCK
             next_row = tl.load(
-                row_hints_ptr + next_start // HINT_STRIDE, mask=next_start < total, other=bs - 1
+                verify_row_hints_ptr + next_start // HINT_STRIDE,
+                mask=next_start < total,
+                other=bs - 1,
             )
             next_row = tl.minimum(tl.maximum(next_row, first_row), bs - 1).to(tl.int32)
             row = find_rows(
@@ -118,7 +112,7 @@ def write_entry_blocks(
             rp = tl.load(req_pool_indices_ptr + row)
             prefix = tl.load(prefix_lens_ptr + row)
             pos = window_start(prefix, window) + (entry - tl.load(verify_offsets_ptr + row))
-            valid_len = load_valid_lens(valid_lens_ptr, row, in_range, HAS_POOL)
+            valid_len = load_valid_lens(pool, row, in_range, HAS_POOL)
         bits |= write_entries(
             entry,
             in_range,
@@ -126,19 +120,10 @@ def write_entry_blocks(
             rp,
             pos,
             valid_len,
-            req_to_token_ptr,
-            lut_ptr,
-            token_pool_ptr,
-            slot_ptr,
-            token_ptr,
-            position_ptr,
-            prev_slot_ptr,
-            token_offset,
-            table_rows,
-            table_cols,
-            lut_len,
-            pool_rows,
-            pool_cols,
+            table,
+            lut,
+            pool,
+            entries,
             HAS_LUT,
             HAS_POOL,
             BLOCK,
@@ -153,19 +138,19 @@ def plan_entries_kernel(
     prefix_lens_ptr,
     extend_seq_lens_ptr,
     req_to_token_ptr,
-    lut_ptr,
-    token_pool_ptr,
-    valid_lens_ptr,
+    full_to_swa_index_mapping_ptr,
+    req_to_verify_expected_tokens_ptr,
+    req_to_verify_expected_tokens_valid_lens_ptr,
     verify_offsets_ptr,
-    row_hints_ptr,
+    verify_row_hints_ptr,
     verify_num_valid_ptr,
     verify_enable_ptr,
     # outputs
-    write_seed_ptr,
-    slot_ptr,
-    token_ptr,
-    position_ptr,
-    prev_slot_ptr,
+    write_seed_slot_indices_ptr,
+    verify_slot_indices_ptr,
+    verify_expected_tokens_ptr,
+    verify_expected_positions_ptr,
+    verify_prev_slot_indices_ptr,
     status_ptr,
     # runtime sizes
     bs,
@@ -185,26 +170,36 @@ def plan_entries_kernel(
     HINT_STRIDE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
+    # The arguments the helpers take together (tuples: a grouping, no code of their own).
+    row_inputs = (req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr)
+    table = (req_to_token_ptr, table_rows, table_cols)
+    lut = (full_to_swa_index_mapping_ptr, lut_len)
+    pool = (
+        req_to_verify_expected_tokens_ptr,
+        req_to_verify_expected_tokens_valid_lens_ptr,
+        pool_rows,
+        pool_cols,
+        token_offset,
+    )
+    entries = (
+        verify_slot_indices_ptr,
+        verify_expected_tokens_ptr,
+        verify_expected_positions_ptr,
+        verify_prev_slot_indices_ptr,
+    )
     tl.static_assert(BLOCK % HINT_STRIDE == 0)  # every block starts at a hinted entry
     pid = tl.program_id(0)
     if pid < seed_programs:
         rows = pid * BLOCK + tl.arange(0, BLOCK)
         bits = write_seed_block(
             rows,
-            req_pool_indices_ptr,
-            prefix_lens_ptr,
-            extend_seq_lens_ptr,
-            valid_lens_ptr,
-            req_to_token_ptr,
-            lut_ptr,
-            write_seed_ptr,
+            row_inputs,
+            table,
+            lut,
+            pool,
+            write_seed_slot_indices_ptr,
             bs,
             window,
-            table_rows,
-            table_cols,
-            lut_len,
-            pool_rows,
-            pool_cols,
             HAS_LUT,
             HAS_POOL,
         )
@@ -217,27 +212,15 @@ def plan_entries_kernel(
             (pid - seed_programs) * BLOCK,
             (tl.num_programs(0) - seed_programs) * BLOCK,
             total,
-            req_pool_indices_ptr,
-            prefix_lens_ptr,
-            req_to_token_ptr,
-            lut_ptr,
-            token_pool_ptr,
-            valid_lens_ptr,
-            verify_offsets_ptr,
-            row_hints_ptr,
-            slot_ptr,
-            token_ptr,
-            position_ptr,
-            prev_slot_ptr,
+            row_inputs,
+            table,
+            lut,
+            pool,
+            (verify_offsets_ptr, verify_row_hints_ptr),
+            entries,
             bs,
             verify_capacity,
             window,
-            token_offset,
-            table_rows,
-            table_cols,
-            lut_len,
-            pool_rows,
-            pool_cols,
             HAS_LUT,
             HAS_POOL,
             BLOCK,

@@ -75,7 +75,7 @@ _WAIT_LANES: tl.constexpr = tl.constexpr(32)
 
 @triton.jit
 def write_capped_row_hints(
-    row_hints_ptr, rows, v_excl, vcount, in_batch, verify_capacity, HINT_STRIDE: tl.constexpr
+    verify_row_hints_ptr, rows, v_excl, vcount, in_batch, verify_capacity, HINT_STRIDE: tl.constexpr
 ):
     """``row_hints[h]`` = the row holding verify entry ``h * HINT_STRIDE``, for the hints
     of ``rows`` below the capacity. A scanner does not know the batch's total (a later
@@ -87,7 +87,7 @@ def write_capped_row_hints(
     end = tl.minimum((v_excl + vcount + HINT_STRIDE - 1) // HINT_STRIDE, n_slots)
     n_hints = tl.where(in_batch & (first < n_slots), end - first, 0)
     for k in range(tl.max(n_hints, 0)):
-        tl.store(row_hints_ptr + first + k, rows, mask=k < n_hints)
+        tl.store(verify_row_hints_ptr + first + k, rows, mask=k < n_hints)
 
 
 @triton.jit
@@ -130,16 +130,11 @@ def scan_chunk(
     chunk,
     epoch,
     written_ptr,
-    req_pool_indices_ptr,
-    prefix_lens_ptr,
-    extend_seq_lens_ptr,
+    row_inputs,
     write_offsets_ptr,
-    write_num_valid_reqs_ptr,
-    verify_offsets_ptr,
-    row_hints_ptr,
-    verify_num_valid_ptr,
-    verify_enable_ptr,
-    sums_ptr,
+    counters,
+    scan,
+    scan_chunk_sums_ptr,
     sums_stride,
     bs,
     write_capacity,
@@ -149,13 +144,15 @@ def scan_chunk(
     HINT_STRIDE: tl.constexpr,
     MAX_POLLS: tl.constexpr,
 ):
-    """Scanner ``chunk``'s work (see the module's docstring); returns status bits."""
-    marks_ptr = sums_ptr + 2 * sums_stride
+    """Scanner ``chunk``'s work (see the module's docstring); returns status bits.
+    ``row_inputs`` as for :func:`~.common.load_rows`, ``counters`` as for
+    :func:`~.common.write_offsets_and_counters`, ``scan`` as for
+    :func:`~.entries.write_entry_blocks`."""
+    verify_offsets_ptr, verify_row_hints_ptr = scan
+    marks_ptr = scan_chunk_sums_ptr + 2 * sums_stride
     rows = chunk * CHUNK_ROWS + tl.arange(0, CHUNK_ROWS)
     in_batch, _rp, _prefix, _active, vcount, wcount = load_rows(
-        req_pool_indices_ptr,
-        prefix_lens_ptr,
-        extend_seq_lens_ptr,
+        row_inputs,
         rows,
         bs,
         window,
@@ -165,8 +162,8 @@ def scan_chunk(
     v_sum = tl.sum(vcount, 0)
     # No wrap: a chunk's counts are clamped (load_rows). Published, then marked (release):
     # whoever sees the mark sees the sums.
-    tl.store(sums_ptr + chunk, w_sum)
-    tl.store(sums_ptr + sums_stride + chunk, v_sum)
+    tl.store(scan_chunk_sums_ptr + chunk, w_sum)
+    tl.store(scan_chunk_sums_ptr + sums_stride + chunk, v_sum)
     # A release covers the issuing thread's stores and those a CTA barrier ordered before
     # it: the barrier makes every thread's stores part of it, whatever the compiler emits.
     tl.debug_barrier()
@@ -177,9 +174,9 @@ def scan_chunk(
     v_before = tl.full([], 0, tl.int64)
     for base in range(0, chunk, CHUNK_ROWS):
         before = base + tl.arange(0, CHUNK_ROWS)
-        w_before += tl.sum(tl.load(sums_ptr + before, mask=before < chunk, other=0), 0)
+        w_before += tl.sum(tl.load(scan_chunk_sums_ptr + before, mask=before < chunk, other=0), 0)
         v_before += tl.sum(
-            tl.load(sums_ptr + sums_stride + before, mask=before < chunk, other=0), 0
+            tl.load(scan_chunk_sums_ptr + sums_stride + before, mask=before < chunk, other=0), 0
         )
     # The batch's totals in the chunk that holds index bs, the only one that reads them.
     w_total = w_before + w_sum
@@ -187,7 +184,7 @@ def scan_chunk(
     v_excl = v_before + tl.cumsum(vcount, 0) - vcount
     tl.store(verify_offsets_ptr + rows, tl.where(in_batch, v_excl, v_total), mask=rows <= bs)
     write_capped_row_hints(
-        row_hints_ptr, rows, v_excl, vcount, in_batch, verify_capacity, HINT_STRIDE
+        verify_row_hints_ptr, rows, v_excl, vcount, in_batch, verify_capacity, HINT_STRIDE
     )
     write_offsets_and_counters(
         rows,
@@ -198,9 +195,7 @@ def scan_chunk(
         v_total,
         bs // CHUNK_ROWS == chunk,
         write_offsets_ptr,
-        write_num_valid_reqs_ptr,
-        verify_num_valid_ptr,
-        verify_enable_ptr,
+        counters,
         bs,
         write_capacity,
         verify_capacity,
@@ -219,25 +214,25 @@ def plan_large_batch_kernel(
     prefix_lens_ptr,
     extend_seq_lens_ptr,
     req_to_token_ptr,
-    lut_ptr,
-    token_pool_ptr,
-    valid_lens_ptr,
+    full_to_swa_index_mapping_ptr,
+    req_to_verify_expected_tokens_ptr,
+    req_to_verify_expected_tokens_valid_lens_ptr,
     # outputs
     write_offsets_ptr,
-    write_seed_ptr,
+    write_seed_slot_indices_ptr,
     write_num_valid_reqs_ptr,
-    slot_ptr,
-    token_ptr,
-    position_ptr,
-    prev_slot_ptr,
+    verify_slot_indices_ptr,
+    verify_expected_tokens_ptr,
+    verify_expected_positions_ptr,
+    verify_prev_slot_indices_ptr,
     verify_num_valid_ptr,
     verify_enable_ptr,
     status_ptr,
     # scratch
     verify_offsets_ptr,
-    row_hints_ptr,
-    sync_ptr,
-    sums_ptr,
+    verify_row_hints_ptr,
+    launch_sync_ptr,
+    scan_chunk_sums_ptr,
     # runtime sizes
     epoch: tl.int64,
     bs,
@@ -260,14 +255,32 @@ def plan_large_batch_kernel(
     HINT_STRIDE: tl.constexpr,
     MAX_POLLS: tl.constexpr,
 ):
+    # The arguments the helpers take together (tuples: a grouping, no code of their own).
+    row_inputs = (req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr)
+    table = (req_to_token_ptr, table_rows, table_cols)
+    lut = (full_to_swa_index_mapping_ptr, lut_len)
+    pool = (
+        req_to_verify_expected_tokens_ptr,
+        req_to_verify_expected_tokens_valid_lens_ptr,
+        pool_rows,
+        pool_cols,
+        token_offset,
+    )
+    entries = (
+        verify_slot_indices_ptr,
+        verify_expected_tokens_ptr,
+        verify_expected_positions_ptr,
+        verify_prev_slot_indices_ptr,
+    )
+    scan = (verify_offsets_ptr, verify_row_hints_ptr)
     tl.static_assert(BLOCK % HINT_STRIDE == 0)  # every block starts at a hinted entry
     grid = tl.num_programs(0)
     # This launch's pair of counters, and the next launch's, which this one zeroes (the
     # previous launch, which used them, is done).
-    ticket = tl.atomic_add(sync_ptr + epoch % 2, 1, sem="relaxed")
-    written_ptr = sync_ptr + 2 + epoch % 2
-    tl.store(sync_ptr + (epoch + 1) % 2, 0)
-    tl.store(sync_ptr + 2 + (epoch + 1) % 2, 0)
+    ticket = tl.atomic_add(launch_sync_ptr + epoch % 2, 1, sem="relaxed")
+    written_ptr = launch_sync_ptr + 2 + epoch % 2
+    tl.store(launch_sync_ptr + (epoch + 1) % 2, 0)
+    tl.store(launch_sync_ptr + 2 + (epoch + 1) % 2, 0)
     # A counter that was not 0 at the start (another launch of these buffers ran at the
     # same time) gives some program a ticket outside [0, grid): some share of the work then
     # has no owner, so the launch says so.
@@ -277,16 +290,11 @@ def plan_large_batch_kernel(
             ticket,
             epoch,
             written_ptr,
-            req_pool_indices_ptr,
-            prefix_lens_ptr,
-            extend_seq_lens_ptr,
+            row_inputs,
             write_offsets_ptr,
-            write_num_valid_reqs_ptr,
-            verify_offsets_ptr,
-            row_hints_ptr,
-            verify_num_valid_ptr,
-            verify_enable_ptr,
-            sums_ptr,
+            (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr),
+            scan,
+            scan_chunk_sums_ptr,
             sums_stride,
             bs,
             write_capacity,
@@ -307,20 +315,13 @@ def plan_large_batch_kernel(
             rows = first + tl.arange(0, BLOCK)
             bits |= write_seed_block(
                 rows,
-                req_pool_indices_ptr,
-                prefix_lens_ptr,
-                extend_seq_lens_ptr,
-                valid_lens_ptr,
-                req_to_token_ptr,
-                lut_ptr,
-                write_seed_ptr,
+                row_inputs,
+                table,
+                lut,
+                pool,
+                write_seed_slot_indices_ptr,
                 bs,
                 window,
-                table_rows,
-                table_cols,
-                lut_len,
-                pool_rows,
-                pool_cols,
                 HAS_LUT,
                 HAS_POOL,
             )
@@ -334,27 +335,15 @@ def plan_large_batch_kernel(
                 worker * BLOCK,
                 workers * BLOCK,
                 total,
-                req_pool_indices_ptr,
-                prefix_lens_ptr,
-                req_to_token_ptr,
-                lut_ptr,
-                token_pool_ptr,
-                valid_lens_ptr,
-                verify_offsets_ptr,
-                row_hints_ptr,
-                slot_ptr,
-                token_ptr,
-                position_ptr,
-                prev_slot_ptr,
+                row_inputs,
+                table,
+                lut,
+                pool,
+                scan,
+                entries,
                 bs,
                 verify_capacity,
                 window,
-                token_offset,
-                table_rows,
-                table_cols,
-                lut_len,
-                pool_rows,
-                pool_cols,
                 HAS_LUT,
                 HAS_POOL,
                 BLOCK,

@@ -27,7 +27,7 @@ def scan_block_sums_kernel(
     req_pool_indices_ptr,
     prefix_lens_ptr,
     extend_seq_lens_ptr,
-    sums_ptr,
+    scan_block_sums_ptr,
     bs,
     window,
     sums_stride,
@@ -42,16 +42,14 @@ def scan_block_sums_kernel(
     pid = tl.program_id(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     _in, _rp, _prefix, _active, vcount, wcount = load_rows(
-        req_pool_indices_ptr,
-        prefix_lens_ptr,
-        extend_seq_lens_ptr,
+        (req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr),
         rows,
         bs,
         window,
         verify_capacity,
     )
-    tl.store(sums_ptr + pid, tl.sum(wcount, 0))
-    tl.store(sums_ptr + sums_stride + pid, tl.sum(vcount, 0))
+    tl.store(scan_block_sums_ptr + pid, tl.sum(wcount, 0))
+    tl.store(scan_block_sums_ptr + sums_stride + pid, tl.sum(vcount, 0))
 
 
 _OFFSETS_RUNTIME_INTS = [
@@ -65,7 +63,7 @@ _OFFSETS_RUNTIME_INTS = [
 
 
 @triton.jit
-def write_row_hints(row_hints_ptr, rows, v_excl, vcount, enabled, HINT_STRIDE: tl.constexpr):
+def write_row_hints(verify_row_hints_ptr, rows, v_excl, vcount, enabled, HINT_STRIDE: tl.constexpr):
     """``row_hints[h]`` = the row holding verify entry ``h * HINT_STRIDE``, for every such
     entry of ``rows`` (none when ``enabled`` is false: on overflow no entry exists).
 
@@ -75,7 +73,7 @@ def write_row_hints(row_hints_ptr, rows, v_excl, vcount, enabled, HINT_STRIDE: t
     first = (v_excl + HINT_STRIDE - 1) // HINT_STRIDE
     n_hints = tl.where(enabled, (v_excl + vcount + HINT_STRIDE - 1) // HINT_STRIDE - first, 0)
     for k in range(tl.max(n_hints, 0)):
-        tl.store(row_hints_ptr + first + k, rows, mask=k < n_hints)
+        tl.store(verify_row_hints_ptr + first + k, rows, mask=k < n_hints)
 
 
 @triton.jit(do_not_specialize=_OFFSETS_RUNTIME_INTS)
@@ -84,12 +82,12 @@ def plan_offsets_kernel(
     req_pool_indices_ptr,
     prefix_lens_ptr,
     extend_seq_lens_ptr,
-    sums_ptr,
+    scan_block_sums_ptr,
     # outputs
     write_offsets_ptr,
     write_num_valid_reqs_ptr,
     verify_offsets_ptr,
-    row_hints_ptr,
+    verify_row_hints_ptr,
     verify_num_valid_ptr,
     verify_enable_ptr,
     # runtime sizes
@@ -108,9 +106,7 @@ def plan_offsets_kernel(
     nprog = tl.num_programs(0)
     rows = pid * BLOCK + tl.arange(0, BLOCK)
     in_batch, _rp, _prefix, _active, vcount, wcount = load_rows(
-        req_pool_indices_ptr,
-        prefix_lens_ptr,
-        extend_seq_lens_ptr,
+        (req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr),
         rows,
         bs,
         window,
@@ -130,8 +126,8 @@ def plan_offsets_kernel(
     for chunk in range(0, n_sum_blocks, SUM_CHUNK):
         blocks = chunk + tl.arange(0, SUM_CHUNK)
         valid = blocks < n_sum_blocks
-        w_sums = tl.load(sums_ptr + blocks, mask=valid, other=0)
-        v_sums = tl.load(sums_ptr + sums_stride + blocks, mask=valid, other=0)
+        w_sums = tl.load(scan_block_sums_ptr + blocks, mask=valid, other=0)
+        v_sums = tl.load(scan_block_sums_ptr + sums_stride + blocks, mask=valid, other=0)
         before = blocks < pid
         w_before += tl.sum(tl.where(before, w_sums, 0), 0)
         v_before += tl.sum(tl.where(before, v_sums, 0), 0)
@@ -141,7 +137,12 @@ def plan_offsets_kernel(
     v_excl = v_before + tl.cumsum(vcount, 0) - vcount
     tl.store(verify_offsets_ptr + rows, tl.where(in_batch, v_excl, v_total), mask=rows <= bs)
     write_row_hints(
-        row_hints_ptr, rows, v_excl, vcount, in_batch & (v_total <= verify_capacity), HINT_STRIDE
+        verify_row_hints_ptr,
+        rows,
+        v_excl,
+        vcount,
+        in_batch & (v_total <= verify_capacity),
+        HINT_STRIDE,
     )
     write_offsets_and_counters(
         rows,
@@ -152,9 +153,7 @@ def plan_offsets_kernel(
         v_total,
         pid == bs // BLOCK,
         write_offsets_ptr,
-        write_num_valid_reqs_ptr,
-        verify_num_valid_ptr,
-        verify_enable_ptr,
+        (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr),
         bs,
         write_capacity,
         verify_capacity,

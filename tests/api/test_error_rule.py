@@ -598,9 +598,17 @@ def test_a_backend_torch_cannot_allocate_on_is_a_kv_canary_error(which, device):
 
 
 @pytest.mark.parametrize("which", sorted(ALLOCATORS))
-def test_meta_and_cpu_still_allocate(which):
-    assert ALLOCATORS[which]("meta").device == torch.device("meta")
+def test_cpu_allocates_and_meta_is_refused_at_allocation(which):
+    """A meta tensor has no memory: refused at once with a ``kv-canary:`` error, not later
+    by an aliasing check or by torch when a report is read back."""
     assert ALLOCATORS[which](torch.device("cpu")).device == torch.device("cpu")
+    for meta in ("meta", torch.device("meta")):
+        with pytest.raises(
+            ValueError,
+            match=r"^kv-canary: device must be a device with memory \(here: cpu.*\), got "
+            r"'meta': a meta tensor holds no data",
+        ):
+            ALLOCATORS[which](meta)
 
 
 @pytest.mark.gpu

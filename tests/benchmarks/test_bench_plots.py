@@ -1,16 +1,20 @@
-"""The benchmark's plots drawn again from committed CSVs (``bench.py --plot-from``), with
-no GPU: the rows read back as the recorder holds them, and every plot is written."""
+"""The benchmark's plots drawn again from committed CSVs (``python -m benchmarks
+--plot-from``), with no GPU: the rows read back as the recorder holds them, and every plot
+is written; every module of the benchmark and its probes imports."""
 
+import importlib
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "benchmarks" / "results"
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks import bench, harness
 
-import harness  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE = ROOT / "benchmarks" / "reference"
 
 
 def test_host_time_spread():
@@ -21,25 +25,41 @@ def test_host_time_spread():
 
 
 def test_load_rows_reads_both_schemas():
-    old = harness.load_rows(RESULTS / "plan-cuda-20261129T171735Z.csv")  # before "stage"
+    old = harness.load_rows(REFERENCE / "cpu.csv")  # before the "stage" and spread columns
     assert {r["stage"] for r in old} == {"plan"}
-    host = [r for r in old if r["section"] == "host" and r["metric"] == "us_per_call"]
-    assert sorted({r["bs"] for r in host}) == [1, 256, 4096]
-    assert all(isinstance(r["value"], float) and r["value_min"] == "" for r in host)
-    new = harness.load_rows(RESULTS / "all-cuda-20261130T133325Z.csv")
+    assert {(r["section"], r["impl"]) for r in old} == {
+        ("cpu", "plan_reference"),
+        ("cpu", "python_loop"),
+    }
+    assert all(isinstance(r["value"], float) and r["value_min"] == "" for r in old)
+    assert {r["bs"] for r in old} == {256}
+    new = harness.load_rows(REFERENCE / "h200.csv")
     assert {"plan", "verify", "write", "step"} <= {r["stage"] for r in new}
     assert {r["device"] for r in new} == {"NVIDIA H200"}
+    host = [r for r in new if r["section"] == "host" and r["impl"] == "launch_plan"]
+    assert host and all(r["value_min"] <= r["value"] <= r["value_p90"] for r in host)
 
 
-def test_plot_from_csv(tmp_path):
+def test_the_reference_runs_are_complete():
+    """The H200 reference is one whole run: every stage's GPU and host sections and each
+    stage's time, the run's total last, no error row, one commit and one date."""
+    rows = harness.load_rows(REFERENCE / "h200.csv")
+    assert not [r for r in rows if r["section"] == "error"]
+    sections = {(r["stage"], r["section"]) for r in rows}
+    for stage in ("plan", "verify", "write", "step"):
+        assert {(stage, "gpu_time"), (stage, "host"), (stage, "run")} <= sections, stage
+    assert ("plan", "cpu") in sections
+    assert (rows[-1]["stage"], rows[-1]["impl"]) == ("run", "total")
+    assert len({r["commit"] for r in rows}) == len({r["date"] for r in rows}) == 1
+
+
+def test_plot_from_the_reference(tmp_path):
     pytest.importorskip("matplotlib")
-    import bench
-
-    runs = [RESULTS / f"plan-cuda-20261129T17{t}Z.csv" for t in ("1735", "1443", "1612")]
-    args = ["--stage", "plan", "--plots", str(tmp_path), "--plot-from", *map(str, runs)]
+    h200 = str(REFERENCE / "h200.csv")
+    # the reference again as "another run of the same code": the plan's host plot's dots
+    args = ["--stage", "plan", "--plots", str(tmp_path), "--plot-from", h200, h200]
     assert bench.main(args) == 0
-    all_run = RESULTS / "all-cuda-20261130T133325Z.csv"
-    args = ["--stage", "verify,write,step", "--plots", str(tmp_path), "--plot-from", str(all_run)]
+    args = ["--stage", "verify,write,step", "--plots", str(tmp_path), "--plot-from", h200]
     assert bench.main(args) == 0
     names = {p.name for p in tmp_path.iterdir()}
     assert names == {
@@ -50,19 +70,111 @@ def test_plot_from_csv(tmp_path):
     }
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "benchmarks").glob("*.py")), ids=lambda p: p.stem)
-def test_benchmark_modules_import(path):
-    """Every benchmark script imports against the packages as they are now (a renamed
-    constant once broke ``chain_floor.py`` without any test noticing)."""
-    import importlib
+def test_plots_go_to_the_output_folder_unless_docs_are_asked_for(tmp_path, monkeypatch):
+    """Without ``--plots`` the plots go beside the CSVs, into ``benchmarks/out/``, never
+    into ``docs/``; ``--plots-into-docs`` names ``docs/``."""
+    pytest.importorskip("matplotlib")
+    drawn: list[Path] = []
+    monkeypatch.setattr(bench, "plot_canary", lambda rows, out, others=(): drawn.append(out))
+    h200 = str(REFERENCE / "h200.csv")
+    assert bench.main(["--stage", "verify", "--plot-from", h200]) == 0
+    assert bench.main(["--stage", "verify", "--plots-into-docs", "--plot-from", h200]) == 0
+    assert drawn == [harness.OUT, ROOT / "docs"]
+    assert harness.OUT == ROOT / "benchmarks" / "out"
 
-    module = importlib.import_module(path.stem)
+
+def test_a_run_writes_its_csv_into_the_output_folder(tmp_path, monkeypatch):
+    """A measuring run (the plan's CPU case) writes its CSV into the output folder by
+    default, one row per measurement, readable again by ``load_rows``."""
+    monkeypatch.setattr(harness, "OUT", tmp_path)
+    assert bench.main(["--device", "cpu", "--quick", "--no-plots"]) == 0
+    (csv,) = tmp_path.glob("all-cpu-*.csv")
+    rows = harness.load_rows(csv)
+    assert {r["impl"] for r in rows if r["section"] == "cpu"} == {"plan_reference", "python_loop"}
+
+
+def module_name(path: Path) -> str:
+    """``benchmarks/probes/x.py`` -> ``benchmarks.probes.x`` (a package's ``__init__``: the
+    package)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = sorted(
+    p
+    for folder in ("benchmarks", "benchmarks/probes")
+    for p in (ROOT / folder).glob("*.py")
+    if p.name != "__main__.py"  # it runs the benchmark
+)
+
+
+def test_every_probe_is_collected():
+    """The probes folder holds the single-question scripts, each collected below."""
+    assert len(PROBES) >= 15, PROBES
+
+
+@pytest.mark.parametrize("path", MODULES, ids=module_name)
+def test_benchmark_modules_import(path):
+    """Every module of the benchmark and of its probes imports, by its package name,
+    against the packages as they are now (a renamed constant once broke the chain-floor
+    probe without any test noticing)."""
+    module = importlib.import_module(module_name(path))
     assert module.__file__ is not None and Path(module.__file__).resolve() == path.resolve()
 
 
-def test_chain_floor_traffic_kernel_follows_the_contract():
-    """The write's chain-and-traffic floor kernel (benchmarks/chain_floor.py) stores the
-    records the contract's chain gives, so its timing is of the work the write must do."""
-    import chain_floor
+PROBES = [p for p in MODULES if p.parent.name == "probes" and p.stem != "__init__"]
 
-    assert chain_floor.main(["--smoke"]) == 0
+
+@pytest.mark.parametrize("path", PROBES, ids=module_name)
+def test_every_probe_says_its_question_command_and_last_answer(path):
+    """A probe's docstring opens with its question, gives the command that runs it, and
+    its last answer (where and when it was measured)."""
+    doc = importlib.import_module(module_name(path)).__doc__ or ""
+    first = doc.split("\n\n")[0]
+    assert first.rstrip().endswith("?"), first
+    assert f"python -m {module_name(path)}" in doc
+    assert "Last answer (" in doc, "the last answer says where and when it was measured"
+
+
+def test_chain_floor_traffic_kernel_follows_the_contract():
+    """The write's chain-and-traffic floor kernel (``benchmarks.probes.write_chain_floor``)
+    stores the records the contract's chain gives, so its timing is of the work the write
+    must do."""
+    from benchmarks.probes import write_chain_floor
+
+    assert write_chain_floor.main(["--smoke"]) == 0
+
+
+def _run_probe(*args: str) -> str:
+    """``python -m benchmarks.probes.ARGS`` from the root, as a user runs it (in a process
+    of its own: the CPU modes stub the kernels' dispatch, and the interpreter stays off)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "output kept in " in done.stderr  # the copy in benchmarks/out/
+    return done.stdout
+
+
+def test_the_cpu_probes_run(tmp_path):
+    """The probes that answer on the CPU run there, the revision-comparing one against a
+    copy of this tree's package (the layout by stage) as its baseline."""
+    out = _run_probe("benchmarks.probes.plan_checks_calls")
+    assert "PlanBuffers.check()" in out and "validate_plan_args" in out
+    out = _run_probe("benchmarks.probes.plan_checks_host", "--rounds", "1", "--calls", "20")
+    assert out.count("validate_plan_args") == 3
+    shutil.copytree(ROOT / "kv_canary_buffers", tmp_path / "kv_canary_buffers")
+    out = _run_probe(
+        "benchmarks.probes.validation_host",
+        *("--rounds", "1", "--calls", "5", "--baseline", str(tmp_path)),
+    )
+    assert "base med" in out and "write 256x1 expected PARTIAL" in out
+
+
+@pytest.mark.slow
+def test_the_compiled_step_probe_runs_on_the_cpu():
+    """``compiled_step_host --device cpu``: the eager and the compiled step, the kernels'
+    dispatch stubbed (host work only)."""
+    out = _run_probe("benchmarks.probes.compiled_step_host", "--device", "cpu", "--rounds", "1")
+    assert "eager" in out and "compiled" in out

@@ -290,8 +290,8 @@ def test_the_buffers_package_never_imports_triton():
     import sys
 
     code = (
-        "import sys, kv_canary_buffers, kv_canary_buffers.demo\n"
-        "from kv_canary_buffers.demo import run\n"
+        "import sys, kv_canary_buffers, kv_canary_demo.cli\n"
+        "from kv_canary_demo.cli import run\n"
         "run(['--steps', '3', '--planner', 'reference'])\n"
         "assert 'triton' not in sys.modules, 'triton was imported'\n"
     )

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 _COMPILE = r"""
 import json, sys
-from sass_model import compile_sm90
+from benchmarks.sass import compile_sm90
 from kv_canary_kernels.verify import canary_verify_kernel
 from kv_canary_kernels.write import canary_write_kernel
 
@@ -49,9 +49,8 @@ json.dump(out, sys.stdout)
 
 @pytest.fixture(scope="module")
 def ptx_of() -> dict[str, str]:
-    # benchmarks/sass_model.py's compile_sm90: the same typing of the kernels' arguments.
-    path = os.pathsep.join((str(ROOT), str(ROOT / "benchmarks")))
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": path}
+    # benchmarks/sass.py's compile_sm90: the same typing of the kernels' arguments.
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=300
     )

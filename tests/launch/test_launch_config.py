@@ -9,7 +9,7 @@ import torch
 
 from kv_canary_buffers import PlanBuffers, plan_reference
 from kv_canary_buffers.layout import SCAN_BLOCK
-from kv_canary_buffers.simulation import SimConfig, Simulation
+from kv_canary_demo import SimConfig, Simulation
 from kv_canary_kernels import launch_plan
 from kv_canary_kernels.config import (
     DEFAULT_LAUNCH_CONFIG,

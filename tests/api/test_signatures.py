@@ -1,0 +1,90 @@
+"""One source per signature: each stage's keywords are its inputs ``TypedDict``
+(``PlanInputs``, ``WriteInputs``, ``VerifyInputs``); the torch reference, the Triton
+launcher and the ``torch.compile`` operator take ``**inputs`` of it, and the validation,
+which holds the defaults, takes exactly those keywords in that order."""
+
+import inspect
+import typing
+
+import pytest
+
+from kv_canary_buffers import (
+    PlanInputs,
+    VerifyInputs,
+    WriteInputs,
+    plan_reference,
+    validate_plan_args,
+    verify_reference,
+    write_reference,
+)
+from kv_canary_buffers.verify import validate_verify_args
+from kv_canary_buffers.write import validate_write_args
+from kv_canary_kernels import compiled, launch_plan, launch_verify, launch_write
+
+STAGES = {
+    "plan": (PlanInputs, validate_plan_args, plan_reference, launch_plan, compiled.plan),
+    "write": (WriteInputs, validate_write_args, write_reference, launch_write, compiled.write),
+    "verify": (
+        VerifyInputs,
+        validate_verify_args,
+        verify_reference,
+        launch_verify,
+        compiled.verify,
+    ),
+}
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_the_validation_takes_exactly_the_typeddicts_keywords(stage):
+    inputs, validate, *_ = STAGES[stage]
+    params = inspect.signature(validate).parameters
+    keywords = [p for p in params.values() if p.kind is p.KEYWORD_ONLY]
+    assert [p.name for p in keywords] == list(typing.get_type_hints(inputs))
+    for p in keywords:
+        # a Required key has no default, every other key has one
+        assert (p.default is p.empty) == (p.name in inputs.__required_keys__), p.name
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_every_entry_point_takes_the_typeddict(stage):
+    inputs, _, *entries = STAGES[stage]
+    for fn in entries:
+        params = list(inspect.signature(fn).parameters.values())
+        assert params[-1].kind is params[-1].VAR_KEYWORD, fn.__qualname__
+        assert (
+            typing.get_type_hints(fn)[params[-1].name] == typing.Unpack[inputs]
+            or str(params[-1].annotation) == f"Unpack[{inputs.__name__}]"
+        ), fn.__qualname__
+
+
+def test_the_operator_schemas_follow_the_typeddicts():
+    """The schemas are derived from the TypedDicts; these are the interface engines see
+    (``torch.ops.kv_canary.*``), written out once here as the expected values."""
+    assert compiled.PLAN_SCHEMA == (
+        "(Tensor(a!) arena, SymInt handle, Tensor req_pool_indices, Tensor prefix_lens, "
+        "Tensor extend_seq_lens, Tensor req_to_token, SymInt swa_window_size, "
+        "Tensor? full_to_swa_index_mapping, Tensor? req_to_verify_expected_tokens, "
+        "Tensor? req_to_verify_expected_tokens_valid_lens, "
+        "SymInt kv_token_id_vs_position_offset) -> ()"
+    )
+    assert compiled.WRITE_SCHEMA == (
+        "(Tensor(a!) store_arena, Tensor plan_arena, SymInt store_handle, SymInt plan_handle, "
+        "Tensor input_ids, Tensor positions, Tensor out_cache_loc, SymInt launch_tag, "
+        "Tensor? expected_input_ids, Tensor? expected_positions, SymInt real_kv_handle, "
+        "Tensor[] sources) -> ()"
+    )
+    assert compiled.VERIFY_SCHEMA == (
+        "(Tensor(a!) store_arena, Tensor plan_arena, SymInt store_handle, SymInt plan_handle, "
+        "SymInt launch_tag, bool check_expected_tokens, SymInt real_kv_handle, "
+        "Tensor[] sources) -> ()"
+    )
+
+
+def test_an_unknown_keyword_is_refused_by_every_entry_point():
+    from kv_canary_buffers import PlanBuffers
+
+    buffers = PlanBuffers.allocate(write_req_capacity=2, verify_capacity=4, device="cpu")
+    for fn in (plan_reference, launch_plan):
+        with pytest.raises(TypeError, match="req_pool_indice"):
+            fn(buffers, req_pool_indice=None)  # a misspelt keyword
+    assert compiled.plan(buffers, req_pool_indice=None) is False
