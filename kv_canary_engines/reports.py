@@ -14,7 +14,7 @@ from collections.abc import Hashable, Sequence
 
 import attrs
 
-from kv_canary_buffers import CanaryStatus, FailBits, PlanStatus, Violation
+from kv_canary_buffers import CanaryStatus, PlanStatus, Violation
 
 RequestId = Hashable
 """An engine's request id (transformers and vLLM use strings)."""
@@ -64,7 +64,8 @@ class EngineViolation:
             it is not the victim (None otherwise).
         holders: when the row names no plan row: every request whose tables held the
             slot in that step (victims and culprits alike).
-        line: the one-line log form (:func:`format_line`).
+        line: the one-line log form: the library's (SGLang's frozen key=value format,
+            ``Violation.log_line``), then :func:`engine_suffix`.
     """
 
     violation: Violation
@@ -135,7 +136,7 @@ class CanaryReport:
         return any(self.plan_status.values()) or any(self.canary_status.values())
 
     def log_lines(self) -> list[str]:
-        """One line per kept violation row (:func:`format_line`)."""
+        """One line per kept violation row (``EngineViolation.line``)."""
         return [v.line for v in self.violations]
 
     def __str__(self) -> str:
@@ -156,29 +157,6 @@ class CanaryViolationError(RuntimeError):
     def __init__(self, report: CanaryReport) -> None:
         super().__init__(str(report))
         self.report = report
-
-
-_BIT_NAMES = {bit: (bit.name or "").lower() for bit in FailBits if bit}
-
-
-def fail_reason(bits: FailBits) -> str:
-    """SGLang's ``fail_reason`` field: the bits' names joined by ``+``."""
-    return "+".join(name for bit, name in _BIT_NAMES.items() if bit in bits) or "none"
-
-
-def format_line(v: Violation) -> str:
-    """SGLang's frozen one-line form of a violation row (its key=value prefix, so existing
-    log parsers work): ``kv_canary violation: launch_tag=... fail_reason=a+b slot_idx=...
-    position=... stored_token=... expected_token=... stored_chain_hash=0x...
-    expected_aux=0x...``. Used until the library's ``ViolationReport.log_lines()``
-    exists, which then supplies this prefix."""
-    return (
-        f"kv_canary violation: launch_tag={v.launch_tag} fail_reason={fail_reason(v.fail_bits)} "
-        f"slot_idx={v.slot} position={v.position} stored_token={v.stored_token} "
-        f"expected_token={v.expected_token} "
-        f"stored_chain_hash={v.stored_chain_hash & 0xFFFF_FFFF_FFFF_FFFF:#018x} "
-        f"expected_aux={v.expected_aux & 0xFFFF_FFFF_FFFF_FFFF:#018x}"
-    )
 
 
 def engine_suffix(

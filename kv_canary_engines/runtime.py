@@ -89,7 +89,6 @@ from .reports import (
     RequestId,
     decode_tag,
     engine_suffix,
-    format_line,
     launch_tag,
 )
 from .rows import RowTable
@@ -736,9 +735,8 @@ class CanaryRuntime:
                     )
                 self._runs_at_poll[key] = report.kernel_runs
                 self._launches[key] = 0
-                lines = _library_lines(report)
-                for i, v in enumerate(report.violations):
-                    violations.append(self._attribute(g, v, holders, lines, i))
+                for v, line in zip(report.violations, report.log_lines()):
+                    violations.append(self._attribute(g, v, holders, line))
         self._health = (
             Health(
                 executing=False,
@@ -768,8 +766,7 @@ class CanaryRuntime:
         g: _Group,
         v: Violation,
         holders: _SlotHolders,
-        lines: list[str] | None,
-        index: int,
+        line: str,
     ) -> EngineViolation:
         step, _group, endpoint = decode_tag(v.launch_tag)
         plan_row = getattr(v, "req_pool_index", None)
@@ -783,7 +780,6 @@ class CanaryRuntime:
             # Fallback until the library's rows name their plan row: every request whose
             # table held the slot in that step.
             held = holders.of(g, step, v.slot)
-        prefix = lines[index] if lines is not None and index < len(lines) else format_line(v)
         suffix = engine_suffix(
             group=g.spec.name,
             endpoint=endpoint,
@@ -800,7 +796,7 @@ class CanaryRuntime:
             request_id=victim,
             culprit_id=culprit,
             holders=held,
-            line=f"{prefix} {suffix}",
+            line=f"{line} {suffix}",
         )
 
     def _apply_policy(self, report: CanaryReport) -> None:
@@ -893,13 +889,3 @@ def _grown(t: torch.Tensor, shape: tuple[int, int], fill: int) -> torch.Tensor:
     out = torch.full(shape, fill, dtype=t.dtype, device=t.device)
     out[: t.shape[0], : t.shape[1]] = t
     return out
-
-
-def _library_lines(report: object) -> list[str] | None:
-    """``ViolationReport.log_lines()`` where the library has it (issue 26), else None."""
-    method = getattr(report, "log_lines", None)
-    if callable(method):
-        lines = method()
-        if isinstance(lines, list):
-            return [str(line) for line in lines]
-    return None

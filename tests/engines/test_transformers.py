@@ -276,8 +276,9 @@ DELAY = {
 @ONLY_519
 @pytest.mark.parametrize("kind", sorted(DELAY, key=lambda k: k.name), ids=lambda k: k.name)
 def test_a_fault_is_caught_with_the_request_it_harms(model, kind):
+    # the policy cancels what a poll names, as an engine would
     _, canary, injector = run(
-        model, [prompts(4)], canary_config=CanaryConfig(stages="reference"), fault=kind
+        model, [prompts(4)], canary_config=CanaryConfig(stages="reference"), fault=kind, abort=True
     )
     assert injector is not None
     inj = injector.injection
