@@ -38,7 +38,9 @@ API summary
 - :class:`Row`, :class:`StepBatch`, :class:`SweepBatch`: a step's batch in engine terms
   (request ids, lengths, the scheduler's tokens, slot tables, per-token tensors).
 - :meth:`CanaryRuntime.begin_step` / :meth:`end_step` / :meth:`poll` /
-  :meth:`release`, and :attr:`CanaryRuntime.health`.
+  :meth:`release` / :meth:`discard_step`, :attr:`CanaryRuntime.health`,
+  :attr:`CanaryRuntime.stats` (host counts) and, with ``CanaryConfig(timing=True)``,
+  :attr:`CanaryRuntime.timing` (host and CUDA time of the canary beside the forward).
 - A poll returns a :class:`~kv_canary_engines.reports.CanaryReport`: each violation row
   (:class:`~kv_canary_engines.reports.EngineViolation`) with its step, group, endpoint,
   the victim's and the culprit's request ids, and its SGLang-format log line.
@@ -93,6 +95,7 @@ from .reports import (
 )
 from .rows import RowTable
 from .tables import SlotTable, expand_into_req_to_token
+from .timing import StepTiming
 
 logger = logging.getLogger("kv_canary")
 
@@ -153,6 +156,8 @@ class CanaryConfig:
             pool.
         chain_position_check: turn the stores' write-time position check on.
         violation_capacity: ring rows per store between two polls.
+        timing: measure the canary's host time and (CUDA) GPU time per step beside the
+            forward's (``runtime.timing``, :class:`~kv_canary_engines.timing.StepTiming`).
     """
 
     verify_every: int = attrs.field(default=1, validator=_at_least(1))
@@ -167,6 +172,7 @@ class CanaryConfig:
     check_tokens: bool = True
     chain_position_check: bool = True
     violation_capacity: int = attrs.field(default=4096, validator=_at_least(1))
+    timing: bool = False
 
 
 def _sources(value: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -354,6 +360,7 @@ class CanaryRuntime:
         self._runs_at_poll: dict[tuple[int, str], int] = {}
         self._health = Health()
         self.stats = RuntimeStats()
+        self.timing: StepTiming | None = StepTiming() if config.timing else None
 
     # --- construction ---------------------------------------------------------
     def _make_group(self, spec: KVGroup, index: int) -> _Group:
@@ -436,6 +443,8 @@ class CanaryRuntime:
             raise RuntimeError("kv-canary: begin_step called twice without end_step")
         if not isinstance(batch, StepBatch):
             raise TypeError(f"kv-canary: batch must be a StepBatch, got {type(batch).__name__}")
+        if self.timing is not None:
+            self.timing.mark(self.device, 0)
         step = self._step
         verify = step % self.config.verify_every == 0
         st = self.stats
@@ -500,6 +509,8 @@ class CanaryRuntime:
                 self._verify(g, "HEAD", g.head, g.plan, Endpoint.HEAD_VERIFY, step, True)
         self._pending = pending
         self._step += 1
+        if self.timing is not None:
+            self.timing.mark(self.device, 1)
 
     def end_step(self) -> CanaryReport | None:
         """After the forward: the HEAD write (with the scheduler's tokens and positions as
@@ -511,6 +522,8 @@ class CanaryRuntime:
         if p is None:
             raise RuntimeError("kv-canary: end_step called without begin_step")
         self._pending = None
+        if self.timing is not None:
+            self.timing.mark(self.device, 2)
         for g in self._groups:
             plain = dict(
                 input_ids=p.input_ids,
@@ -531,6 +544,8 @@ class CanaryRuntime:
                 self._write(g, "TAIL", g.tail, Endpoint.TAIL_WRITE, p.step, **plain)
                 if p.verify:
                     self._verify(g, "TAIL", g.tail, g.plan, Endpoint.TAIL_VERIFY, p.step, True)
+        if self.timing is not None:
+            self.timing.mark(self.device, 3)
         for row, end in zip(p.rows, p.ends):
             self.rows.stamped(row, end)
         every = self.config.sweep_every

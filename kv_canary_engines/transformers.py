@@ -97,7 +97,7 @@ class _Layout:
         """Canary block ids of the decode fast path's ``block_table`` entries."""
         raise NotImplementedError
 
-    def host_blocks(self, request_id: str) -> list[int] | None:
+    def host_blocks(self, request_id: RequestId) -> list[int] | None:
         """The request's block ids from the allocator's host bookkeeping."""
         raise NotImplementedError
 
@@ -132,7 +132,7 @@ class _SectorLayout(_Layout):
     def kernel_blocks(self, table: torch.Tensor) -> torch.Tensor:
         return torch.div(table.to(torch.int64), self._pages_stride, rounding_mode="floor")
 
-    def host_blocks(self, request_id: str) -> list[int] | None:
+    def host_blocks(self, request_id: RequestId) -> list[int] | None:
         blocks = self._allocator.block_table.get(request_id)
         return None if blocks is None else list(blocks)
 
@@ -171,7 +171,7 @@ class _BlockLayout(_Layout):
     def kernel_blocks(self, table: torch.Tensor) -> torch.Tensor:
         return table.to(torch.int64)
 
-    def host_blocks(self, request_id: str) -> list[int] | None:
+    def host_blocks(self, request_id: RequestId) -> list[int] | None:
         blocks = self._manager.block_table.get(request_id)
         return None if blocks is None else list(blocks)
 
@@ -300,7 +300,8 @@ class TransformersCanary:
     runtime: CanaryRuntime | None = None
     reports: list[CanaryReport] = attrs.Factory(list)
     slot0_steps: int = 0
-    """Steps whose tables held slot 0 (transformers 5.17 only): its checks were skipped."""
+    """Steps where a scheduled request held block 0 (transformers 5.17 only, read from
+    the allocator's host tables): slot 0's checks were skipped there."""
     _layers: tuple[int, ...] = ()
     _handles: list[Any] = attrs.Factory(list)
     _layout: _Layout | None = None
@@ -404,8 +405,10 @@ class TransformersCanary:
                 table = TokenSlots(slots=out)
             else:
                 table = TokenSlots(slots=layout.slots(read))
-        if isinstance(table, TokenSlots) and isinstance(layout, _BlockLayout):
-            self._count_slot0(table.slots)
+        if isinstance(layout, _BlockLayout) and any(
+            0 in (layout.host_blocks(r.request_id) or ()) for r in rows
+        ):
+            self.slot0_steps += 1  # 5.17: block 0 is real, its slot 0 goes unchecked
         runtime.begin_step(
             StepBatch(
                 rows=rows,
@@ -426,12 +429,6 @@ class TransformersCanary:
         report = self.runtime.end_step()
         if report is not None:
             self.reports.append(report)
-
-    def _count_slot0(self, slots: torch.Tensor) -> None:
-        # 5.17 only (block 0 is a real block there), and only on the CPU, where reading
-        # the slots is not a device sync.
-        if slots.device.type == "cpu" and bool((slots == 0).any()):
-            self.slot0_steps += 1
 
     def _sweep_batch(self) -> SweepBatch | None:
         bp = self.manager.batch_processor

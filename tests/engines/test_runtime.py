@@ -435,6 +435,19 @@ def test_block_tables_and_token_slots_expand_to_the_same_req_to_token(dtype):
     assert torch.equal(a, expected) and torch.equal(b_, expected)
 
 
+def test_timing_measures_the_host_time_around_the_forward():
+    engine = FakeEngine()
+    runtime = engine.attach(default_config(timing=True))
+    workload(engine, n=3)
+    engine.run(5)
+    assert runtime.timing is not None
+    assert len(runtime.timing.host_pre_s) == len(runtime.timing.host_post_s) == runtime.step
+    summary = runtime.timing.summary()
+    assert summary["host_pre_us"] > 0 and summary["host_post_us"] > 0
+    assert "canary_share" not in summary  # GPU events on CUDA only
+    assert engine.attach(default_config()).timing is None
+
+
 def test_launch_tags_round_trip():
     for step in (0, 1, 12345, 2**40):
         for group in (0, 3, 15):
