@@ -126,7 +126,12 @@ def _check_policy(_instance: object, _attribute: object, value: object) -> None:
 
 def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], int], None]:
     def check(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(
+                f"kv-canary: {attribute.name} must be an integer >= {minimum}, "
+                f"got {type(value).__name__} {value!r}"
+            )
+        if value < minimum:
             raise ValueError(
                 f"kv-canary: {attribute.name} must be an integer >= {minimum}, got {value!r}"
             )

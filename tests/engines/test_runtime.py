@@ -470,6 +470,12 @@ def test_a_bad_config_is_refused(kwargs, match):
         CanaryConfig(**kwargs)
 
 
+@pytest.mark.parametrize("value", [1.0, True, "2", None])
+def test_a_non_integer_stride_is_a_type_error(value):
+    with pytest.raises(TypeError, match="kv-canary: verify_every must be an integer >= 1, got"):
+        CanaryConfig(verify_every=value)
+
+
 def _runtime() -> CanaryRuntime:
     group = KVGroup(name="full", num_slots=64, page_size=4)
     return CanaryRuntime(default_config(), [group], device="cpu")

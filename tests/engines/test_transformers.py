@@ -233,6 +233,8 @@ def test_a_clean_run_of_two_sessions_has_no_violation_and_the_same_tokens(model,
     assert st.prefix_hits > 0  # the shared 40-token prefix, within and across sessions
     assert st.sweeps > 0
     assert any(len(rids) > 1 for rids in reused.values())  # blocks reused by other requests
+    if MINOR == "5.19":
+        assert 0 not in reused  # block 0 (the canary's padding slot 0) is a trash block
     assert all(not any(r.plan_status.values()) for r in canary.reports)
     assert all(not any(r.canary_status.values()) for r in canary.reports)
 
@@ -278,8 +280,13 @@ DELAY = {
 def test_a_fault_is_caught_with_the_request_it_harms(model, kind):
     # the policy cancels what a poll names, as an engine would
     _, canary, injector = run(
-        model, [prompts(4)], canary_config=CanaryConfig(stages="reference"), fault=kind, abort=True
+        model,
+        [prompts(4, n=18)],
+        canary_config=CanaryConfig(stages="reference"),
+        fault=kind,
+        abort=True,
     )
+    assert canary.runtime.stats.steps >= 100
     assert injector is not None
     inj = injector.injection
     assert inj is not None, f"{kind.value} found no request to harm"
