@@ -18,7 +18,8 @@ API summary
     )
     # every engine step, around the forward (eager; see "CUDA graphs" below):
     runtime.begin_step(StepBatch(
-        rows=[Row(request_id="a", prefix_len=P, extend_len=E, tokens=all_tokens_of_a), ...],
+        rows=[Row(request_id="a", prefix_len=P, extend_len=E, tokens=all_tokens_of_a,
+                  draft_len=0), ...],             # draft_len: speculative drafts among E
         tables={"full": TokenSlots(slots=...)} or {"full": BlockTable(table=...)},
         out_cache_loc={"full": write_slots},   # [>= n] canary slots, -1 = not written
         input_ids=ids, positions=pos,          # [>= n], what the forward consumes
