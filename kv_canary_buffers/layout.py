@@ -197,6 +197,13 @@ VIOLATION_COLUMNS = (
     "fail_bits",
 )
 """Violation row columns, in order."""
+CONTEXT_COLUMNS = ("req_pool_index", "expected_position", "owner")
+"""Columns of ``violation_context``, the project's own beside each ring row (SGLang's eight
+columns keep their meaning and bytes): the row's request, the position it expected, and
+the slot's last writer (``0`` = unknown)."""
+CONTEXT_WIDTH = len(CONTEXT_COLUMNS)
+REQ_POOL_INDEX, EXPECTED_POSITION, OWNER = 0, 1, 2
+"""Context columns."""
 MAX_REAL_KV_SOURCES = 4
 """Real-KV sources per call."""
 REAL_KV_ALIGN = 16
@@ -235,6 +242,18 @@ STORE_FIELDS: tuple[Field, ...] = (
           "previous one of its row + 1"),
     Field("status", FLAG_DTYPE, _ONE, "status",
           "sticky `CanaryStatus` bits, read and cleared by `take_status()`"),
+    Field("owners", RECORD_DTYPE, (Extent("N"),), "store",
+          "per slot, the `req_pool_index` of the plan row that last stamped its record "
+          "(`0` = never written by the canary); stamped with the record, not part of "
+          "SGLang's"),
+    Field("violation_context", RECORD_DTYPE, (Extent("V"), Extent(None, CONTEXT_WIDTH)),
+          "store",
+          f"beside each ring row, at its index: `{', '.join(CONTEXT_COLUMNS)}` (verify: "
+          "the entry's request, its position, the slot's writer; write: the writing row's "
+          "request, the expected position, the row itself)"),
+    Field("verify_skipped", RECORD_DTYPE, _ONE, "store",
+          "+1 per verify call that checked nothing (`verify_enable = 0`: an overflowed or "
+          "write-only plan); never cleared by the library"),
 )  # fmt: skip
 """Every tensor a :class:`~kv_canary_buffers.CanaryStore` owns, in field (and arena)
 order; ``N`` = ``num_slots``, ``V`` = ``violation_capacity``."""

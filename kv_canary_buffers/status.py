@@ -67,9 +67,11 @@ class FailBits(enum.IntFlag):
 
 class CanaryStatus(enum.IntFlag):
     """Bits of ``CanaryStore.status`` (int32 ``[1]``): data the write and verify kernels
-    refused to follow out of bounds. The entry concerned is skipped (no record written, no
-    check made) and the bit stays set until :meth:`CanaryStore.take_status` clears it. The
-    torch references raise ``ValueError`` for the same data instead."""
+    refused to follow out of bounds, and one flag on valid data. For the out-of-range
+    bits the entry concerned is skipped (no record written, no check made) and the torch
+    references raise ``ValueError`` for the same data instead; ``PADDING_SLOT_WRITTEN``
+    skips nothing and both paths set it. Every bit stays set until
+    :meth:`CanaryStore.take_status` clears it."""
 
     OK = 0
     SEED_OUT_OF_RANGE = 1 << 0
@@ -92,3 +94,8 @@ class CanaryStatus(enum.IntFlag):
     """``write_num_valid_reqs`` outside ``[0, write_req_capacity]`` or
     ``verify_num_valid`` outside ``[0, verify_capacity]`` (a plan buffer written by
     something other than a plan): the count is clamped into range."""
+    PADDING_SLOT_WRITTEN = 1 << 7
+    """write: a busy row stamped a token whose ``out_cache_loc`` is ``0``, the pool's
+    padding slot (which the verify never checks): a padding bug, or a row the engine
+    forgot to mask. Not a skip: the record and its owner are stamped all the same (as
+    SGLang does), and the torch reference sets this bit too."""
