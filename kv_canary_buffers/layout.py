@@ -106,6 +106,8 @@ PLAN_FIELDS: tuple[Field, ...] = (
           f"seed slot per row, `{NO_SLOT}` = none; rows `>= bs` unspecified"),
     Field("write_num_valid_reqs", COUNTER_DTYPE, _ONE, "output",
           "`bs` (padding rows included)"),
+    Field("row_req_pool_indices", ROW_DTYPE, (_CW,), "output",
+          "each row's `req_pool_indices` value (`0` = padding); rows `>= bs` unspecified"),
     Field("verify_slot_indices", ENTRY_DTYPE, (_CV,), "output", "slot of each entry"),
     Field("verify_expected_tokens", ENTRY_DTYPE, (_CV,), "output",
           f"expected token id, `{UNCHECKED_TOKEN}` = do not check"),
@@ -117,8 +119,9 @@ PLAN_FIELDS: tuple[Field, ...] = (
           "entries written, or `Cv` on overflow"),
     Field("verify_enable", COUNTER_DTYPE, _ONE, "output",
           "`1`, or `0` on overflow (no entry written)"),
-    Field("verify_offsets", ENTRY_DTYPE, (_CW1,), "scratch",
-          "scratch: prefix sum of verify counts, read by the entries stage (large-batch path)"),
+    Field("verify_offsets", ENTRY_DTYPE, (_CW1,), "output",
+          "exclusive prefix sum of the rows' verify counts; `[bs]` = the entries; valid when "
+          "`verify_enable = 1`, unspecified otherwise and past `bs`"),
     Field("scan_block_sums", ENTRY_DTYPE, (Extent(None, 2), Extent("Cw", per=OFFSETS_BLOCK)),
           "scratch",
           f"scratch: per-block (write, verify) sums of the two-level scan, {OFFSETS_BLOCK} "

@@ -440,7 +440,13 @@ def _plan(args: PlanArgs, verify_capacity: int) -> dict[str, Any]:
     verify_offsets = torch.zeros(bs + 1, dtype=ENTRY_DTYPE, device=device)
     torch.cumsum(vcount, 0, out=verify_offsets[1:])
     total = int(verify_offsets[-1])
-    out = {"write_offsets": write_offsets, "seeds": seeds, "total": total, "entries": None}
+    out = {
+        "write_offsets": write_offsets,
+        "seeds": seeds,
+        "total": total,
+        "verify_offsets": verify_offsets,
+        "entries": None,
+    }
     if total > verify_capacity:
         return out  # overflow: no entry is written, and no entry's table is read
 
@@ -498,6 +504,7 @@ def plan_reference(buffers: PlanBuffers, **inputs: Unpack[PlanInputs]) -> None:
     buffers.write_offsets[bs + 1 :].zero_()
     buffers.write_seed_slot_indices[:bs].copy_(plan["seeds"])
     buffers.write_num_valid_reqs.fill_(bs)
+    buffers.row_req_pool_indices[:bs].copy_(args.req_pool_indices)
     total = plan["total"]
     if plan["entries"] is None:
         buffers.verify_num_valid.fill_(buffers.verify_capacity)
@@ -508,5 +515,6 @@ def plan_reference(buffers: PlanBuffers, **inputs: Unpack[PlanInputs]) -> None:
     buffers.verify_expected_tokens[:total].copy_(tokens)
     buffers.verify_expected_positions[:total].copy_(positions)
     buffers.verify_prev_slot_indices[:total].copy_(prev)
+    buffers.verify_offsets[: bs + 1].copy_(plan["verify_offsets"])
     buffers.verify_num_valid.fill_(total)
     buffers.verify_enable.fill_(1)

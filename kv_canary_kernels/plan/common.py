@@ -182,14 +182,17 @@ def write_seeds(
     table,
     lut,
     pool,
-    write_seed_slot_indices_ptr,
+    row_outputs,
     HAS_LUT: tl.constexpr,
     HAS_POOL: tl.constexpr,
 ):
-    """Seeds of a block of ``rows``, and the status bits of the rows' own values
-    (returned: req_pool_index, prefix_len, valid_len, pool row, and the seed's LUT slot).
-    ``valid_len`` holds the rows' valid lengths of the token pool (ignored without it).
-    ``table``, ``lut``, ``pool``: as for :func:`write_entries`."""
+    """Seeds and ``row_req_pool_indices`` of a block of ``rows``, and the status bits of
+    the rows' own values (returned: req_pool_index, prefix_len, valid_len, pool row, and
+    the seed's LUT slot). ``valid_len`` holds the rows' valid lengths of the token pool
+    (ignored without it). ``row_outputs``: ``(write_seed_slot_indices_ptr,
+    row_req_pool_indices_ptr)``; ``table``, ``lut``, ``pool``: as for
+    :func:`write_entries`."""
+    write_seed_slot_indices_ptr, row_req_pool_indices_ptr = row_outputs
     req_to_token_ptr, table_rows, table_cols = table
     _, _, pool_rows, pool_cols, _ = pool
     rp_ok = (rp >= 0) & (rp < table_rows)
@@ -206,6 +209,7 @@ def write_seeds(
         seed, bad_slot = translate(seed, lut, seed_read)
         flags |= tl.where(bad_slot, LUT_SLOT_BIT, 0)
     tl.store(write_seed_slot_indices_ptr + rows, tl.where(wants_seed, seed, NO_SLOT), mask=in_batch)
+    tl.store(row_req_pool_indices_ptr + rows, rp, mask=in_batch)
     if HAS_POOL:
         flags |= tl.where(active & ((rp < 0) | (rp >= pool_rows)), POOL_ROW_BIT, 0)
         flags |= tl.where(active & (valid_len > pool_cols), VALID_LEN_BIT, 0)
@@ -219,7 +223,7 @@ def write_seed_block(
     table,
     lut,
     pool,
-    write_seed_slot_indices_ptr,
+    row_outputs,
     bs,
     window,
     HAS_LUT: tl.constexpr,
@@ -227,7 +231,7 @@ def write_seed_block(
 ):
     """:func:`write_seeds` of a block of ``rows``, from their inputs loaded here (the
     large-batch paths' seed blocks need no scan); returns the rows' status bits.
-    ``row_inputs`` as for :func:`load_rows`."""
+    ``row_inputs`` as for :func:`load_rows`, ``row_outputs`` as for :func:`write_seeds`."""
     in_batch, rp, prefix, active, _vcount, wcount = load_rows(
         row_inputs,
         rows,
@@ -246,7 +250,7 @@ def write_seed_block(
         table,
         lut,
         pool,
-        write_seed_slot_indices_ptr,
+        row_outputs,
         HAS_LUT,
         HAS_POOL,
     )

@@ -1,8 +1,9 @@
 """Entries stage of the three-launch large-batch path: one verify entry per lane, and the
 seeds. Its entry blocks (:func:`write_entry_blocks`) are the one-launch path's too.
 
-Programs ``0 .. seed_programs - 1`` write the seeds and the rows' status bits of ``BLOCK``
-rows each: they need no scan, so they do not wait for the offsets stage and run beside it.
+Programs ``0 .. seed_programs - 1`` write the seeds, ``row_req_pool_indices`` and the rows'
+status bits of ``BLOCK`` rows each: they need no scan, so they do not wait for the offsets
+stage and run beside it.
 The other programs handle entry blocks ``p, p + grid, ...`` below ``verify_num_valid``
 (none when the offsets stage flagged an overflow, so skipping needs no host sync).
 
@@ -147,6 +148,7 @@ def plan_entries_kernel(
     verify_enable_ptr,
     # outputs
     write_seed_slot_indices_ptr,
+    row_req_pool_indices_ptr,
     verify_slot_indices_ptr,
     verify_expected_tokens_ptr,
     verify_expected_positions_ptr,
@@ -197,7 +199,7 @@ def plan_entries_kernel(
             table,
             lut,
             pool,
-            write_seed_slot_indices_ptr,
+            (write_seed_slot_indices_ptr, row_req_pool_indices_ptr),
             bs,
             window,
             HAS_LUT,

@@ -13,7 +13,8 @@ are running or done: nothing can deadlock, whatever order the hardware starts pr
   marks them, waits for the marks of the chunks before its own, then writes its chunk's
   offsets, row hints and, in the chunk holding index ``bs``, the counters, and counts
   itself in the written count (release).
-- The other tickets are workers: they write the seeds (which need no scan) and zero the
+- The other tickets are workers: they write the seeds and ``row_req_pool_indices`` (which
+  need no scan) and zero the
   offsets' tail, wait until the written count reaches ``n_scanners`` (one word polled
   with scalar acquire loads, ``ld.acquire``; the scanners' waits on the marks are vector
   acquire atomics that add 0), then write the verify entries as the three-launch path's
@@ -221,6 +222,7 @@ def plan_large_batch_kernel(
     write_offsets_ptr,
     write_seed_slot_indices_ptr,
     write_num_valid_reqs_ptr,
+    row_req_pool_indices_ptr,
     verify_slot_indices_ptr,
     verify_expected_tokens_ptr,
     verify_expected_positions_ptr,
@@ -319,7 +321,7 @@ def plan_large_batch_kernel(
                 table,
                 lut,
                 pool,
-                write_seed_slot_indices_ptr,
+                (write_seed_slot_indices_ptr, row_req_pool_indices_ptr),
                 bs,
                 window,
                 HAS_LUT,

@@ -2,11 +2,12 @@
 
 Every program loads all ``bs`` rows (a tile of ``ROWS >= bs`` rows: 256, 512 or
 ``SCAN_BLOCK``; a few KB from L2) and scans them in registers, so no program waits for
-another: program 0 writes the write plan and the counters, and programs ``1..`` write the
-verify entries of their blocks, finding each entry's row by a binary search over the
-verify offsets held in registers (``tl.gather``), between the rows of the block's ends.
-One launch instead of two, and the write plan beside the entries rather than before
-them, matter most here, where the plan is all latency.
+another: program 0 writes the write plan, ``row_req_pool_indices`` and the counters, and
+programs ``1..`` write the verify entries of their blocks (program 1 also
+``verify_offsets``), finding each entry's row by a binary search over the verify offsets
+held in registers (``tl.gather``), between the rows of the block's ends. One launch
+instead of two, and the write plan beside the entries rather than before them, matter
+most here, where the plan is all latency.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def plan_small_batch_kernel(
     write_offsets_ptr,
     write_seed_slot_indices_ptr,
     write_num_valid_reqs_ptr,
+    row_req_pool_indices_ptr,
     verify_slot_indices_ptr,
     verify_expected_tokens_ptr,
     verify_expected_positions_ptr,
@@ -61,6 +63,7 @@ def plan_small_batch_kernel(
     verify_num_valid_ptr,
     verify_enable_ptr,
     status_ptr,
+    verify_offsets_ptr,
     # runtime sizes
     bs,
     write_capacity,
@@ -132,7 +135,7 @@ def plan_small_batch_kernel(
             table,
             lut,
             pool,
-            write_seed_slot_indices_ptr,
+            (write_seed_slot_indices_ptr, row_req_pool_indices_ptr),
             HAS_LUT,
             HAS_POOL,
         )
@@ -144,6 +147,16 @@ def plan_small_batch_kernel(
         # 2**31, and with one every count is taken as 0 (the loop below does not run).
         count = tl.where(fits, vcount, 0).to(tl.int32)
         v_excl = tl.cumsum(count, 0) - count
+        if pid == 1:
+            # verify_offsets (specified only without overflow, when count is vcount): the
+            # first entry program has them in registers, off the write plan's program.
+            tl.store(
+                verify_offsets_ptr + rows,
+                tl.where(in_batch, v_excl, total).to(tl.int64),
+                mask=rows <= bs,
+            )
+            if bs == ROWS:  # a full tile: the total at index bs lies just past it
+                tl.store(verify_offsets_ptr + bs, total.to(tl.int64))
         first_pos = window_start(prefix, window) - v_excl  # entry t of row r: first_pos[r] + t
         bits = tl.full([], 0, tl.int32)
         for start in range((pid - 1) * BLOCK, total, (nprog - 1) * BLOCK):

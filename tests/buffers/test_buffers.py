@@ -22,6 +22,7 @@ def test_allocate_sizes_every_tensor_by_construction():
         "write_offsets": (i64, (6,)),
         "write_seed_slot_indices": (i64, (5,)),
         "write_num_valid_reqs": (i32, (1,)),
+        "row_req_pool_indices": (i64, (5,)),
         "verify_slot_indices": (i64, (7,)),
         "verify_expected_tokens": (i64, (7,)),
         "verify_expected_positions": (i64, (7,)),
@@ -65,7 +66,7 @@ def test_allocation_bytes_equals_nbytes(w, v):
     nh = -(-v // ROW_HINT_STRIDE)
     # every field of the arena starts on a 256-byte boundary
     field_bytes = (
-        [8 * (w + 1), 8 * w, 4]
+        [8 * (w + 1), 8 * w, 4, 8 * w]
         + [8 * v] * 4
         + [4, 4, 8 * (w + 1), 16 * nb, 4 * nh, 32, 24 * (nb + 1), 4, 8, 4]
     )

@@ -86,6 +86,9 @@ def loop_plan(
         v_rows.append((r, rp, ws, vcount))
     total = sum(v[3] for v in v_rows)
     enable = int(total <= verify_capacity)
+    verify_offsets = [0]
+    for v in v_rows:
+        verify_offsets.append(verify_offsets[-1] + v[3])
     if enable:
         for r, rp, ws, vcount in v_rows:
             for pos in range(ws, ws + vcount):
@@ -107,6 +110,8 @@ def loop_plan(
         "write_offsets": offsets,
         "write_seed_slot_indices": seeds,
         "write_num_valid_reqs": bs,
+        "row_req_pool_indices": list(rp_l),
+        "verify_offsets": verify_offsets if enable else None,
         "entries": entries,
         "verify_num_valid": total if enable else verify_capacity,
         "verify_enable": enable,

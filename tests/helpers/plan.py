@@ -42,6 +42,8 @@ def observed(buffers: PlanBuffers, bs: int) -> dict[str, Any]:
         "write_offsets": buffers.write_offsets.cpu().tolist(),
         "write_seed_slot_indices": buffers.write_seed_slot_indices[:bs].cpu().tolist(),
         "write_num_valid_reqs": int(buffers.write_num_valid_reqs),
+        "row_req_pool_indices": buffers.row_req_pool_indices[:bs].cpu().tolist(),
+        "verify_offsets": buffers.verify_offsets[: bs + 1].cpu().tolist() if enable else None,
         "entries": entries,
         "verify_num_valid": nv,
         "verify_enable": enable,
@@ -166,12 +168,15 @@ def arena_gaps(buffers: PlanBuffers):
 
 def assert_in_bounds(buffers: PlanBuffers, bs: int) -> None:
     """Nothing was written outside what the plan may write: every alignment gap still
-    holds the sentinel, and so do the seeds past ``bs`` and the verify entries past
+    holds the sentinel, and so do the seeds, ``row_req_pool_indices`` and ``verify_offsets``
+    past ``bs`` (``bs + 1`` for the offsets) and the verify entries past
     ``verify_num_valid`` (all of them on overflow)."""
     raw = arena_bytes(buffers)
     for name, start, end in arena_gaps(buffers):
         assert bool((raw[start:end] == SENTINEL_BYTE).all()), f"the gap after {name} was written"
     assert bool((buffers.write_seed_slot_indices[bs:] == SENTINEL_INT64).all()), "seeds past bs"
+    assert bool((buffers.row_req_pool_indices[bs:] == SENTINEL_INT64).all()), "rows past bs"
+    assert bool((buffers.verify_offsets[bs + 1 :] == SENTINEL_INT64).all()), "offsets past bs"
     written = int(buffers.verify_num_valid) if int(buffers.verify_enable) else 0
     for name in ENTRY_FIELDS:
         tail = getattr(buffers, name)[written:]

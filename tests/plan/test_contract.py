@@ -50,6 +50,8 @@ def test_worked_example(plan, device):
     assert b.write_seed_slot_indices[:3].tolist() == [20, -1, 34]
     assert b.write_seed_slot_indices[3].item() == POISON  # rows >= bs: unspecified, untouched
     assert int(b.write_num_valid_reqs) == 3
+    assert b.row_req_pool_indices[:3].tolist() == [1, 0, 2]
+    assert b.verify_offsets[:4].tolist() == [0, 5, 5, 8]
 
 
 def test_padding_rows_with_garbage_lengths_contribute_nothing(plan, device):
