@@ -70,15 +70,20 @@ class GatheredReport:
 
     def __str__(self) -> str:
         ranks = len(self.per_rank)
+        skipped = (
+            f", {self.verify_skipped} verify call(s) skipped (checked nothing)"
+            if self.verify_skipped
+            else ""
+        )
+        counts = f"{self.kernel_runs} kernel runs, {self.slots_processed} slots processed"
         if not self.appended:
-            return (
-                f"kv-canary: no violations on {ranks} rank(s); {self.kernel_runs} kernel runs, "
-                f"{self.slots_processed} slots processed"
-            )
+            return f"kv-canary: no violations on {ranks} rank(s); {counts}{skipped}"
         dropped = f", {self.dropped} dropped (ring full)" if self.dropped else ""
+        requests = self.req_pool_indices()
         lines = [
             f"kv-canary: {self.appended} violation(s) on {ranks} rank(s){dropped}; "
-            f"{self.kernel_runs} kernel runs, {self.slots_processed} slots processed"
+            f"{counts}{skipped}"
+            + (f"; requests {', '.join(map(str, requests))}" if requests else "")
         ]
         lines += [f"  {v}" for v in self.violations[:_SHOWN]]
         if len(self.violations) > _SHOWN:

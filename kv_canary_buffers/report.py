@@ -18,7 +18,6 @@ from .hashing import to_unsigned
 from .layout import CONTEXT_COLUMNS, VIOLATION_COLUMNS
 from .status import FailBits
 
-
 UNKNOWN_OWNER = -1
 """``Violation.owner`` of a slot the canary never wrote (its ``owners`` entry is 0)."""
 
@@ -55,9 +54,7 @@ class Violation:
     owner: int = UNKNOWN_OWNER
 
     @classmethod
-    def from_row(
-        cls, row: Sequence[int], context: Sequence[int] | None = None
-    ) -> Violation:
+    def from_row(cls, row: Sequence[int], context: Sequence[int] | None = None) -> Violation:
         """Decode one int64 ``[8]`` ring row given as ints, with its ``[3]`` context row
         (``req_pool_index, expected_position, owner``; None: a zeroed one). An owner of
         ``0`` (a slot the canary never wrote) decodes as ``-1``."""

@@ -265,10 +265,12 @@ def append_violations(bad, columns, context, store):
     violation_count_ptr, violation_capacity, owners_ptr, violation_context_ptr)``.
 
     One predicated atomic per lane reserves its ring index, rows past the capacity are
-    counted but not stored (fill once), nor is their context. No reduction, no branch and no shared memory: a
-    clean step (no lane in ``bad``) pays a few predicated-off instructions. A step with
-    violations on most lanes serializes its atomics on one counter, which is the cost of a
-    badly broken engine, not of a healthy one."""
+    counted but not stored (fill once), nor is their context. No reduction, no branch and
+    no shared memory: a clean step (no lane in ``bad``) pays a few predicated-off
+    instructions (the verify and the write's walks go further: they append only from a
+    replay that runs when a lane failed). A step with violations on most lanes serializes
+    its atomics on one counter, which is the cost of a badly broken engine, not of a
+    healthy one."""
     violations_ptr, violation_count_ptr, violation_capacity = store[1], store[2], store[3]
     slot = columns[1]
     # Every atomic of the kernels is relaxed (but the one-launch plan's sync words in

@@ -191,9 +191,7 @@ def _check_block(
         tl.where(reachable & (r_prev != expected_chain), CHAIN_BIT, 0)
         | tl.where(r_position != want_position, POSITION_BIT, 0)
         | tl.where(r_kv != kv_hash, REAL_KV_BIT, 0)
-        | tl.where(
-            (want_token != UNCHECKED_TOKEN) & (r_token != want_token), VERIFY_TOKEN_BIT, 0
-        )
+        | tl.where((want_token != UNCHECKED_TOKEN) & (r_token != want_token), VERIFY_TOKEN_BIT, 0)
     )
     hit = ok & (bits != 0)
     columns = (slot, r_position, r_token, want_token, r_prev, expected_chain, bits)
