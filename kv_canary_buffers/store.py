@@ -160,13 +160,13 @@ class CanaryStore:
         unchanged. A grown pool keeps every old slot's record, so its requests verify
         cleanly; the copy runs on the current stream (no sync). Graphs captured on the
         old store must be re-captured (its tensors live at new addresses)."""
+        self.check(views=True)  # first: the sizes and device below come from the arena
         new = CanaryStore._allocate(
             self.num_slots if num_slots is None else num_slots,
             self.violation_capacity if violation_capacity is None else violation_capacity,
             self.device,
             self.generation + 1,
         )
-        self.check(views=True)
         new._copy_state_from(self)
         return new
 
@@ -175,6 +175,7 @@ class CanaryStore:
         ``num_slots`` (a KV pool grows in large, known steps; records cost 32 bytes a
         slot, so no headroom is added)."""
         needed = check_need("num_slots", num_slots)
+        self.check()
         if needed <= self.num_slots:
             return self
         return self.resize(num_slots=needed)

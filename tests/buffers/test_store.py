@@ -308,7 +308,40 @@ def _delete(store):
     return "missing a field"
 
 
+def _arena_rebound(name, value):
+    """The arena's own attribute ``name`` rebound behind its frozen guard (issue 26 §7:
+    a larger ``fields`` had the kernels store past each field, the references raise raw
+    errors after writing part of a step, junk types raw TypeErrors)."""
+
+    def tamper(store):
+        object.__setattr__(store.arena, name, value(store) if callable(value) else value)
+        return f"CanaryStore.arena.{name} must be the object the arena was built with"
+
+    return tamper
+
+
+def _grown_fields(store):
+    from kv_canary_buffers.arena import layout
+    from kv_canary_buffers.layout import store_specs
+
+    return layout(store_specs(64, 16))[0]  # the layout of a larger store: same names
+
+
+ARENA_TAMPERS = {
+    "arena.fields grown": _arena_rebound("fields", _grown_fields),
+    "arena.fields equal copy": _arena_rebound("fields", lambda s: (*s.arena.fields,)),
+    "arena.fields junk": _arena_rebound("fields", "junk"),
+    "arena.fields None": _arena_rebound("fields", None),
+    "arena.device": _arena_rebound("device", torch.device("meta")),
+    "arena.on_device": _arena_rebound("on_device", lambda s: lambda t: True),
+    "arena.address": _arena_rebound("address", {}),
+    "arena.launches": _arena_rebound("launches", 7),
+    "arena.handle": _arena_rebound("handle", 10**9),
+}
+
+
 TAMPERS = {
+    **ARENA_TAMPERS,
     "setattr": _swap_attr,
     "data": _swap_data,
     "set_": _swap_set,
