@@ -199,7 +199,10 @@ def verify_reference(
     Args:
         store: the :class:`CanaryStore` of the KV pool.
         plan_buffers: a :class:`PlanBuffers` filled by a plan (its verify entries,
-            ``verify_num_valid`` and ``verify_enable``; an overflowed plan checks nothing).
+            ``verify_num_valid`` and ``verify_enable``; a plan with ``verify_enable = 0``,
+            overflowed or write-only, checks nothing and counts ``store.verify_skipped``;
+            and, for a failing entry's context, ``verify_offsets``,
+            ``row_req_pool_indices`` and ``write_num_valid_reqs``).
         **inputs: :class:`VerifyInputs` (``launch_tag``, ``check_expected_tokens``,
             ``real_kv``).
 

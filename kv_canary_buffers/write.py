@@ -377,7 +377,8 @@ def write_reference(
     Args:
         store: the :class:`CanaryStore` of the KV pool.
         plan_buffers: a :class:`PlanBuffers` filled by the step's plan (its
-            ``write_offsets``, ``write_seed_slot_indices`` and ``write_num_valid_reqs``).
+            ``write_offsets``, ``write_seed_slot_indices``, ``write_num_valid_reqs`` and
+            ``row_req_pool_indices``: each stamped slot's owner).
         **inputs: the step's tokens, :class:`WriteInputs` (``input_ids``, ``positions``,
             ``out_cache_loc``, and the optional tag, expected inputs and ``real_kv``).
 
@@ -386,7 +387,9 @@ def write_reference(
             :class:`PlanBuffers`, or an argument has the wrong type.
         ValueError: a host-side check failed, or the data lies outside the store or the
             inputs (the message names the argument, the index and the value). Nothing is
-            written then.
+            written then. A token written at the padding slot 0 is not refused: it is
+            stamped, and ``CanaryStatus.PADDING_SLOT_WRITTEN`` is set in ``store.status``
+            (as the kernels do).
     """
     args = validate_write_args(store, plan_buffers, **inputs)
     store.check(views=True)  # torch reads and writes through the views themselves

@@ -7,7 +7,9 @@ one at hand (a token's critical path is the hash, not a memory round trip).
 A launch has two kinds of programs of one warp:
 
 - **side programs** (``ceil(write_req_capacity / write_rows)``, consecutive rows a lane):
-  every row's ``TOKEN``, ``POSITION`` and ``REAL_KV_HASH`` columns, the status bits and
+  every row's ``TOKEN``, ``POSITION`` and ``REAL_KV_HASH`` columns and each stamped slot's
+  owner (the row's ``row_req_pool_indices`` value, under ``REAL_KV_HASH``'s mask: the
+  record's), the status bits (``PADDING_SLOT_WRITTEN`` among them) and
   ``slots_processed``; and for the rows of at most ``write_chain_tokens`` tokens (decode),
   everything: the chain, ``PREV_HASH``, the write checks and violation rows;
 - **chain programs** (at least ``write_chain_programs``, rows strided across them so that
@@ -18,8 +20,12 @@ A launch has two kinds of programs of one warp:
 A long row's warp then issues little besides its hash: the other columns' stores, the
 real-KV hash and the flags are another warp's. Both kinds read the seed's record before
 writing, so neither may write a column the other reads there: the side programs leave the
-seed slot's ``TOKEN`` and ``POSITION`` to the chain program. The design and its
-measurements: docs/design.md, docs/performance.md ("the write split").
+seed slot's ``TOKEN`` and ``POSITION`` to the chain program. Nothing in the write reads
+``owners``, and a row's tokens all store one value there, so the side programs store every
+owner, the seed slot's included, and the chain programs none. A violation row's context
+(the row's request, the expected position, the row as the slot's writer) goes with the
+row, from whichever program appends it. The design and its measurements: docs/design.md,
+docs/performance.md ("the write split").
 """
 
 from __future__ import annotations

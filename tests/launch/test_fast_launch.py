@@ -335,10 +335,11 @@ def simulated_fast_path(monkeypatch):
         return lambda programs, stream, *a: calls.append(("fast", self.fn.__name__, a))
 
     # Independent of what ran before in the process: a launcher instance may hold a
-    # `launch` of its own in its __dict__ (monkeypatch.setattr on an instance restores the
-    # bound method there, which then shadows the class's patch below and runs real
-    # launches: on the H200 this fixture's tests then failed after tests/launch/
-    # test_gpu_canary.py's test_verify_grid_is_one_wave, issue 26 §7). Every launcher's
+    # `launch` of its own in its __dict__ (monkeypatch.setattr on an instance, undone by a
+    # pytest without the fix of its issue 10644, restores the bound method there, which
+    # shadows the class's patch below and runs real launches: on the H200 this fixture's
+    # verify tests then failed after tests/launch/test_gpu_canary.py's
+    # test_verify_grid_is_one_wave, issue 26 §7). Every launcher's
     # instance attribute is removed for the test (restored after it), and its caches are
     # the test's own.
     launchers = [write_module._WRITE, verify_module._VERIFY]
@@ -485,9 +486,10 @@ def test_a_cached_verify_launch_refuses_a_store_whose_arena_attributes_were_rebo
 @pytest.fixture
 def leaked_instance_patch():
     """What an earlier test's ``monkeypatch.setattr(instance, "launch", ...)`` leaves
-    behind once undone under pytest before 9.2 (whose undo sets the bound method it read
-    back on the instance; 9.2 restores the instance's own __dict__ entry instead): the
-    bound method in the instance's __dict__, shadowing any later patch of the class.
+    behind once undone by a pytest without the fix of its issue 10644 (whose undo sets the
+    bound method it read back on the instance; the 9.2.0 of this project's machines
+    restores the instance's own __dict__ entry instead): the bound method in the
+    instance's __dict__, shadowing any later patch of the class.
     Planted directly (independent of the pytest installed); removed after the test, once
     the fixtures after this one in a test's arguments are torn down."""
     launcher = verify_module._VERIFY
