@@ -37,6 +37,7 @@ from .layout import (
     TOKEN_POOL_DTYPE,
     UNCHECKED_TOKEN,
 )
+from .status import PlanStatus
 
 
 # --- arguments and their checks ---------------------------------------------------------
@@ -336,6 +337,19 @@ def _raise_first_bad(bad: torch.Tensor, argument: str, values: torch.Tensor, rul
         )
 
 
+def _raise_first_negative(negative: torch.Tensor, P: torch.Tensor, E: torch.Tensor) -> None:
+    """The first busy row of negative length (``NEGATIVE_LENGTH`` on the kernels), its
+    ``prefix_lens`` named before its ``extend_seq_lens``."""
+    if bool(negative.any()):
+        row = int(negative.nonzero()[0, 0])
+        name, value = ("prefix_lens", P) if int(P[row]) < 0 else ("extend_seq_lens", E)
+        raise ValueError(
+            f"kv-canary: {name}[{row}] = {int(value[row])} must be >= 0 for busy row {row} "
+            "(a negative length: the kernels plan the row as padding and set "
+            "PlanStatus.NEGATIVE_LENGTH)"
+        )
+
+
 def _gather(
     table: torch.Tensor, flat_index: torch.Tensor, mask: torch.Tensor | None, fill: int
 ) -> torch.Tensor:
@@ -385,7 +399,10 @@ def _plan(args: PlanArgs, verify_capacity: int) -> dict[str, Any]:
     bs = args.bs
     rows, max_seq_len = table.shape
 
-    active = rp != 0
+    busy = rp != 0
+    negative = busy & ((P < 0) | (E < 0))  # planned as padding (NEGATIVE_LENGTH)
+    _raise_first_negative(negative, P, E)
+    active = busy & ~negative
     # Wrap-free for any int64 P, E and W (docs/contract.md, "Extreme values"): a row's
     # count is min(P, W) (P without a window, 0 for P <= 0) with no subtraction; its
     # window start P - count lies in [0, P]. The counts are summed clamped to
@@ -395,7 +412,7 @@ def _plan(args: PlanArgs, verify_capacity: int) -> dict[str, Any]:
     count = torch.where(P > 0, count, 0)
     window_start = torch.where(P > 0, P - count, 0)
     vcount = torch.where(active, count, 0).clamp_max(verify_capacity + 1)
-    wcount = torch.where(active, E.clamp(0, MAX_ROW_WRITES), 0)
+    wcount = torch.where(active, E.clamp_max(MAX_ROW_WRITES), 0)
 
     _raise_first_bad(
         active & ((rp < 0) | (rp >= rows)),
@@ -492,8 +509,13 @@ def plan_reference(buffers: PlanBuffers, **inputs: Unpack[PlanInputs]) -> None:
     Raises:
         TypeError: ``buffers`` is not a :class:`PlanBuffers`, or an argument has the
             wrong type.
-        ValueError: a host-side check failed, or an active row's data lies outside the
-            tables (the message names the row and the value). Nothing is written then.
+        ValueError: a host-side check failed, an active row's data lies outside the
+            tables, or a busy row has a negative length (the message names the row and
+            the value). Nothing is written then.
+
+    A plan whose verify entries exceed ``verify_capacity`` is not an error: as on the
+    kernels, no entry is written and ``PlanStatus.VERIFY_OVERFLOW`` is OR-ed into
+    ``buffers.status``.
     """
     args = validate_plan_args(buffers, **inputs)
     buffers.check(views=True)  # torch writes through the views themselves
@@ -509,6 +531,8 @@ def plan_reference(buffers: PlanBuffers, **inputs: Unpack[PlanInputs]) -> None:
     if plan["entries"] is None:
         buffers.verify_num_valid.fill_(buffers.verify_capacity)
         buffers.verify_enable.fill_(0)
+        # Not an error, but a step that verifies nothing: flagged as the kernels flag it.
+        buffers.status.bitwise_or_(int(PlanStatus.VERIFY_OVERFLOW))
         return
     slots, tokens, positions, prev = plan["entries"]
     buffers.verify_slot_indices[:total].copy_(slots)

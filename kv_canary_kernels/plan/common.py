@@ -10,6 +10,7 @@ from ..constants import (
     INT64_MAX,
     LUT_SLOT_BIT,
     MAX_ROW_WRITES,
+    NEGATIVE_LENGTH_BIT,
     NO_SLOT,
     PADDING_ROW,
     POOL_ROW_BIT,
@@ -17,6 +18,7 @@ from ..constants import (
     REQ_POOL_INDEX_BIT,
     UNCHECKED_TOKEN,
     VALID_LEN_BIT,
+    VERIFY_OVERFLOW_BIT,
 )
 
 
@@ -51,36 +53,39 @@ def load_valid_lens(pool, rows, mask, HAS_POOL: tl.constexpr):
 
 
 @triton.jit
-def load_verify_rows(req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window, verify_capacity):
-    """Per-row inputs of the verify plan, ``active`` and the contract's ``vcount``
+def load_verify_rows(row_inputs, rows, bs, window, verify_capacity):
+    """Per-row inputs of the plan (``row_inputs``: ``(req_pool_indices_ptr,
+    prefix_lens_ptr, extend_seq_lens_ptr)``), ``active`` and the contract's ``vcount``
     clamped to ``verify_capacity + 1``: exact when the plan does not overflow, and sums
-    of at most ``2**31`` rows of at most ``2**31`` cannot wrap."""
+    of at most ``2**31`` rows of at most ``2**31`` cannot wrap. A busy row of negative
+    length is not active (``NEGATIVE_LENGTH``: planned as padding), so the verify count
+    needs the extend lengths too."""
+    req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr = row_inputs
     in_batch = rows < bs
     rp = tl.load(req_pool_indices_ptr + rows, mask=in_batch, other=PADDING_ROW)
     prefix = tl.load(prefix_lens_ptr + rows, mask=in_batch, other=0)
-    active = in_batch & (rp != PADDING_ROW)
+    extend = tl.load(extend_seq_lens_ptr + rows, mask=in_batch, other=0)
+    active = in_batch & (rp != PADDING_ROW) & (prefix >= 0) & (extend >= 0)
     count_cap = verify_capacity.to(tl.int64) + 1  # 2**31 at most: int64
     vcount = tl.where(active, tl.minimum(verify_count(prefix, window), count_cap), 0)
-    return in_batch, rp, prefix, active, vcount
+    return in_batch, rp, prefix, extend, active, vcount
 
 
 @triton.jit
-def load_write_counts(extend_seq_lens_ptr, rows, in_batch, active):
-    """The contract's ``wcount`` of ``rows``: ``min(max(0, E), MAX_ROW_WRITES)``."""
-    extend = tl.load(extend_seq_lens_ptr + rows, mask=in_batch, other=0)
-    return tl.where(active, tl.minimum(tl.maximum(extend, 0), MAX_ROW_WRITES), 0)
+def write_counts(extend, active):
+    """The contract's ``wcount``: ``min(E, MAX_ROW_WRITES)`` of an active row (``E >=
+    0`` there)."""
+    return tl.where(active, tl.minimum(extend, MAX_ROW_WRITES), 0)
 
 
 @triton.jit
 def load_rows(row_inputs, rows, bs, window, verify_capacity):
     """Per-row inputs and the contract's ``(active, vcount, wcount)`` for ``rows``;
-    ``row_inputs``: ``(req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr)``."""
-    req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr = row_inputs
-    in_batch, rp, prefix, active, vcount = load_verify_rows(
-        req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window, verify_capacity
+    ``row_inputs`` as for :func:`load_verify_rows`."""
+    in_batch, rp, prefix, extend, active, vcount = load_verify_rows(
+        row_inputs, rows, bs, window, verify_capacity
     )
-    wcount = load_write_counts(extend_seq_lens_ptr, rows, in_batch, active)
-    return in_batch, rp, prefix, active, vcount, wcount
+    return in_batch, rp, prefix, active, vcount, write_counts(extend, active)
 
 
 @triton.jit
@@ -154,9 +159,10 @@ def write_offsets_and_counters(
 ):
     """``write_offsets`` of a block of ``rows`` (the total at index ``bs``, zeros after it
     within the block) and, when ``owns_counters`` (the block holds index ``bs``), the three
-    counters (``counters``: ``(write_num_valid_reqs_ptr, verify_num_valid_ptr,
-    verify_enable_ptr)``). ``w_before``: write entries of the rows before the block."""
-    write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr = counters
+    counters and, on overflow, ``VERIFY_OVERFLOW`` (``counters``:
+    ``(write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr, status_ptr)``).
+    ``w_before``: write entries of the rows before the block."""
+    write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr, status_ptr = counters
     w_excl = w_before + tl.cumsum(wcount, 0) - wcount
     w_out = tl.where(in_batch, w_excl, tl.where(rows == bs, w_total, 0))
     tl.store(write_offsets_ptr + rows, w_out, mask=rows <= write_capacity)
@@ -168,6 +174,7 @@ def write_offsets_and_counters(
         mask=owns_counters,
     )
     tl.store(verify_enable_ptr, tl.where(overflow, 0, 1).to(tl.int32), mask=owns_counters)
+    tl.atomic_or(status_ptr, VERIFY_OVERFLOW_BIT, mask=owns_counters & overflow, sem="relaxed")
 
 
 @triton.jit
@@ -204,6 +211,8 @@ def write_seeds(
     seed = seed.to(tl.int64)
     # Per-lane flags, OR-reduced once at the end (one reduction, not one per kind).
     flags = tl.where(active & ~rp_ok, REQ_POOL_INDEX_BIT, 0)
+    # A busy row that is not active has a negative length (planned as padding).
+    flags |= tl.where(in_batch & (rp != PADDING_ROW) & ~active, NEGATIVE_LENGTH_BIT, 0)
     flags |= tl.where(active & (prefix > table_cols), PREFIX_LEN_BIT, 0)
     if HAS_LUT:
         seed, bad_slot = translate(seed, lut, seed_read)

@@ -231,6 +231,7 @@ def _three_launches(
                 buffers.verify_row_hints,
                 buffers.verify_num_valid,
                 buffers.verify_enable,
+                buffers.status,
             ),
             {
                 "BLOCK": OFFSETS_BLOCK,

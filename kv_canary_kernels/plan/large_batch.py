@@ -294,7 +294,7 @@ def plan_large_batch_kernel(
             written_ptr,
             row_inputs,
             write_offsets_ptr,
-            (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr),
+            (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr, status_ptr),
             scan,
             scan_chunk_sums_ptr,
             sums_stride,

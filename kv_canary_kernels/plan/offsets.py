@@ -90,6 +90,7 @@ def plan_offsets_kernel(
     verify_row_hints_ptr,
     verify_num_valid_ptr,
     verify_enable_ptr,
+    status_ptr,
     # runtime sizes
     bs,
     n_sum_blocks,
@@ -153,7 +154,7 @@ def plan_offsets_kernel(
         v_total,
         pid == bs // BLOCK,
         write_offsets_ptr,
-        (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr),
+        (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr, status_ptr),
         bs,
         write_capacity,
         verify_capacity,

@@ -19,8 +19,8 @@ from .common import (
     find_rows,
     load_valid_lens,
     load_verify_rows,
-    load_write_counts,
     window_start,
+    write_counts,
     write_entries,
     write_offsets_and_counters,
     write_seeds,
@@ -99,14 +99,17 @@ def plan_small_batch_kernel(
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, ROWS)
-    # Only program 0 needs the write counts: the others load the verify inputs alone.
-    in_batch, rp, prefix, active, vcount = load_verify_rows(
-        req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window, verify_capacity
+    in_batch, rp, prefix, extend, active, vcount = load_verify_rows(
+        (req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr),
+        rows,
+        bs,
+        window,
+        verify_capacity,
     )
     v_total = tl.sum(vcount, 0)
     zero_offsets_tail(write_offsets_ptr, bs, write_capacity, 1 + pid, nprog, ROWS)
     if pid == 0:
-        wcount = load_write_counts(extend_seq_lens_ptr, rows, in_batch, active)
+        wcount = write_counts(extend, active)
         w_total = tl.sum(wcount, 0)
         write_offsets_and_counters(
             rows,
@@ -117,7 +120,7 @@ def plan_small_batch_kernel(
             v_total,
             True,
             write_offsets_ptr,
-            (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr),
+            (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr, status_ptr),
             bs,
             write_capacity,
             verify_capacity,

@@ -2,7 +2,10 @@
 
 It is the oracle of the property tests. With ``pad_bad=True`` it also states what the
 Triton kernels produce for data outside the tables (padding values plus status bits);
-with ``pad_bad=False`` such data raises ``ValueError``, as ``plan_reference`` does.
+with ``pad_bad=False`` such data raises ``ValueError``, as ``plan_reference`` does. Its
+``flags`` are the status word the kernels leave: the data bits (``data_flags``, which the
+reference raises for instead) and ``VERIFY_OVERFLOW`` (both paths set it: an overflow is
+not an error).
 """
 
 from __future__ import annotations
@@ -68,7 +71,10 @@ def loop_plan(
     v_rows = []
     for r in range(bs):
         rp, P, E = rp_l[r], p_l[r], e_l[r]
-        active = rp != 0
+        # a busy row of negative length is planned as padding, and flagged
+        active = rp != 0 and P >= 0 and E >= 0
+        if rp != 0 and not active:
+            flags |= PlanStatus.NEGATIVE_LENGTH
         if active and not 0 <= rp < rows:
             flags |= PlanStatus.REQ_POOL_INDEX_OUT_OF_RANGE
         if active and P > cols:
@@ -80,7 +86,7 @@ def loop_plan(
                 flags |= PlanStatus.VALID_LEN_OUT_OF_RANGE
         ws = max(0, P - W) if W > 0 else 0
         vcount = max(0, P - ws) if active else 0
-        wcount = min(max(0, E), MAX_ROW_WRITES) if active else 0
+        wcount = min(E, MAX_ROW_WRITES) if active else 0
         seeds.append(slot_at(rp, P - 1) if active and P > 0 and wcount > 0 else -1)
         offsets.append(offsets[-1] + wcount)
         v_rows.append((r, rp, ws, vcount))
@@ -105,6 +111,9 @@ def loop_plan(
                 entries.append((slot_at(rp, pos), token, pos, prev))
     if flags and not pad_bad:
         raise ValueError(f"data outside the tables: {flags!r}")
+    data_flags = flags
+    if not enable:
+        flags |= PlanStatus.VERIFY_OVERFLOW
     offsets += [0] * (write_req_capacity - bs)
     return {
         "write_offsets": offsets,
@@ -116,4 +125,5 @@ def loop_plan(
         "verify_num_valid": total if enable else verify_capacity,
         "verify_enable": enable,
         "flags": flags,
+        "data_flags": data_flags,
     }

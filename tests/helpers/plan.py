@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from kv_canary_buffers import PlanBuffers
+from kv_canary_buffers import PlanBuffers, PlanStatus
 from kv_canary_buffers.compare import VERIFY_ENTRY_FIELDS
 from kv_canary_buffers.layout import PLAN_FIELDS
 
@@ -57,8 +57,10 @@ def assert_matches_oracle(buffers: PlanBuffers, bs: int, expected: dict[str, Any
 
 
 def assert_buffers_equal(a: PlanBuffers, b: PlanBuffers, bs: int) -> None:
-    """Byte equality of the specified outputs of two plans (other paths, same input)."""
+    """Byte equality of the specified outputs of two plans (other paths, same input), and
+    of their status words (the reference sets VERIFY_OVERFLOW as the kernels do)."""
     assert observed(a, bs) == observed(b, bs)
+    assert int(a.status) == int(b.status), (PlanStatus(int(a.status)), PlanStatus(int(b.status)))
 
 
 def make_tables(
