@@ -23,7 +23,7 @@ from typing_extensions import Unpack
 
 from .arena import Arena
 from .buffers import STAGING_LINK_ATTR, PlanBuffers, StagingLink
-from .checks import check_int64, check_row_tensor, check_tensor, new_tuple
+from .checks import check_bool, check_int64, check_row_tensor, check_tensor, new_tuple
 from .layout import (
     ENTRY_DTYPE,
     INT64_MAX,
@@ -76,6 +76,10 @@ class PlanInputs(_PlanInputsRequired, total=False):
     ``[0, valid_len)`` get token ``-1``."""
     kv_token_id_vs_position_offset: int
     """added to the position before the pool lookup (default 0)."""
+    verify: bool
+    """``True`` (default): plan the verify entries. ``False``: a write-only plan (the
+    write plan only; ``verify_enable = 0``, ``verify_num_valid = 0``): for a step that
+    writes but does not verify, which then costs no verify work."""
 
 
 class PlanArgs(NamedTuple):
@@ -94,6 +98,7 @@ class PlanArgs(NamedTuple):
     req_to_verify_expected_tokens: torch.Tensor | None
     req_to_verify_expected_tokens_valid_lens: torch.Tensor | None
     kv_token_id_vs_position_offset: int
+    verify: bool
     addresses: tuple[int | None, ...]
     """The data pointers of the seven tensor inputs above, in that order (None for an
     input not given), read once by the checks: the kernels' launch passes them instead
@@ -161,6 +166,7 @@ def validate_plan_args(
     req_to_verify_expected_tokens: torch.Tensor | None = None,
     req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None,
     kv_token_id_vs_position_offset: int = 0,
+    verify: bool = True,
 ) -> PlanArgs:
     """Run every host-side check of ``docs/contract.md`` and return the arguments.
 
@@ -272,6 +278,7 @@ def validate_plan_args(
     offset = kv_token_id_vs_position_offset
     if not (type(offset) is int and INT64_MIN <= offset <= INT64_MAX):
         offset = check_int64("kv_token_id_vs_position_offset", offset)
+    verify = verify if type(verify) is bool else check_bool("verify", verify)
 
     # No input may share memory with the arena (the plan would overwrite what it still
     # reads): one range test per input (all are contiguous), named on the slow path.
@@ -305,7 +312,7 @@ def validate_plan_args(
     if linked:  # after every aliasing test
         _refuse_foreign_staging(bufs, _named_inputs(*inputs))
     return new_tuple(
-        PlanArgs, (bs, rp, P, E, table, window, lut, pool, valid_lens, offset, addresses)
+        PlanArgs, (bs, rp, P, E, table, window, lut, pool, valid_lens, offset, verify, addresses)
     )
 
 
@@ -454,10 +461,13 @@ def _plan(args: PlanArgs, verify_capacity: int) -> dict[str, Any]:
     raw_seeds = _gather(table, rp_read * max_seq_len + seed_pos, wants_seed, NO_SLOT)
     seeds = torch.where(wants_seed, _translate(raw_seeds, lut, rows_idx, seed_pos), NO_SLOT)
 
+    if not args.verify:  # a write-only plan: no verify entry, nothing of them read
+        return {"write_offsets": write_offsets, "seeds": seeds, "verify": False}
     verify_offsets = torch.zeros(bs + 1, dtype=ENTRY_DTYPE, device=device)
     torch.cumsum(vcount, 0, out=verify_offsets[1:])
     total = int(verify_offsets[-1])
     out = {
+        "verify": True,
         "write_offsets": write_offsets,
         "seeds": seeds,
         "total": total,
@@ -527,6 +537,10 @@ def plan_reference(buffers: PlanBuffers, **inputs: Unpack[PlanInputs]) -> None:
     buffers.write_seed_slot_indices[:bs].copy_(plan["seeds"])
     buffers.write_num_valid_reqs.fill_(bs)
     buffers.row_req_pool_indices[:bs].copy_(args.req_pool_indices)
+    if not plan["verify"]:
+        buffers.verify_num_valid.zero_()
+        buffers.verify_enable.zero_()
+        return
     total = plan["total"]
     if plan["entries"] is None:
         buffers.verify_num_valid.fill_(buffers.verify_capacity)

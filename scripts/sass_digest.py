@@ -27,7 +27,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PLAN = {"HAS_LUT": True, "HAS_POOL": True}
+PLAN = {"HAS_LUT": True, "HAS_POOL": True, "VERIFY": True}
+"""(Constexprs a tree's kernel does not take are dropped: older trees compile too.)"""
 VARIANTS: list[tuple[str, str, str, dict[str, Any], int]] = [
     # (name, module, kernel, constexprs, warps)
     (
@@ -51,12 +52,18 @@ VARIANTS: list[tuple[str, str, str, dict[str, Any], int]] = [
         },
         8,
     ),
-    ("plan sums", "plan.offsets", "scan_block_sums_kernel", {"BLOCK": 1024, "USE_PDL": True}, 8),
+    (
+        "plan sums",
+        "plan.offsets",
+        "scan_block_sums_kernel",
+        {"BLOCK": 1024, "USE_PDL": True, "VERIFY": True},
+        8,
+    ),
     (
         "plan offsets",
         "plan.offsets",
         "plan_offsets_kernel",
-        {"BLOCK": 1024, "SUM_CHUNK": 1024, "HINT_STRIDE": 16, "USE_PDL": True},
+        {"BLOCK": 1024, "SUM_CHUNK": 1024, "HINT_STRIDE": 16, "USE_PDL": True, "VERIFY": True},
         8,
     ),
     (

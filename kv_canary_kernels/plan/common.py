@@ -156,25 +156,31 @@ def write_offsets_and_counters(
     bs,
     write_capacity,
     verify_capacity,
+    VERIFY: tl.constexpr,
 ):
     """``write_offsets`` of a block of ``rows`` (the total at index ``bs``, zeros after it
     within the block) and, when ``owns_counters`` (the block holds index ``bs``), the three
     counters and, on overflow, ``VERIFY_OVERFLOW`` (``counters``:
     ``(write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr, status_ptr)``).
-    ``w_before``: write entries of the rows before the block."""
+    ``w_before``: write entries of the rows before the block. Without ``VERIFY`` (a
+    write-only plan) ``v_total`` is not read: no entry, no overflow."""
     write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr, status_ptr = counters
     w_excl = w_before + tl.cumsum(wcount, 0) - wcount
     w_out = tl.where(in_batch, w_excl, tl.where(rows == bs, w_total, 0))
     tl.store(write_offsets_ptr + rows, w_out, mask=rows <= write_capacity)
-    overflow = v_total > verify_capacity
     tl.store(write_num_valid_reqs_ptr, bs, mask=owns_counters)
-    tl.store(
-        verify_num_valid_ptr,
-        tl.where(overflow, verify_capacity, v_total).to(tl.int32),
-        mask=owns_counters,
-    )
-    tl.store(verify_enable_ptr, tl.where(overflow, 0, 1).to(tl.int32), mask=owns_counters)
-    tl.atomic_or(status_ptr, VERIFY_OVERFLOW_BIT, mask=owns_counters & overflow, sem="relaxed")
+    if VERIFY:
+        overflow = v_total > verify_capacity
+        tl.store(
+            verify_num_valid_ptr,
+            tl.where(overflow, verify_capacity, v_total).to(tl.int32),
+            mask=owns_counters,
+        )
+        tl.store(verify_enable_ptr, tl.where(overflow, 0, 1).to(tl.int32), mask=owns_counters)
+        tl.atomic_or(status_ptr, VERIFY_OVERFLOW_BIT, mask=owns_counters & overflow, sem="relaxed")
+    else:
+        tl.store(verify_num_valid_ptr, tl.zeros([], tl.int32), mask=owns_counters)
+        tl.store(verify_enable_ptr, tl.zeros([], tl.int32), mask=owns_counters)
 
 
 @triton.jit

@@ -66,6 +66,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     pool_rows, pool_cols = pool.shape if pool is not None else (0, 0)
     table_rows, table_cols = table.shape
     window = args.swa_window_size
+    verify = args.verify
 
     # A compiled variant depends on the constexprs below, on each pointer's 16-byte
     # alignment (the buffers' fields are aligned by construction, the inputs are the
@@ -112,18 +113,25 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
                 rows = tile
                 break
         block = cfg.small_entry_block
-        entry_grid = min(cdiv(verify_capacity, block), dev.small_plan_programs)
+        # A write-only plan: program 0 (the write plan) alone.
+        entry_grid = min(cdiv(verify_capacity, block), dev.small_plan_programs) if verify else 0
         _SMALL.launch_fixed(
             owner,
             device,
             (1 + entry_grid, 1, 1),
-            (dev.variant, has_lut, has_pool, aligned, int_classes(ints), rows),
+            (dev.variant, has_lut, has_pool, aligned, int_classes(ints), rows, verify),
             head_addresses,
             ints,
             lambda: (
                 _inputs(buffers, args),
                 (*_outputs(buffers), buffers.verify_offsets),
-                {"HAS_LUT": has_lut, "HAS_POOL": has_pool, "ROWS": rows, "BLOCK": block},
+                {
+                    "HAS_LUT": has_lut,
+                    "HAS_POOL": has_pool,
+                    "ROWS": rows,
+                    "BLOCK": block,
+                    "VERIFY": verify,
+                },
                 {"num_warps": cfg.small_entry_warps, **dev.entries_options},
             ),
         )
@@ -140,7 +148,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         )
         n_scanners = cdiv(bs + 1, OFFSETS_BLOCK)
         # Enough for the entries, the seeds and the offsets' tail, whichever is largest.
-        work = max(verify_capacity, bs, write_capacity - bs)
+        work = max(verify_capacity if verify else 0, bs, write_capacity - bs)
         workers = max(1, min(cdiv(work, block), dev.one_launch_programs))
         chunk_cols = buffers.arena.fields[_CHUNK_SUMS].shape[1]
         large_ints = (bs, n_scanners, chunk_cols, *ints[1:])
@@ -148,7 +156,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             owner,
             device,
             (n_scanners + workers, 1, 1),
-            (dev.variant, has_lut, has_pool, aligned, int_classes(large_ints)),
+            (dev.variant, has_lut, has_pool, aligned, int_classes(large_ints), verify),
             head_addresses,
             (next(buffers.arena.launches), *large_ints),
             lambda: (
@@ -170,6 +178,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
                     # The interpreter runs programs one after another: a wait not met at
                     # once never is.
                     "MAX_POLLS": 1 if INTERPRETING else cfg.one_launch_max_polls,
+                    "VERIFY": verify,
                 },
                 {"num_warps": warps, **dev.entries_options},
             ),
@@ -195,6 +204,7 @@ def _three_launches(
     :func:`dispatch_plan`'s runtime ints, in its order."""
     device, cfg = buffers.device, dev.launch
     bs, write_capacity, verify_capacity, window = ints[:4]
+    verify = args.verify
     sums_cols = buffers.arena.fields[_BLOCK_SUMS].shape[1]
     rows_addresses = None if head_addresses is None else head_addresses[:3]
     n_sum_blocks = cdiv(bs, OFFSETS_BLOCK)
@@ -203,13 +213,13 @@ def _three_launches(
         owner,
         device,
         (n_sum_blocks, 1, 1),
-        (dev.variant, aligned, int_classes(sums_ints)),
+        (dev.variant, aligned, int_classes(sums_ints), verify),
         rows_addresses,
         sums_ints,
         lambda: (
             _inputs(buffers, args)[:3],
             (buffers.scan_block_sums,),
-            {"BLOCK": OFFSETS_BLOCK, "USE_PDL": dev.use_pdl},
+            {"BLOCK": OFFSETS_BLOCK, "USE_PDL": dev.use_pdl, "VERIFY": verify},
             {"num_warps": cfg.scan_warps},
         ),
     )
@@ -218,7 +228,7 @@ def _three_launches(
         owner,
         device,
         (cdiv(bs + 1, OFFSETS_BLOCK), 1, 1),
-        (dev.variant, aligned, int_classes(offsets_ints)),
+        (dev.variant, aligned, int_classes(offsets_ints), verify),
         rows_addresses,
         offsets_ints,
         lambda: (
@@ -238,6 +248,7 @@ def _three_launches(
                 "SUM_CHUNK": cfg.sum_chunk,
                 "HINT_STRIDE": ROW_HINT_STRIDE,
                 "USE_PDL": dev.use_pdl,
+                "VERIFY": verify,
             },
             {"num_warps": cfg.scan_warps, **dev.pdl_options},
         ),
@@ -247,7 +258,8 @@ def _three_launches(
     else:
         block, warps = cfg.entry_block, cfg.entry_warps
     seed_programs = cdiv(bs, block)
-    entry_grid = min(cdiv(verify_capacity, block), dev.plan_programs)
+    # A write-only plan: the seed programs alone.
+    entry_grid = min(cdiv(verify_capacity, block), dev.plan_programs) if verify else 0
     entries_ints = (bs, seed_programs, *ints[2:])
     _ENTRIES.launch_fixed(
         owner,

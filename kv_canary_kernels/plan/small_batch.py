@@ -79,6 +79,7 @@ def plan_small_batch_kernel(
     HAS_POOL: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
+    VERIFY: tl.constexpr,
 ):
     # The arguments the helpers take together (tuples: a grouping, no code of their own).
     table = (req_to_token_ptr, table_rows, table_cols)
@@ -124,6 +125,7 @@ def plan_small_batch_kernel(
             bs,
             write_capacity,
             verify_capacity,
+            VERIFY,
         )
         if bs == ROWS:  # a full tile: the total at index bs lies just past it
             tl.store(write_offsets_ptr + bs, w_total)
@@ -143,7 +145,7 @@ def plan_small_batch_kernel(
             HAS_POOL,
         )
         tl.atomic_or(status_ptr, bits, mask=bits != 0, sem="relaxed")
-    else:
+    elif VERIFY:  # (a write-only plan launches program 0 alone)
         fits = v_total <= verify_capacity
         total = tl.where(fits, v_total, 0).to(tl.int32)  # overflow: no entry
         # int32 is exact: with no overflow every prefix sum is at most verify_capacity <

@@ -36,6 +36,7 @@ def loop_plan(
     req_to_verify_expected_tokens: torch.Tensor | None = None,
     req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None,
     kv_token_id_vs_position_offset: int = 0,
+    verify: bool = True,
     pad_bad: bool = False,
 ) -> dict[str, Any]:
     rp_l, p_l, e_l = _rows(req_pool_indices), _rows(prefix_lens), _rows(extend_seq_lens)
@@ -90,8 +91,8 @@ def loop_plan(
         seeds.append(slot_at(rp, P - 1) if active and P > 0 and wcount > 0 else -1)
         offsets.append(offsets[-1] + wcount)
         v_rows.append((r, rp, ws, vcount))
-    total = sum(v[3] for v in v_rows)
-    enable = int(total <= verify_capacity)
+    total = sum(v[3] for v in v_rows) if verify else 0  # a write-only plan: no entry
+    enable = int(total <= verify_capacity) if verify else 0
     verify_offsets = [0]
     for v in v_rows:
         verify_offsets.append(verify_offsets[-1] + v[3])
@@ -112,7 +113,7 @@ def loop_plan(
     if flags and not pad_bad:
         raise ValueError(f"data outside the tables: {flags!r}")
     data_flags = flags
-    if not enable:
+    if verify and not enable:
         flags |= PlanStatus.VERIFY_OVERFLOW
     offsets += [0] * (write_req_capacity - bs)
     return {
@@ -122,7 +123,7 @@ def loop_plan(
         "row_req_pool_indices": list(rp_l),
         "verify_offsets": verify_offsets if enable else None,
         "entries": entries,
-        "verify_num_valid": total if enable else verify_capacity,
+        "verify_num_valid": total if enable or not verify else verify_capacity,
         "verify_enable": enable,
         "flags": flags,
         "data_flags": data_flags,

@@ -59,6 +59,8 @@ def batches(draw, *, bad: bool = False, max_bs: int = 24) -> dict[str, Any]:
         swa_window_size=window,
         kv_token_id_vs_position_offset=draw(st.integers(-2, 2)),
     )
+    if draw(st.integers(0, 4)) == 0:  # a write-only plan (the default is verify=True)
+        kwargs["verify"] = False
     if use_lut:
         lut_len = n_slots - (draw(st.integers(0, 3)) if bad else 0)
         kwargs["full_to_swa_index_mapping"] = torch.randint(
@@ -124,7 +126,7 @@ def test_kernels_equal_reference(case):
     plan_reference(ref, **kwargs)
     launch_plan(out, **kwargs)
     assert_buffers_equal(out, ref, case["bs"])  # their status words too
-    overflowed = int(ref.verify_enable) == 0
+    overflowed = int(ref.verify_enable) == 0 and kwargs.get("verify", True)
     assert out.take_status() == (PlanStatus.VERIFY_OVERFLOW if overflowed else PlanStatus.OK)
 
 
