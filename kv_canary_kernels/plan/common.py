@@ -21,6 +21,49 @@ from ..constants import (
     VERIFY_OVERFLOW_BIT,
 )
 
+# The table the plan reads slots from (docs/contract.md, "The table"): the kernels' TABLE
+# constexpr. A block table's position splits into (block, offset) by a shift and a mask
+# when its page size is a power of two (the engines' usual pages), by a 64-bit division
+# otherwise.
+REQ_TO_TOKEN: tl.constexpr = tl.constexpr(0)
+BLOCKS_POW2: tl.constexpr = tl.constexpr(1)
+BLOCKS: tl.constexpr = tl.constexpr(2)
+
+
+@triton.jit
+def read_table(table, rp, pos, mask, TABLE: tl.constexpr, EVICTION: tl.constexpr):
+    """``table(rp, pos)`` of the contract for the lanes in ``mask`` (each inside the
+    table: ``0 <= rp < table_rows``, ``0 <= pos < table_cols``), slot 0 elsewhere, as
+    int64. ``table``: ``(req_to_token_ptr, block_table_ptr, table_rows, table_cols,
+    block_cols, page_size, page_shift)``, where ``table_cols`` is the positions the table
+    maps (``min(max_blocks * page_size, 2**63 - 1)`` for a block table) and
+    ``block_cols`` a block table's width; ``EVICTION``: the load's policy."""
+    req_to_token_ptr, block_table_ptr, _, table_cols, block_cols, page_size, page_shift = table
+    if TABLE == REQ_TO_TOKEN:
+        slot = tl.load(
+            req_to_token_ptr + rp * table_cols + pos,
+            mask=mask,
+            other=DUMMY_SLOT,
+            eviction_policy=EVICTION,
+        )
+        slot = slot.to(tl.int64)
+    else:
+        if TABLE == BLOCKS_POW2:
+            block = pos >> page_shift
+        else:
+            block = pos // page_size
+        offset = pos - block * page_size
+        ids = tl.load(
+            block_table_ptr + rp * block_cols + block,
+            mask=mask,
+            other=DUMMY_SLOT,
+            eviction_policy=EVICTION,
+        )
+        ids = ids.to(tl.int64)
+        # No wrap: ids < 2**31 and page_size < 2**31. A negative block id: no slot.
+        slot = tl.where(mask, tl.where(ids >= 0, ids * page_size + offset, NO_SLOT), DUMMY_SLOT)
+    return slot
+
 
 # Wrap-free arithmetic (docs/contract.md, "Extreme values"): every per-row input may hold
 # any int64 and the window any value in [0, 2**63 - 1]. No helper below subtracts two
@@ -198,6 +241,7 @@ def write_seeds(
     row_outputs,
     HAS_LUT: tl.constexpr,
     HAS_POOL: tl.constexpr,
+    TABLE: tl.constexpr,
 ):
     """Seeds and ``row_req_pool_indices`` of a block of ``rows``, and the status bits of
     the rows' own values (returned: req_pool_index, prefix_len, valid_len, pool row, and
@@ -206,15 +250,14 @@ def write_seeds(
     row_req_pool_indices_ptr)``; ``table``, ``lut``, ``pool``: as for
     :func:`write_entries`."""
     write_seed_slot_indices_ptr, row_req_pool_indices_ptr = row_outputs
-    req_to_token_ptr, table_rows, table_cols = table
+    _, _, table_rows, table_cols, _, _, _ = table
     _, _, pool_rows, pool_cols, _ = pool
     rp_ok = (rp >= 0) & (rp < table_rows)
     wants_seed = active & (prefix > 0) & (wcount > 0)
     seed_pos = tl.maximum(prefix, 1) - 1  # P - 1 where a seed is read; no wrap at -2**63
     # A read that would leave the table is not made: the seed becomes slot 0, untranslated.
     seed_read = wants_seed & rp_ok & (seed_pos < table_cols)
-    seed = tl.load(req_to_token_ptr + rp * table_cols + seed_pos, mask=seed_read, other=DUMMY_SLOT)
-    seed = seed.to(tl.int64)
+    seed = read_table(table, rp, seed_pos, seed_read, TABLE, "")
     # Per-lane flags, OR-reduced once at the end (one reduction, not one per kind).
     flags = tl.where(active & ~rp_ok, REQ_POOL_INDEX_BIT, 0)
     # A busy row that is not active has a negative length (planned as padding).
@@ -243,6 +286,7 @@ def write_seed_block(
     window,
     HAS_LUT: tl.constexpr,
     HAS_POOL: tl.constexpr,
+    TABLE: tl.constexpr,
 ):
     """:func:`write_seeds` of a block of ``rows``, from their inputs loaded here (the
     large-batch paths' seed blocks need no scan); returns the rows' status bits.
@@ -268,6 +312,7 @@ def write_seed_block(
         row_outputs,
         HAS_LUT,
         HAS_POOL,
+        TABLE,
     )
 
 
@@ -302,19 +347,20 @@ def write_entries(
     HAS_LUT: tl.constexpr,
     HAS_POOL: tl.constexpr,
     BLOCK: tl.constexpr,
+    TABLE: tl.constexpr,
 ):
     """Slot, expected token, position and prev slot of each verify ``entry`` (lanes in
     ``in_range``), given its ``row`` and that row's ``rp``, position and valid length.
     Returns the LUT status bit if a looked-up slot was out of range.
 
-    The groups, as the kernels build them: ``table``, ``(req_to_token_ptr, table_rows,
-    table_cols)``; ``lut``, ``(full_to_swa_index_mapping_ptr, lut_len)``; ``pool``, the
-    expected-token pool ``(req_to_verify_expected_tokens_ptr,
-    req_to_verify_expected_tokens_valid_lens_ptr, pool_rows, pool_cols, token_offset)``;
+    The groups, as the kernels build them: ``table``, as for :func:`read_table`; ``lut``,
+    ``(full_to_swa_index_mapping_ptr, lut_len)``; ``pool``, the expected-token pool
+    ``(req_to_verify_expected_tokens_ptr, req_to_verify_expected_tokens_valid_lens_ptr,
+    pool_rows, pool_cols, token_offset)``;
     ``entries``, the plan's four entry columns ``(verify_slot_indices_ptr,
     verify_expected_tokens_ptr, verify_expected_positions_ptr,
     verify_prev_slot_indices_ptr)``."""
-    req_to_token_ptr, table_rows, table_cols = table
+    _, _, table_rows, table_cols, _, _, _ = table
     req_to_verify_expected_tokens_ptr, _, pool_rows, pool_cols, token_offset = pool
     (
         verify_slot_indices_ptr,
@@ -323,11 +369,9 @@ def write_entries(
         verify_prev_slot_indices_ptr,
     ) = entries
     rp_ok = (rp >= 0) & (rp < table_rows)
-    table_row = req_to_token_ptr + rp * table_cols
     # Reads that would leave the table are not made: those slots become 0, untranslated.
     slot_read = in_range & rp_ok & (pos >= 0) & (pos < table_cols)
-    slot = tl.load(table_row + pos, mask=slot_read, other=DUMMY_SLOT, eviction_policy="evict_last")
-    slot = slot.to(tl.int64)
+    slot = read_table(table, rp, pos, slot_read, TABLE, "evict_last")
     has_prev = pos > 0
     prev_read = in_range & rp_ok & has_prev & (pos <= table_cols)
     bits = tl.full([], 0, tl.int32)
@@ -338,12 +382,12 @@ def write_entries(
         left = tl.maximum(tl.arange(0, BLOCK) - 1, 0)
         from_left = (tl.arange(0, BLOCK) > 0) & (tl.gather(row, left, 0) == row)
         prev_read &= ~from_left
-        prev = tl.load(table_row + pos - 1, mask=prev_read, other=DUMMY_SLOT).to(tl.int64)
+        prev = read_table(table, rp, pos - 1, prev_read, TABLE, "")
         prev, bad_prev = translate(prev, lut, prev_read)
         prev = tl.where(from_left, tl.gather(slot, left, 0), prev)
         bits = any_bit(bad_slot | bad_prev, LUT_SLOT_BIT)
     else:
-        prev = tl.load(table_row + pos - 1, mask=prev_read, other=DUMMY_SLOT).to(tl.int64)
+        prev = read_table(table, rp, pos - 1, prev_read, TABLE, "")
     prev = tl.where(has_prev, prev, NO_SLOT)
     if HAS_POOL:
         # q = pos + offset saturated at INT64_MAX (pos >= 0): no wrap, and a saturated q

@@ -65,6 +65,9 @@ _RUNTIME_INTS = [
     "token_offset",
     "table_rows",
     "table_cols",
+    "block_cols",
+    "page_size",
+    "page_shift",
     "lut_len",
     "pool_rows",
     "pool_cols",
@@ -222,6 +225,7 @@ def plan_large_batch_kernel(
     prefix_lens_ptr,
     extend_seq_lens_ptr,
     req_to_token_ptr,
+    block_table_ptr,
     full_to_swa_index_mapping_ptr,
     req_to_verify_expected_tokens_ptr,
     req_to_verify_expected_tokens_valid_lens_ptr,
@@ -253,6 +257,9 @@ def plan_large_batch_kernel(
     token_offset,
     table_rows,
     table_cols,
+    block_cols,
+    page_size,
+    page_shift,
     lut_len,
     pool_rows,
     pool_cols,
@@ -264,10 +271,19 @@ def plan_large_batch_kernel(
     HINT_STRIDE: tl.constexpr,
     MAX_POLLS: tl.constexpr,
     VERIFY: tl.constexpr,
+    TABLE: tl.constexpr,
 ):
     # The arguments the helpers take together (tuples: a grouping, no code of their own).
     row_inputs = (req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr)
-    table = (req_to_token_ptr, table_rows, table_cols)
+    table = (
+        req_to_token_ptr,
+        block_table_ptr,
+        table_rows,
+        table_cols,
+        block_cols,
+        page_size,
+        page_shift,
+    )
     lut = (full_to_swa_index_mapping_ptr, lut_len)
     pool = (
         req_to_verify_expected_tokens_ptr,
@@ -335,6 +351,7 @@ def plan_large_batch_kernel(
                 window,
                 HAS_LUT,
                 HAS_POOL,
+                TABLE,
             )
         zero_offsets_tail(
             write_offsets_ptr, bs, write_capacity, (bs + 1) // BLOCK + worker, workers, BLOCK
@@ -362,6 +379,7 @@ def plan_large_batch_kernel(
                     BLOCK,
                     ROW_WINDOW,
                     HINT_STRIDE,
+                    TABLE,
                 )
             else:
                 bits |= PLAN_SYNC_LOST_BIT

@@ -35,6 +35,9 @@ _RUNTIME_INTS = [
     "token_offset",
     "table_rows",
     "table_cols",
+    "block_cols",
+    "page_size",
+    "page_shift",
     "lut_len",
     "pool_rows",
     "pool_cols",
@@ -48,6 +51,7 @@ def plan_small_batch_kernel(
     prefix_lens_ptr,
     extend_seq_lens_ptr,
     req_to_token_ptr,
+    block_table_ptr,
     full_to_swa_index_mapping_ptr,
     req_to_verify_expected_tokens_ptr,
     req_to_verify_expected_tokens_valid_lens_ptr,
@@ -72,6 +76,9 @@ def plan_small_batch_kernel(
     token_offset,
     table_rows,
     table_cols,
+    block_cols,
+    page_size,
+    page_shift,
     lut_len,
     pool_rows,
     pool_cols,
@@ -80,9 +87,18 @@ def plan_small_batch_kernel(
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
     VERIFY: tl.constexpr,
+    TABLE: tl.constexpr,
 ):
     # The arguments the helpers take together (tuples: a grouping, no code of their own).
-    table = (req_to_token_ptr, table_rows, table_cols)
+    table = (
+        req_to_token_ptr,
+        block_table_ptr,
+        table_rows,
+        table_cols,
+        block_cols,
+        page_size,
+        page_shift,
+    )
     lut = (full_to_swa_index_mapping_ptr, lut_len)
     pool = (
         req_to_verify_expected_tokens_ptr,
@@ -143,6 +159,7 @@ def plan_small_batch_kernel(
             (write_seed_slot_indices_ptr, row_req_pool_indices_ptr),
             HAS_LUT,
             HAS_POOL,
+            TABLE,
         )
         tl.atomic_or(status_ptr, bits, mask=bits != 0, sem="relaxed")
     elif VERIFY:  # (a write-only plan launches program 0 alone)
@@ -193,5 +210,6 @@ def plan_small_batch_kernel(
                 HAS_LUT,
                 HAS_POOL,
                 BLOCK,
+                TABLE,
             )
         tl.atomic_or(status_ptr, bits, mask=bits != 0, sem="relaxed")

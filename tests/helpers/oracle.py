@@ -30,7 +30,9 @@ def loop_plan(
     req_pool_indices: torch.Tensor,
     prefix_lens: torch.Tensor,
     extend_seq_lens: torch.Tensor,
-    req_to_token: torch.Tensor,
+    req_to_token: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    page_size: int = 1,
     swa_window_size: int = 0,
     full_to_swa_index_mapping: torch.Tensor | None = None,
     req_to_verify_expected_tokens: torch.Tensor | None = None,
@@ -40,8 +42,13 @@ def loop_plan(
     pad_bad: bool = False,
 ) -> dict[str, Any]:
     rp_l, p_l, e_l = _rows(req_pool_indices), _rows(prefix_lens), _rows(extend_seq_lens)
-    table = _rows(req_to_token)
-    rows, cols = req_to_token.shape
+    assert (req_to_token is None) != (block_table is None)
+    if req_to_token is not None:
+        table = _rows(req_to_token)
+        rows, cols = req_to_token.shape
+    else:  # a paged table: each position's slot from its page's block id
+        table = _rows(block_table)
+        rows, cols = block_table.shape[0], block_table.shape[1] * page_size
     lut = _rows(full_to_swa_index_mapping)
     pool = _rows(req_to_verify_expected_tokens)
     vlen = _rows(req_to_verify_expected_tokens_valid_lens)
@@ -53,7 +60,10 @@ def loop_plan(
     def read(rp: int, pos: int) -> tuple:
         if not 0 <= rp < rows or pos >= cols:
             return 0, False
-        return table[rp][pos], True
+        if req_to_token is not None:
+            return table[rp][pos], True
+        block = table[rp][pos // page_size]
+        return (block * page_size + pos % page_size if block >= 0 else -1), True
 
     def xlat(s: int) -> int:
         nonlocal flags
