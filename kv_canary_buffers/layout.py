@@ -27,6 +27,11 @@ ROW_DTYPE = torch.int64
 """``req_pool_indices``, ``prefix_lens``, ``extend_seq_lens``, valid lengths: ``[bs]``."""
 REQ_TO_TOKEN_DTYPE = torch.int32
 """``req_to_token``: ``[rows, max_seq_len]``."""
+BLOCK_TABLE_DTYPE = torch.int32
+"""``block_table``: ``[rows, max_blocks]`` (block ids; a negative id is no page)."""
+MAX_PAGE_SIZE = 2**31 - 1
+"""``page_size`` of a block table: with block ids below ``2**31`` a slot ``block *
+page_size + offset`` then stays below ``2**62`` (no wrap)."""
 LUT_DTYPE = torch.int64
 """``full_to_swa_index_mapping``: ``[lut_len]``."""
 TOKEN_POOL_DTYPE = torch.int32

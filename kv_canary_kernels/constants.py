@@ -88,6 +88,8 @@ LUT_SLOT_BIT: tl.constexpr = _C(int(PlanStatus.LUT_SLOT_OUT_OF_RANGE))
 POOL_ROW_BIT: tl.constexpr = _C(int(PlanStatus.POOL_ROW_OUT_OF_RANGE))
 VALID_LEN_BIT: tl.constexpr = _C(int(PlanStatus.VALID_LEN_OUT_OF_RANGE))
 PLAN_SYNC_LOST_BIT: tl.constexpr = _C(int(PlanStatus.PLAN_SYNC_LOST))
+NEGATIVE_LENGTH_BIT: tl.constexpr = _C(int(PlanStatus.NEGATIVE_LENGTH))
+VERIFY_OVERFLOW_BIT: tl.constexpr = _C(int(PlanStatus.VERIFY_OVERFLOW))
 
 # --- a violation row's fail bits (FailBits) ---------------------------------------------
 CHAIN_BIT: tl.constexpr = _C(int(FailBits.CHAIN))

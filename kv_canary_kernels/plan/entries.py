@@ -37,6 +37,9 @@ _RUNTIME_INTS = [
     "token_offset",
     "table_rows",
     "table_cols",
+    "block_cols",
+    "page_size",
+    "page_shift",
     "lut_len",
     "pool_rows",
     "pool_cols",
@@ -62,6 +65,7 @@ def write_entry_blocks(
     BLOCK: tl.constexpr,
     ROW_WINDOW: tl.constexpr,
     HINT_STRIDE: tl.constexpr,
+    TABLE: tl.constexpr,
 ):
     """The verify entries of blocks ``first, first + step, ...`` below ``total``, from the
     scan's ``verify_offsets`` and row hints (``scan``: ``(verify_offsets_ptr,
@@ -128,6 +132,7 @@ def write_entry_blocks(
             HAS_LUT,
             HAS_POOL,
             BLOCK,
+            TABLE,
         )
     return bits
 
@@ -139,6 +144,7 @@ def plan_entries_kernel(
     prefix_lens_ptr,
     extend_seq_lens_ptr,
     req_to_token_ptr,
+    block_table_ptr,
     full_to_swa_index_mapping_ptr,
     req_to_verify_expected_tokens_ptr,
     req_to_verify_expected_tokens_valid_lens_ptr,
@@ -162,6 +168,9 @@ def plan_entries_kernel(
     token_offset,
     table_rows,
     table_cols,
+    block_cols,
+    page_size,
+    page_shift,
     lut_len,
     pool_rows,
     pool_cols,
@@ -171,10 +180,19 @@ def plan_entries_kernel(
     ROW_WINDOW: tl.constexpr,
     HINT_STRIDE: tl.constexpr,
     USE_PDL: tl.constexpr,
+    TABLE: tl.constexpr,
 ):
     # The arguments the helpers take together (tuples: a grouping, no code of their own).
     row_inputs = (req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr)
-    table = (req_to_token_ptr, table_rows, table_cols)
+    table = (
+        req_to_token_ptr,
+        block_table_ptr,
+        table_rows,
+        table_cols,
+        block_cols,
+        page_size,
+        page_shift,
+    )
     lut = (full_to_swa_index_mapping_ptr, lut_len)
     pool = (
         req_to_verify_expected_tokens_ptr,
@@ -204,6 +222,7 @@ def plan_entries_kernel(
             window,
             HAS_LUT,
             HAS_POOL,
+            TABLE,
         )
     else:
         if USE_PDL:
@@ -228,5 +247,6 @@ def plan_entries_kernel(
             BLOCK,
             ROW_WINDOW,
             HINT_STRIDE,
+            TABLE,
         )
     tl.atomic_or(status_ptr, bits, mask=bits != 0, sem="relaxed")

@@ -19,8 +19,8 @@ from .common import (
     find_rows,
     load_valid_lens,
     load_verify_rows,
-    load_write_counts,
     window_start,
+    write_counts,
     write_entries,
     write_offsets_and_counters,
     write_seeds,
@@ -35,6 +35,9 @@ _RUNTIME_INTS = [
     "token_offset",
     "table_rows",
     "table_cols",
+    "block_cols",
+    "page_size",
+    "page_shift",
     "lut_len",
     "pool_rows",
     "pool_cols",
@@ -48,6 +51,7 @@ def plan_small_batch_kernel(
     prefix_lens_ptr,
     extend_seq_lens_ptr,
     req_to_token_ptr,
+    block_table_ptr,
     full_to_swa_index_mapping_ptr,
     req_to_verify_expected_tokens_ptr,
     req_to_verify_expected_tokens_valid_lens_ptr,
@@ -72,6 +76,9 @@ def plan_small_batch_kernel(
     token_offset,
     table_rows,
     table_cols,
+    block_cols,
+    page_size,
+    page_shift,
     lut_len,
     pool_rows,
     pool_cols,
@@ -79,9 +86,19 @@ def plan_small_batch_kernel(
     HAS_POOL: tl.constexpr,
     ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
+    VERIFY: tl.constexpr,
+    TABLE: tl.constexpr,
 ):
     # The arguments the helpers take together (tuples: a grouping, no code of their own).
-    table = (req_to_token_ptr, table_rows, table_cols)
+    table = (
+        req_to_token_ptr,
+        block_table_ptr,
+        table_rows,
+        table_cols,
+        block_cols,
+        page_size,
+        page_shift,
+    )
     lut = (full_to_swa_index_mapping_ptr, lut_len)
     pool = (
         req_to_verify_expected_tokens_ptr,
@@ -99,14 +116,17 @@ def plan_small_batch_kernel(
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     rows = tl.arange(0, ROWS)
-    # Only program 0 needs the write counts: the others load the verify inputs alone.
-    in_batch, rp, prefix, active, vcount = load_verify_rows(
-        req_pool_indices_ptr, prefix_lens_ptr, rows, bs, window, verify_capacity
+    in_batch, rp, prefix, extend, active, vcount = load_verify_rows(
+        (req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr),
+        rows,
+        bs,
+        window,
+        verify_capacity,
     )
     v_total = tl.sum(vcount, 0)
     zero_offsets_tail(write_offsets_ptr, bs, write_capacity, 1 + pid, nprog, ROWS)
     if pid == 0:
-        wcount = load_write_counts(extend_seq_lens_ptr, rows, in_batch, active)
+        wcount = write_counts(extend, active)
         w_total = tl.sum(wcount, 0)
         write_offsets_and_counters(
             rows,
@@ -117,10 +137,11 @@ def plan_small_batch_kernel(
             v_total,
             True,
             write_offsets_ptr,
-            (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr),
+            (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr, status_ptr),
             bs,
             write_capacity,
             verify_capacity,
+            VERIFY,
         )
         if bs == ROWS:  # a full tile: the total at index bs lies just past it
             tl.store(write_offsets_ptr + bs, w_total)
@@ -138,9 +159,10 @@ def plan_small_batch_kernel(
             (write_seed_slot_indices_ptr, row_req_pool_indices_ptr),
             HAS_LUT,
             HAS_POOL,
+            TABLE,
         )
         tl.atomic_or(status_ptr, bits, mask=bits != 0, sem="relaxed")
-    else:
+    elif VERIFY:  # (a write-only plan launches program 0 alone)
         fits = v_total <= verify_capacity
         total = tl.where(fits, v_total, 0).to(tl.int32)  # overflow: no entry
         # int32 is exact: with no overflow every prefix sum is at most verify_capacity <
@@ -188,5 +210,6 @@ def plan_small_batch_kernel(
                 HAS_LUT,
                 HAS_POOL,
                 BLOCK,
+                TABLE,
             )
         tl.atomic_or(status_ptr, bits, mask=bits != 0, sem="relaxed")

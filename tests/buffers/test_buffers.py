@@ -275,7 +275,7 @@ def test_take_status_returns_flags_and_clears_them():
 
 def test_status_bits_are_distinct_single_bits():
     bits = [int(f) for f in PlanStatus if f != PlanStatus.OK]
-    assert len(bits) == 6 and len(set(bits)) == 6
+    assert len(bits) == 8 and len(set(bits)) == 8
     assert all(b & (b - 1) == 0 for b in bits)
 
 

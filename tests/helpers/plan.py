@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from kv_canary_buffers import PlanBuffers
+from kv_canary_buffers import PlanBuffers, PlanStatus
 from kv_canary_buffers.compare import VERIFY_ENTRY_FIELDS
 from kv_canary_buffers.layout import PLAN_FIELDS
 
@@ -57,8 +57,31 @@ def assert_matches_oracle(buffers: PlanBuffers, bs: int, expected: dict[str, Any
 
 
 def assert_buffers_equal(a: PlanBuffers, b: PlanBuffers, bs: int) -> None:
-    """Byte equality of the specified outputs of two plans (other paths, same input)."""
+    """Byte equality of the specified outputs of two plans (other paths, same input), and
+    of their status words (the reference sets VERIFY_OVERFLOW as the kernels do)."""
     assert observed(a, bs) == observed(b, bs)
+    assert int(a.status) == int(b.status), (PlanStatus(int(a.status)), PlanStatus(int(b.status)))
+
+
+def expand_block_table(block_table: torch.Tensor, page_size: int) -> torch.Tensor:
+    """The ``req_to_token`` a block table stands for (docs/contract.md, "The table"):
+    ``[rows, max_blocks * page_size]``, a negative block id giving ``-1`` for each of its
+    positions."""
+    blocks = block_table.shape[1]
+    pos = torch.arange(blocks * page_size, device=block_table.device)
+    ids = block_table.long()[:, pos // page_size]
+    slots = torch.where(ids >= 0, ids * page_size + pos % page_size, -1)
+    return slots.to(torch.int32).contiguous()
+
+
+def random_block_table(
+    gen: torch.Generator, *, rows: int, blocks: int, n_blocks: int, holes: float = 0.15
+) -> torch.Tensor:
+    """An int32 ``[rows, blocks]`` block table of ids in ``[0, n_blocks)``, some ``-1``
+    (pages not mapped)."""
+    ids = torch.randint(0, max(n_blocks, 1), (rows, blocks), generator=gen)
+    ids[torch.rand(rows, blocks, generator=gen) < holes] = -1
+    return ids.to(torch.int32)
 
 
 def make_tables(
