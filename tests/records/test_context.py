@@ -269,3 +269,32 @@ def test_the_write_never_counts_a_skip(canary):
     plan.verify_enable.fill_(0)
     write(canary, store, plan, [1], [0], [3])
     assert int(store.verify_skipped) == 0 and int(store.kernel_runs) == 1
+
+
+def test_a_verify_on_a_write_only_or_overflowed_plan_counts_one_skip(canary):
+    """Issue 26 §2 and §4 end to end: a plan built with verify=False, and one whose
+    entries overflow verify_capacity, check nothing; each verify of them says so."""
+    from kv_canary_buffers import PlanStatus, plan_reference
+
+    store = new_store(num_slots=64)
+    table = torch.arange(1, 61, dtype=torch.int32).reshape(3, 20).to(store.device)
+    batch = dict(
+        req_pool_indices=i64([1, 2]),
+        prefix_lens=i64([4, 3]),
+        extend_seq_lens=i64([1, 1]),
+        req_to_token=table,
+    )
+    plan = new_plan(write_req_capacity=2, verify_capacity=16)
+    plan_reference(plan, **batch, verify=False)
+    canary.verify(store, plan)
+    assert (int(store.verify_skipped), int(store.violation_count)) == (1, 0)
+    small = new_plan(write_req_capacity=2, verify_capacity=6)  # 7 entries: overflow
+    plan_reference(small, **batch)
+    assert small.take_status() == PlanStatus.VERIFY_OVERFLOW
+    canary.verify(store, small)
+    report = store.take_violations()
+    assert (report.verify_skipped, report.appended, report.kernel_runs) == (2, 0, 2)
+    assert "2 verify call(s) skipped (checked nothing)" in str(report)
+    plan_reference(plan, **batch)  # verified: the junk records fail, nothing skipped
+    canary.verify(store, plan)
+    assert int(store.verify_skipped) == 2 and int(store.violation_count) == 7
