@@ -52,6 +52,27 @@ VARIANTS: list[tuple[str, str, str, dict[str, Any], int]] = [
         },
         8,
     ),
+    (
+        "plan sums",
+        "plan.offsets",
+        "scan_block_sums_kernel",
+        {"BLOCK": 1024, "USE_PDL": True, "VERIFY": True},
+        8,
+    ),
+    (
+        "plan offsets",
+        "plan.offsets",
+        "plan_offsets_kernel",
+        {"BLOCK": 1024, "SUM_CHUNK": 1024, "HINT_STRIDE": 16, "USE_PDL": True, "VERIFY": True},
+        8,
+    ),
+    (
+        "plan entries",
+        "plan.entries",
+        "plan_entries_kernel",
+        {**PLAN, "BLOCK": 1024, "ROW_WINDOW": 32, "HINT_STRIDE": 16, "USE_PDL": True},
+        8,
+    ),
     *(
         (f"plan {path} {what}", module, kernel, {**constexprs, **extra}, 8)
         for what, extra in (
@@ -74,27 +95,6 @@ VARIANTS: list[tuple[str, str, str, dict[str, Any], int]] = [
             ),
         )
         if what != "write-only" or path == "small"
-    ),
-    (
-        "plan sums",
-        "plan.offsets",
-        "scan_block_sums_kernel",
-        {"BLOCK": 1024, "USE_PDL": True, "VERIFY": True},
-        8,
-    ),
-    (
-        "plan offsets",
-        "plan.offsets",
-        "plan_offsets_kernel",
-        {"BLOCK": 1024, "SUM_CHUNK": 1024, "HINT_STRIDE": 16, "USE_PDL": True, "VERIFY": True},
-        8,
-    ),
-    (
-        "plan entries",
-        "plan.entries",
-        "plan_entries_kernel",
-        {**PLAN, "BLOCK": 1024, "ROW_WINDOW": 32, "HINT_STRIDE": 16, "USE_PDL": True},
-        8,
     ),
     *(
         (
