@@ -9,7 +9,9 @@ For each shape, in one process: a Llama of that shape with random weights (no hu
 ``LlamaConfig`` of Llama-3.2-1B's or Llama-3.1-8B's shape, bf16, built on the device) runs
 ``--requests`` prompts of ``--prompt`` random tokens, ``--generate`` greedy tokens each,
 through ``init_continuous_batching`` (eager, synchronous: no CUDA graphs, no compile, no
-async batching; ``paged|sdpa`` attention unless ``--attn flash``), driven as
+async batching; ``paged|sdpa`` attention; ``--attn flash`` lets transformers switch to
+flash attention where it is installed, and with it to its decode fast path, whose
+``block_table`` the adapter's tests have not exercised), driven as
 ``tests/engines/test_transformers.py`` drives it, first without the canary, then with it
 (``kv_canary_engines.transformers.install``: ``CanaryConfig(timing=True,
 real_kv=PARTIAL, tail=True, stages="kernels", verify_every=1, poll_every=...)``: HEAD and
@@ -30,7 +32,8 @@ mode, the first step of each run left out (the runtime is built there):
   host); ``share``: the canary's GPU time over the step's (before + forward + after), per
   step as ``StepTiming.summary()`` computes it;
 - ``step ms with``, ``delta``: the engine's step with the canary against without, end to
-  end (the adapter's own hook work, the polls and the growth included).
+  end (the adapter's own hook work around ``begin_step`` included; the poll, a sync every
+  ``--poll-every`` steps, falls mostly outside a median: each run's wall time is printed).
 
 Target (issue 25): the share at most 1% of decode steps and of prefill steps. Also
 printed: whether every request generated the same tokens with and without the canary (and
@@ -622,6 +625,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from kv_canary_engines.transformers import SUPPORTED_VERSIONS
 
+    minor = ".".join(transformers.__version__.split(".")[:2])
+    if minor not in SUPPORTED_VERSIONS:  # before any run: install would refuse it later
+        print(
+            f"kv-canary: transformers {transformers.__version__} is not supported by the "
+            f"adapter; supported: {', '.join(SUPPORTED_VERSIONS)}",
+            file=sys.stderr,
+        )
+        return 2
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(
         f"engine_share: {name}, torch {torch.__version__}, transformers "
