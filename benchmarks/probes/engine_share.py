@@ -581,6 +581,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the tiny Llama on the CPU, a few steps, the kernels under TRITON_INTERPRET=1",
     )
     args = parser.parse_args(argv)
+    for name in ("requests", "prompt", "generate", "max_batch_tokens", "page_size", "pairs"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.smoke:
         args.shapes, args.device, args.dtype = "tiny", "cpu", "float32"
         args.requests, args.prompt, args.generate = 3, 20, 4
