@@ -412,10 +412,10 @@ def verify_bytes(entries: int, real_kv: RealKV | None) -> int:
 
 
 def write_bytes(n: int, num_rows: int, seeded_rows: int) -> int:
-    """Bytes a write must move: per token its id, position and slot (24) and its record
-    (32, written); per row an offset and a seed (16); per seeded row the seed's token,
-    position and chain hash (24)."""
-    return n * (24 + 32) + num_rows * 16 + seeded_rows * 24
+    """Bytes a write must move: per token its id, position and slot (24), its record (32,
+    written) and its owner (8, written); per row an offset, a seed and its request (24);
+    per seeded row the seed's token, position and chain hash (24)."""
+    return n * (24 + 32 + 8) + num_rows * 24 + seeded_rows * 24
 
 
 def multiset(rows: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:

@@ -92,6 +92,13 @@ class Arena:
     """``(handle, base)`` as they were at construction: what the launchers' caches are
     keyed by (``kv_canary_kernels.launcher``), out of reach of a rebound ``handle`` or
     ``base``."""
+    _pinned: tuple[Any, ...] = attrs.field(init=False, repr=False)
+    """The objects of :data:`PINNED` as they were at construction: what every launch
+    reads from the arena besides the storage and the base (the capacities and layout, the
+    device and its predicate, the fields' addresses, the launch numbers, the handle),
+    re-tested by identity at every launch (:func:`check_owned_arena`), so that rebinding
+    one behind the frozen guard (``object.__setattr__``) is refused before anything is
+    written."""
     _subsets: dict[tuple[str, ...], Any] = attrs.field(init=False, repr=False, factory=dict)
     launches: Iterator[int] = attrs.field(
         init=False, repr=False, factory=lambda: itertools.count(1)
@@ -121,6 +128,7 @@ class Arena:
         )
         object.__setattr__(self, "handle", next_handle())
         object.__setattr__(self, "_key", (self.handle, self.base))
+        object.__setattr__(self, "_pinned", tuple(getattr(self, name) for name in PINNED))
         register_arena(self)
 
     @classmethod
@@ -159,8 +167,9 @@ class Arena:
     def byte_view(self) -> torch.Tensor:
         """A ``uint8`` tensor over every byte of the arena (fields and alignment gaps),
         for whole-arena copies; allocates nothing."""
-        raw = torch.empty(0, dtype=torch.uint8, device=self.device)
-        return raw.set_(self.storage, 0, (self.nbytes,), (1,))
+        storage = self.storage
+        raw = torch.empty(0, dtype=torch.uint8, device=storage.device)
+        return raw.set_(storage, 0, (self.nbytes,), (1,))
 
     def first_bad_field(
         self, tensors: Sequence[object], names: tuple[str, ...] | None = None
@@ -221,6 +230,36 @@ class Arena:
         return spans_overlap(tensor_span(t), (self.base, self.base + self.nbytes))
 
 
+PINNED = ("fields", "device", "on_device", "address", "launches", "handle")
+"""The :class:`Arena` attributes a launch reads that no storage test covers; each is
+compared by identity with its construction-time object at every launch."""
+
+
+def check_pinned(obj: Any, arena: Arena) -> None:
+    """Refuse ``obj``'s ``arena`` if one of its :data:`PINNED` attributes is no longer the
+    object it was at construction (rebound with ``object.__setattr__``: a larger
+    ``fields`` would have the kernels store past each field into its neighbours). Six
+    identity tests, no data read."""
+    pinned = arena._pinned
+    if (
+        arena.fields is pinned[0]
+        and arena.device is pinned[1]
+        and arena.on_device is pinned[2]
+        and arena.address is pinned[3]
+        and arena.launches is pinned[4]
+        and arena.handle is pinned[5]
+    ):
+        return
+    rebound = [name for name, was in zip(PINNED, pinned) if getattr(arena, name) is not was]
+    kind = type(obj).__name__
+    raise ValueError(
+        f"kv-canary: {kind}.arena.{rebound[0]} must be the object the arena was built with, "
+        f"got another (rebound behind the frozen guard: the layout, device and addresses "
+        f"every launch relies on come from it); build one with {kind}.allocate and change "
+        "it only through its own methods"
+    )
+
+
 def check_owned_arena(obj: Any, first_view: str) -> None:
     """The launch-time check of a buffers object ``obj`` (what its ``check()`` runs): its
     ``arena`` is an :class:`Arena`, the arena's storage is still at its address with its
@@ -228,9 +267,10 @@ def check_owned_arena(obj: Any, first_view: str) -> None:
     field at offset 0) still starts at the base the arena had at construction
     (``Arena._key``), so that an ``Arena`` whose own attributes were rebound to match a
     moved or freed storage, or an arena claimed from a dead object and rebound, does not
-    pass. ``obj``'s own ``_raise_bad_field("<arena>")`` words a storage that moved, and its
-    ``_check_views()`` names a private view that is the cause. Reads no data, never
-    syncs."""
+    pass; and the arena's other attributes a launch reads are still their
+    construction-time objects (:func:`check_pinned`). ``obj``'s own
+    ``_raise_bad_field("<arena>")`` words a storage that moved, and its ``_check_views()``
+    names a private view that is the cause. Reads no data, never syncs."""
     try:
         arena = obj.arena
     except AttributeError:
@@ -245,6 +285,16 @@ def check_owned_arena(obj: Any, first_view: str) -> None:
             f"kv-canary: {kind}.arena must be a kv_canary_buffers.arena.Arena, got "
             f"{type(arena).__name__} (the object was tampered with)"
         )
+    pinned = arena._pinned  # check_pinned(obj, arena), its common case inline
+    if not (
+        arena.fields is pinned[0]
+        and arena.device is pinned[1]
+        and arena.on_device is pinned[2]
+        and arena.address is pinned[3]
+        and arena.launches is pinned[4]
+        and arena.handle is pinned[5]
+    ):
+        check_pinned(obj, arena)  # raises, naming the attribute
     try:
         witness = getattr(obj, first_view).data_ptr()
     except (AttributeError, TypeError, RuntimeError):

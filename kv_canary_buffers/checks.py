@@ -108,6 +108,7 @@ def nonnegative_field(_inst: object, attribute: attrs.Attribute[Any], value: obj
 # --- input tensors -------------------------------------------------------------------------
 _SHAPE_DOC = {
     "req_to_token": "[rows, max_seq_len]",
+    "block_table": "[rows, max_blocks]",
     "full_to_swa_index_mapping": "[lut_len]",
     "req_to_verify_expected_tokens": "[pool_rows, pool_cols]",
     **dict.fromkeys(

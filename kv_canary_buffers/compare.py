@@ -17,8 +17,9 @@ VERIFY_ENTRY_FIELDS = (
 
 def plans_equal(a: PlanBuffers, b: PlanBuffers, bs: int) -> bool:
     """Whether ``a`` and ``b`` hold the same plan of a ``bs``-row batch: the whole
-    ``write_offsets``, the first ``bs`` seeds, the three counters and, when enabled, the
-    first ``verify_num_valid`` verify entries. Unspecified elements are ignored. Syncs.
+    ``write_offsets``, the first ``bs`` seeds and ``row_req_pool_indices``, the three
+    counters and, when enabled, the first ``bs + 1`` ``verify_offsets`` and the first
+    ``verify_num_valid`` verify entries. Unspecified elements are ignored. Syncs.
 
     ``TypeError`` unless ``a`` and ``b`` are exactly :class:`PlanBuffers` and ``bs`` an
     integer; ``ValueError`` for ``bs`` outside ``[0, write_req_capacity]`` of either."""
@@ -41,8 +42,13 @@ def plans_equal(a: PlanBuffers, b: PlanBuffers, bs: int) -> bool:
     return (
         torch.equal(a.write_offsets, b.write_offsets)
         and torch.equal(a.write_seed_slot_indices[:bs], b.write_seed_slot_indices[:bs])
+        and torch.equal(a.row_req_pool_indices[:bs], b.row_req_pool_indices[:bs])
         and torch.equal(a.write_num_valid_reqs, b.write_num_valid_reqs)
         and torch.equal(a.verify_num_valid, b.verify_num_valid)
         and torch.equal(a.verify_enable, b.verify_enable)
+        and (
+            not int(a.verify_enable)
+            or torch.equal(a.verify_offsets[: bs + 1], b.verify_offsets[: bs + 1])
+        )
         and all(torch.equal(getattr(a, f)[:n], getattr(b, f)[:n]) for f in VERIFY_ENTRY_FIELDS)
     )

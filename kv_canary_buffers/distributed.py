@@ -6,9 +6,10 @@ calls :func:`gather_violation_reports` with its report: a collective over
 ``torch.distributed`` (initialised by the engine; gloo or NCCL) that returns, on the
 destination rank, every rank's violations tagged with their rank and the counts summed.
 
-Cost: one small collective (an all-gather of five int64 per rank) when no rank has a
-violation row to send, which is the common case; one more all-gather of the rows, padded
-to the longest rank's, when some do. Call it outside CUDA graphs, where the engine reads
+Cost: one small collective (an all-gather of six int64 per rank) when no rank has a
+violation row to send, which is the common case; one more all-gather of the rows (the
+eight ring columns and the three of their context), padded to the longest rank's, when
+some do. Call it outside CUDA graphs, where the engine reads
 the reports (every N steps, say): it synchronizes like ``take_violations``.
 """
 
@@ -20,8 +21,12 @@ import attrs
 import torch
 
 from .checks import check_index
-from .layout import RECORD_DTYPE, VIOLATION_COLUMNS, VIOLATION_WIDTH
+from .layout import CONTEXT_COLUMNS, RECORD_DTYPE, VIOLATION_COLUMNS
 from .report import Violation, ViolationReport
+
+_COLUMNS = (*VIOLATION_COLUMNS, *CONTEXT_COLUMNS)
+"""What crosses the ranks per row: the ring's columns, then the context's (the owner as
+decoded, ``-1`` when unknown)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -41,7 +46,8 @@ class GatheredReport:
 
     Attributes:
         violations: the rows of every rank, rank by rank, each tagged with its rank.
-        appended, dropped, kernel_runs, slots_processed: the ranks' counts, summed.
+        appended, dropped, kernel_runs, slots_processed, verify_skipped: the ranks'
+            counts, summed.
         per_rank: each rank's own report, in rank order.
     """
 
@@ -50,22 +56,34 @@ class GatheredReport:
     dropped: int
     kernel_runs: int
     slots_processed: int
+    verify_skipped: int
     per_rank: tuple[ViolationReport, ...]
 
     def __bool__(self) -> bool:
         return self.appended > 0
 
+    def req_pool_indices(self) -> tuple[int, ...]:
+        """The requests to act on over every rank (:meth:`ViolationReport.req_pool_indices`
+        of each rank's report, merged): the ranks of a tensor-parallel engine share one
+        scheduler, so one request index means one request on every rank."""
+        return tuple(sorted({i for r in self.per_rank for i in r.req_pool_indices()}))
+
     def __str__(self) -> str:
         ranks = len(self.per_rank)
+        skipped = (
+            f", {self.verify_skipped} verify call(s) skipped (checked nothing)"
+            if self.verify_skipped
+            else ""
+        )
+        counts = f"{self.kernel_runs} kernel runs, {self.slots_processed} slots processed"
         if not self.appended:
-            return (
-                f"kv-canary: no violations on {ranks} rank(s); {self.kernel_runs} kernel runs, "
-                f"{self.slots_processed} slots processed"
-            )
+            return f"kv-canary: no violations on {ranks} rank(s); {counts}{skipped}"
         dropped = f", {self.dropped} dropped (ring full)" if self.dropped else ""
+        requests = self.req_pool_indices()
         lines = [
             f"kv-canary: {self.appended} violation(s) on {ranks} rank(s){dropped}; "
-            f"{self.kernel_runs} kernel runs, {self.slots_processed} slots processed"
+            f"{counts}{skipped}"
+            + (f"; requests {', '.join(map(str, requests))}" if requests else "")
         ]
         lines += [f"  {v}" for v in self.violations[:_SHOWN]]
         if len(self.violations) > _SHOWN:
@@ -126,35 +144,44 @@ def gather_violation_reports(
     world = dist.get_world_size(group)
     kept = len(report.violations)
     mine = torch.tensor(
-        [report.appended, report.dropped, report.kernel_runs, report.slots_processed, kept],
+        [
+            report.appended,
+            report.dropped,
+            report.kernel_runs,
+            report.slots_processed,
+            report.verify_skipped,
+            kept,
+        ],
         dtype=RECORD_DTYPE,
         device=device,
     )
     counts = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(counts, mine, group=group)
     per_rank_counts = [c.tolist() for c in counts]
-    longest = max(c[4] for c in per_rank_counts)
+    longest = max(c[5] for c in per_rank_counts)
     rows: list[list[list[int]]] = [[] for _ in range(world)]
     if longest:
-        own = torch.zeros(longest, VIOLATION_WIDTH, dtype=RECORD_DTYPE)
+        own = torch.zeros(longest, len(_COLUMNS), dtype=RECORD_DTYPE)
         if kept:
             own[:kept] = torch.tensor(
-                [[getattr(v, c) for c in VIOLATION_COLUMNS] for v in report.violations],
+                [[int(getattr(v, c)) for c in _COLUMNS] for v in report.violations],
                 dtype=RECORD_DTYPE,
             )
         own = own.to(device)
         gathered = [torch.empty_like(own) for _ in range(world)]
         dist.all_gather(gathered, own, group=group)
-        rows = [g[: c[4]].tolist() for g, c in zip(gathered, per_rank_counts)]
+        rows = [g[: c[5]].tolist() for g, c in zip(gathered, per_rank_counts)]
     if dst is not None and dist.get_rank() != dst:
         return None
+    ring = len(VIOLATION_COLUMNS)
     per_rank = tuple(
         ViolationReport(
-            violations=tuple(Violation.from_row(r) for r in rank_rows),
+            violations=tuple(Violation.from_row(r[:ring], context=r[ring:]) for r in rank_rows),
             appended=c[0],
             dropped=c[1],
             kernel_runs=c[2],
             slots_processed=c[3],
+            verify_skipped=c[4],
         )
         for c, rank_rows in zip(per_rank_counts, rows)
     )
@@ -168,5 +195,6 @@ def gather_violation_reports(
         dropped=sum(r.dropped for r in per_rank),
         kernel_runs=sum(r.kernel_runs for r in per_rank),
         slots_processed=sum(r.slots_processed for r in per_rank),
+        verify_skipped=sum(r.verify_skipped for r in per_rank),
         per_rank=per_rank,
     )

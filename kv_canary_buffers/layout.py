@@ -27,6 +27,11 @@ ROW_DTYPE = torch.int64
 """``req_pool_indices``, ``prefix_lens``, ``extend_seq_lens``, valid lengths: ``[bs]``."""
 REQ_TO_TOKEN_DTYPE = torch.int32
 """``req_to_token``: ``[rows, max_seq_len]``."""
+BLOCK_TABLE_DTYPE = torch.int32
+"""``block_table``: ``[rows, max_blocks]`` (block ids; a negative id is no page)."""
+MAX_PAGE_SIZE = 2**31 - 1
+"""``page_size`` of a block table: with block ids below ``2**31`` a slot ``block *
+page_size + offset`` then stays below ``2**62`` (no wrap)."""
 LUT_DTYPE = torch.int64
 """``full_to_swa_index_mapping``: ``[lut_len]``."""
 TOKEN_POOL_DTYPE = torch.int32
@@ -106,6 +111,8 @@ PLAN_FIELDS: tuple[Field, ...] = (
           f"seed slot per row, `{NO_SLOT}` = none; rows `>= bs` unspecified"),
     Field("write_num_valid_reqs", COUNTER_DTYPE, _ONE, "output",
           "`bs` (padding rows included)"),
+    Field("row_req_pool_indices", ROW_DTYPE, (_CW,), "output",
+          "each row's `req_pool_indices` value (`0` = padding); rows `>= bs` unspecified"),
     Field("verify_slot_indices", ENTRY_DTYPE, (_CV,), "output", "slot of each entry"),
     Field("verify_expected_tokens", ENTRY_DTYPE, (_CV,), "output",
           f"expected token id, `{UNCHECKED_TOKEN}` = do not check"),
@@ -117,8 +124,9 @@ PLAN_FIELDS: tuple[Field, ...] = (
           "entries written, or `Cv` on overflow"),
     Field("verify_enable", COUNTER_DTYPE, _ONE, "output",
           "`1`, or `0` on overflow (no entry written)"),
-    Field("verify_offsets", ENTRY_DTYPE, (_CW1,), "scratch",
-          "scratch: prefix sum of verify counts, read by the entries stage (large-batch path)"),
+    Field("verify_offsets", ENTRY_DTYPE, (_CW1,), "output",
+          "exclusive prefix sum of the rows' verify counts; `[bs]` = the entries; valid when "
+          "`verify_enable = 1`, unspecified otherwise and past `bs`"),
     Field("scan_block_sums", ENTRY_DTYPE, (Extent(None, 2), Extent("Cw", per=OFFSETS_BLOCK)),
           "scratch",
           f"scratch: per-block (write, verify) sums of the two-level scan, {OFFSETS_BLOCK} "
@@ -197,6 +205,13 @@ VIOLATION_COLUMNS = (
     "fail_bits",
 )
 """Violation row columns, in order."""
+CONTEXT_COLUMNS = ("req_pool_index", "expected_position", "owner")
+"""Columns of ``violation_context``, the project's own beside each ring row (SGLang's eight
+columns keep their meaning and bytes): the row's request, the position it expected, and
+the slot's last writer (``0`` = unknown)."""
+CONTEXT_WIDTH = len(CONTEXT_COLUMNS)
+REQ_POOL_INDEX, EXPECTED_POSITION, OWNER = 0, 1, 2
+"""Context columns."""
 MAX_REAL_KV_SOURCES = 512
 """Real-KV sources per ``RealKV``: every layer's K and V of a model of up to 256 layers."""
 SOURCE_TABLE_COLUMNS = (
@@ -248,6 +263,18 @@ STORE_FIELDS: tuple[Field, ...] = (
           "previous one of its row + 1"),
     Field("status", FLAG_DTYPE, _ONE, "status",
           "sticky `CanaryStatus` bits, read and cleared by `take_status()`"),
+    Field("owners", RECORD_DTYPE, (Extent("N"),), "store",
+          "per slot, the `req_pool_index` of the plan row that last stamped its record "
+          "(`0` = never written by the canary); stamped with the record, not part of "
+          "SGLang's"),
+    Field("violation_context", RECORD_DTYPE, (Extent("V"), Extent(None, CONTEXT_WIDTH)),
+          "store",
+          f"beside each ring row, at its index: `{', '.join(CONTEXT_COLUMNS)}` (verify: "
+          "the entry's request, its position, the slot's writer; write: the writing row's "
+          "request, the expected position, the row itself)"),
+    Field("verify_skipped", RECORD_DTYPE, _ONE, "store",
+          "+1 per verify call that checked nothing (`verify_enable = 0`: an overflowed or "
+          "write-only plan); never cleared by the library"),
 )  # fmt: skip
 """Every tensor a :class:`~kv_canary_buffers.CanaryStore` owns, in field (and arena)
 order; ``N`` = ``num_slots``, ``V`` = ``violation_capacity``."""

@@ -12,8 +12,8 @@ name the engine gives each store: ``head/full``, ``tail/swa``, ...):
 - ``kernel_runs_total{store}``, ``slots_processed_total{store}``: the store's own
   counters (cumulative on the device; the increase since the last report of that store
   is added);
-- ``verify_skipped_total{store}``: verify calls that checked nothing because the plan
-  overflowed (when the report carries the count).
+- ``verify_skipped_total{store}``: verify calls that checked nothing (the plan overflowed,
+  or was built without verify entries): the store's ``verify_skipped`` counter.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class CanaryMetrics:
         )
         self._skipped = counter(
             "verify_skipped",
-            "Verify calls that checked nothing: the plan overflowed its verify capacity",
+            "Verify calls that checked nothing: the plan overflowed or had no verify entries",
             ["store"],
             **kw,
         )
@@ -86,7 +86,7 @@ class CanaryMetrics:
                     self._violations.labels(store, reason_label(bit), tag).inc()
         if report.dropped:
             self._dropped.labels(store).inc(report.dropped)
-        skipped = int(getattr(report, "verify_skipped", 0))
+        skipped = report.verify_skipped
         runs0, slots0, skipped0 = self._last.get(store, (0, 0, 0))
         # The store's counters are cumulative: add the increase (a new store under the
         # same name, whose counters start again, adds its own count).

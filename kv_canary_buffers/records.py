@@ -127,11 +127,34 @@ def plan_count(buffers: PlanBuffers, name: str, capacity: int) -> int:
     return value
 
 
-def append_rows(store: CanaryStore, rows: torch.Tensor) -> None:
-    """Append int64 ``[m, 8]`` rows to the ring in order: fill once, count everything."""
+def append_rows(store: CanaryStore, rows: torch.Tensor, context: torch.Tensor) -> None:
+    """Append int64 ``[m, 8]`` rows to the ring in order, each with its int64 ``[m, 3]``
+    context row at the same index: fill once, count everything."""
     count = int(store.violation_count.item())
     capacity = store.violation_capacity
     keep = max(0, min(rows.shape[0], capacity - count))
     if keep:
         store.violations[count : count + keep].copy_(rows[:keep])
+        store.violation_context[count : count + keep].copy_(context[:keep])
     store.violation_count.add_(rows.shape[0])
+
+
+def request_of_entries(buffers: PlanBuffers, entries: torch.Tensor) -> torch.Tensor:
+    """The contract's ``request_of(i)`` of each verify entry index in ``entries`` (int64
+    ``[m]``): the bisection over ``verify_offsets[0 .. bs)`` (``bs`` the write row count,
+    clamped into ``[0, write_req_capacity]``), step for step as the verify kernel runs it,
+    so that both paths agree on any bytes; ``0`` where ``bs == 0``."""
+    capacity = buffers.write_req_capacity
+    bs = min(max(int(buffers.write_num_valid_reqs.item()), 0), capacity)
+    if bs == 0 or entries.numel() == 0:
+        return torch.zeros_like(entries)
+    offsets = buffers.verify_offsets
+    lo = torch.zeros_like(entries)
+    hi = torch.full_like(entries, bs)
+    for _ in range(bs.bit_length()):  # each round halves hi - lo, from bs
+        active = hi - lo > 1
+        mid = torch.where(active, (lo + hi) // 2, lo)
+        right = offsets.index_select(0, mid) <= entries
+        lo = torch.where(active & right, mid, lo)
+        hi = torch.where(active & ~right, mid, hi)
+    return buffers.row_req_pool_indices.index_select(0, lo)

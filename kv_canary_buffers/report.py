@@ -15,18 +15,31 @@ from typing import Any
 import attrs
 
 from .hashing import to_unsigned
-from .layout import VIOLATION_COLUMNS
+from .layout import CONTEXT_COLUMNS, VIOLATION_COLUMNS
 from .status import FailBits
+
+UNKNOWN_OWNER = -1
+"""``Violation.owner`` of a slot the canary never wrote (its ``owners`` entry is 0)."""
 
 
 @attrs.frozen(kw_only=True)
 class Violation:
-    """One violation row (docs/contract.md, "Violation ring"), decoded.
+    """One violation row (docs/contract-canary.md, "Violation ring"), decoded: SGLang's
+    eight ring columns, then this project's context of the row.
 
     ``expected_aux`` is the expected chain hash for verify rows (``CHAIN``,
     ``POSITION``, ``REAL_KV``, ``VERIFY_TOKEN``) and the expected position for write rows
     (``WRITE_TOKEN``, ``WRITE_POSITION``); ``stored_chain_hash`` is the record's chain hash
-    (verify) or the running chain hash the write stamped (write)."""
+    (verify) or the running chain hash the write stamped (write). ``position`` is the
+    record's position (verify: what the slot's last writer stamped) or the written one.
+
+    The context (``violation_context``): ``req_pool_index`` is the request of the plan
+    row the violation concerns (verify: the victim, whose prefix holds the slot; write: the
+    writing row), ``expected_position`` the position that row expected there, and
+    ``owner`` the request that last wrote the slot (verify: the culprit when it is not
+    ``req_pool_index``; write: the writing row), ``-1`` when unknown (a slot the canary
+    never wrote). A row without context (SGLang's ring, a store saved before version 2)
+    decodes as a zeroed one: request 0, expected position 0, owner -1."""
 
     launch_tag: int
     slot: int
@@ -36,12 +49,21 @@ class Violation:
     stored_chain_hash: int
     expected_aux: int
     fail_bits: FailBits
+    req_pool_index: int = 0
+    expected_position: int = 0
+    owner: int = UNKNOWN_OWNER
 
     @classmethod
-    def from_row(cls, row: Sequence[int]) -> Violation:
-        """Decode one int64 ``[8]`` row given as ints."""
+    def from_row(cls, row: Sequence[int], context: Sequence[int] | None = None) -> Violation:
+        """Decode one int64 ``[8]`` ring row given as ints, with its ``[3]`` context row
+        (``req_pool_index, expected_position, owner``; None: a zeroed one). An owner of
+        ``0`` (a slot the canary never wrote) decodes as ``-1``."""
         values: dict[str, Any] = dict(zip(VIOLATION_COLUMNS, (int(v) for v in row)))
         values["fail_bits"] = FailBits(values["fail_bits"] & int(_ALL_BITS))
+        if context is not None:
+            values.update(zip(CONTEXT_COLUMNS, (int(v) for v in context)))
+            if values["owner"] == 0:
+                values["owner"] = UNKNOWN_OWNER
         return cls(**values)
 
     @property
@@ -56,10 +78,17 @@ class Violation:
             if self.is_write
             else f"expected chain {to_unsigned(self.expected_aux):#018x}"
         )
+        owner = "unknown" if self.owner == UNKNOWN_OWNER else str(self.owner)
+        who = (
+            f"written by request {self.req_pool_index}"
+            if self.is_write
+            else f"request {self.req_pool_index} expected position {self.expected_position}, "
+            f"slot last written by request {owner}"
+        )
         return (
             f"[{names}] tag {self.launch_tag} slot {self.slot} position {self.position}: "
             f"token {self.stored_token} (expected {self.expected_token}), "
-            f"chain {to_unsigned(self.stored_chain_hash):#018x}, {aux}"
+            f"chain {to_unsigned(self.stored_chain_hash):#018x}, {aux}; {who}"
         )
 
     def log_line(self, tag_names: Mapping[int, str] | None = None) -> str:
@@ -132,6 +161,9 @@ class ViolationReport:
         dropped: rows lost because the ring was full (``appended - len(violations)``).
         kernel_runs: write and verify calls on this store since allocation.
         slots_processed: records written plus verify entries looked at since allocation.
+        verify_skipped: verify calls that checked nothing (an overflowed or write-only
+            plan, ``verify_enable = 0``) since allocation: a step whose verify was skipped
+            is counted here, never silent.
     """
 
     violations: tuple[Violation, ...]
@@ -139,10 +171,21 @@ class ViolationReport:
     dropped: int
     kernel_runs: int
     slots_processed: int
+    verify_skipped: int = 0
 
     def __bool__(self) -> bool:
         """True when anything was appended (kept or dropped)."""
         return self.appended > 0
+
+    def req_pool_indices(self) -> tuple[int, ...]:
+        """The requests to act on (abort, or re-prefill), sorted, each once: every kept
+        row's ``req_pool_index`` (the victim of a verify row, the writer of a write row)
+        and every known ``owner`` (the slot's last writer: the culprit where it differs).
+        Never ``0`` (padding, or no request known)."""
+        found = {v.req_pool_index for v in self.violations}
+        found.update(v.owner for v in self.violations if v.owner != UNKNOWN_OWNER)
+        found.discard(0)
+        return tuple(sorted(found))
 
     def count_by_bits(self) -> dict[FailBits, int]:
         """``{FailBits flag: rows carrying it}`` over the kept rows."""
@@ -178,15 +221,18 @@ class ViolationReport:
 
     def __str__(self) -> str:
         dropped = f", {self.dropped} dropped (ring full)" if self.dropped else ""
-        head = (
-            f"kv-canary: {self.appended} violation(s){dropped}; "
-            f"{self.kernel_runs} kernel runs, {self.slots_processed} slots processed"
+        skipped = (
+            f", {self.verify_skipped} verify call(s) skipped (checked nothing)"
+            if self.verify_skipped
+            else ""
         )
+        counts = f"{self.kernel_runs} kernel runs, {self.slots_processed} slots processed"
         if not self.appended:
-            return (
-                f"kv-canary: no violations; {self.kernel_runs} kernel runs, "
-                f"{self.slots_processed} slots processed"
-            )
+            return f"kv-canary: no violations; {counts}{skipped}"
+        head = f"kv-canary: {self.appended} violation(s){dropped}; {counts}{skipped}"
+        requests = self.req_pool_indices()
+        if requests:
+            head += f"; requests {', '.join(map(str, requests))}"
         shown = self.violations[:_SHOWN]
         lines = [head] + [f"  {v}" for v in shown]
         if len(self.violations) > len(shown):

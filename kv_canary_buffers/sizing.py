@@ -27,6 +27,7 @@ def verify_entries_needed(
     prefix_lens: HostInts,
     *,
     req_pool_indices: HostInts | None = None,
+    extend_seq_lens: HostInts | None = None,
     swa_window_size: int = 0,
 ) -> int:
     """The number of verify entries the plan of this batch emits (``total`` of
@@ -34,10 +35,13 @@ def verify_entries_needed(
     (with a smaller one it sets ``verify_enable = 0`` and verifies nothing).
 
     Per row, with ``P = prefix_lens[r]`` and ``W = swa_window_size``: 0 for a padding row
-    (``req_pool_indices[r] == 0``; every row is active when ``req_pool_indices`` is None)
-    and for ``P <= 0``; ``min(P, W)`` under a window (``W > 0``); ``P`` otherwise. The sum
-    is exact (any int64 per row, no wrap). ``extend_seq_lens`` does not enter: the plan
-    verifies the prefix a step attends to, not the tokens it writes.
+    (``req_pool_indices[r] == 0``; every row is busy when ``req_pool_indices`` is None),
+    for ``P <= 0`` and for a row with ``extend_seq_lens[r] < 0`` (a negative length: the
+    plan treats the row as padding, ``PlanStatus.NEGATIVE_LENGTH``); ``min(P, W)`` under a
+    window (``W > 0``); ``P`` otherwise. The sum is exact (any int64 per row, no wrap).
+    ``extend_seq_lens`` only decides which rows count (the plan verifies the prefix a step
+    attends to, not the tokens it writes): without it a row of negative ``E`` is counted,
+    an upper bound. A write-only plan (``verify=False``) needs no verify capacity at all.
 
     Takes **host data**, the lists or CPU tensors the scheduler built the batch from: a
     sequence of Python or numpy integers, a numpy integer array, or a CPU tensor of an
@@ -60,6 +64,24 @@ def verify_entries_needed(
             f"kv-canary: req_pool_indices must have length len(prefix_lens) = {len(lens)}, "
             f"got {len(rows)}"
         )
+    if extend_seq_lens is not None:
+        extend = _host_ints("extend_seq_lens", extend_seq_lens)
+        if len(extend) != len(lens):
+            raise ValueError(
+                f"kv-canary: extend_seq_lens must have length len(prefix_lens) = {len(lens)}, "
+                f"got {len(extend)}"
+            )
+        # A row of negative E counts as padding: give it rp 0 (every row 1 without rows).
+        extend_ok = [
+            e >= 0 for e in (extend.tolist() if isinstance(extend, torch.Tensor) else extend)
+        ]
+        if rows is None:
+            rows = [int(ok) for ok in extend_ok]
+        else:
+            as_rows = rows.tolist() if isinstance(rows, torch.Tensor) else rows
+            rows = [r if ok else 0 for r, ok in zip(as_rows, extend_ok)]
+        if isinstance(lens, torch.Tensor):
+            rows = torch.tensor(rows, dtype=torch.int64)
     if isinstance(lens, torch.Tensor) and (rows is None or isinstance(rows, torch.Tensor)):
         counts = lens.clamp_min(0)
         if window > 0:

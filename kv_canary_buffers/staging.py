@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import torch
 
-from .arena import Arena, ArenaField, layout
+from .arena import Arena, ArenaField, check_pinned, layout
 from .buffers import STAGING_LINK_ATTR, PlanBuffers, StagingLink, _check_arena_layout
 from .checks import check_bool, check_capacity, check_row_tensor, check_tensor
 from .devices import DeviceLike, device_predicate, normalize_device
@@ -162,6 +162,7 @@ class GraphInputs:
                 "kv-canary: GraphInputs.arena must be a kv_canary_buffers.arena.Arena, got "
                 f"{type(arena).__name__} (the object was tampered with)"
             )
+        check_pinned(self, arena)
         bad = arena.first_bad_field(fields)
         if bad is not None:
             self._raise_bad_field(bad, fields)

@@ -1,12 +1,13 @@
-"""The plan's status word: one sticky bit per kind of out-of-range input data, and one,
-``PLAN_SYNC_LOST``, for plans of one buffers object that overlapped.
+"""The plan's status word: one sticky bit per kind of out-of-range input data, one,
+``PLAN_SYNC_LOST``, for plans of one buffers object that overlapped, and one,
+``VERIFY_OVERFLOW``, for a plan whose verify entries did not fit.
 
 The Triton plan never reads outside a tensor. When the data asks it to, the read is not
 made, the value it would have produced becomes the padding value (slot ``0`` for a slot,
 ``-1`` for an expected token) and the matching bit below is OR-ed into
 ``PlanBuffers.status``. Bits stay set across launches until
 :meth:`PlanBuffers.take_status` reads and clears them. The torch reference raises
-``ValueError`` for the same data instead.
+``ValueError`` for the same data instead, and sets ``VERIFY_OVERFLOW`` as the kernels do.
 """
 
 from __future__ import annotations
@@ -41,6 +42,17 @@ class PlanStatus(enum.IntFlag):
     its ``verify_enable`` set to 0 (best effort). Run a ``PlanBuffers``' plans one at a
     time (one stream, or events between streams); two overlapping plans are not always
     caught."""
+    NEGATIVE_LENGTH = 1 << 6
+    """A busy row (``req_pool_indices[r] != 0``) has ``prefix_lens[r] < 0`` or
+    ``extend_seq_lens[r] < 0``: the row is planned as padding (it writes nothing, verifies
+    nothing, its seed is ``-1``) and no other check is made of it. (SGLang's plan reads a
+    negative prefix as a fresh prefill; a negative length is an engine bug here.)"""
+    VERIFY_OVERFLOW = 1 << 7
+    """The plan's verify entries exceed ``verify_capacity``: no entry is written,
+    ``verify_enable`` is 0 and a verify of this plan checks nothing. Not about data out of
+    range, and not an error: the torch reference sets this bit too (the one it sets), so
+    both paths leave the same status. Grow the buffers (``ensure_capacity`` with
+    ``verify_entries_needed``). A write-only plan (``verify=False``) never sets it."""
 
 
 class FailBits(enum.IntFlag):
@@ -67,9 +79,11 @@ class FailBits(enum.IntFlag):
 
 class CanaryStatus(enum.IntFlag):
     """Bits of ``CanaryStore.status`` (int32 ``[1]``): data the write and verify kernels
-    refused to follow out of bounds. The entry concerned is skipped (no record written, no
-    check made) and the bit stays set until :meth:`CanaryStore.take_status` clears it. The
-    torch references raise ``ValueError`` for the same data instead."""
+    refused to follow out of bounds, and one flag on valid data. For the out-of-range
+    bits the entry concerned is skipped (no record written, no check made) and the torch
+    references raise ``ValueError`` for the same data instead; ``PADDING_SLOT_WRITTEN``
+    skips nothing and both paths set it. Every bit stays set until
+    :meth:`CanaryStore.take_status` clears it."""
 
     OK = 0
     SEED_OUT_OF_RANGE = 1 << 0
@@ -92,3 +106,8 @@ class CanaryStatus(enum.IntFlag):
     """``write_num_valid_reqs`` outside ``[0, write_req_capacity]`` or
     ``verify_num_valid`` outside ``[0, verify_capacity]`` (a plan buffer written by
     something other than a plan): the count is clamped into range."""
+    PADDING_SLOT_WRITTEN = 1 << 7
+    """write: a busy row stamped a token whose ``out_cache_loc`` is ``0``, the pool's
+    padding slot (which the verify never checks): a padding bug, or a row the engine
+    forgot to mask. Not a skip: the record and its owner are stamped all the same (as
+    SGLang does), and the torch reference sets this bit too."""

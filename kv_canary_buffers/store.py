@@ -60,6 +60,9 @@ class CanaryStore:
     _slots_processed: torch.Tensor = attrs.field(repr=False)
     _chain_position_check: torch.Tensor = attrs.field(repr=False)
     _status: torch.Tensor = attrs.field(repr=False)
+    _owners: torch.Tensor = attrs.field(repr=False)
+    _violation_context: torch.Tensor = attrs.field(repr=False)
+    _verify_skipped: torch.Tensor = attrs.field(repr=False)
 
     # The public fields: each read is a new alias of the private view above.
     records = FieldAlias()
@@ -69,6 +72,9 @@ class CanaryStore:
     slots_processed = FieldAlias()
     chain_position_check = FieldAlias()
     status = FieldAlias()
+    owners = FieldAlias()
+    violation_context = FieldAlias()
+    verify_skipped = FieldAlias()
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.arena, Arena):
@@ -117,7 +123,8 @@ class CanaryStore:
     @staticmethod
     def allocation_bytes(num_slots: int, violation_capacity: int) -> int:
         """Device bytes :meth:`allocate` takes for these sizes (equal to its
-        :attr:`nbytes`): 32 per slot, 64 per ring row, plus alignment."""
+        :attr:`nbytes`): 40 per slot (the record and its owner), 88 per ring row (the row
+        and its context), plus alignment."""
         n = check_capacity("num_slots", num_slots)
         v = check_capacity("violation_capacity", violation_capacity)
         return _layout(n, v)[1]
@@ -147,18 +154,19 @@ class CanaryStore:
         self, *, num_slots: int | None = None, violation_capacity: int | None = None
     ) -> CanaryStore:
         """A new store (``generation + 1``) with the given sizes (an omitted one is
-        kept) holding this store's state: the first ``min(old, new)`` records and ring
-        rows, the count, the counters, the flag and the status. ``self`` stays valid and
+        kept) holding this store's state: the first ``min(old, new)`` records (with their
+        owners) and ring rows (with their context), the count, the counters, the flag and
+        the status. ``self`` stays valid and
         unchanged. A grown pool keeps every old slot's record, so its requests verify
         cleanly; the copy runs on the current stream (no sync). Graphs captured on the
         old store must be re-captured (its tensors live at new addresses)."""
+        self.check(views=True)  # first: the sizes and device below come from the arena
         new = CanaryStore._allocate(
             self.num_slots if num_slots is None else num_slots,
             self.violation_capacity if violation_capacity is None else violation_capacity,
             self.device,
             self.generation + 1,
         )
-        self.check(views=True)
         new._copy_state_from(self)
         return new
 
@@ -167,17 +175,18 @@ class CanaryStore:
         ``num_slots`` (a KV pool grows in large, known steps; records cost 32 bytes a
         slot, so no headroom is added)."""
         needed = check_need("num_slots", num_slots)
+        self.check()
         if needed <= self.num_slots:
             return self
         return self.resize(num_slots=needed)
 
     def _copy_state_from(self, old: CanaryStore) -> None:
-        n = min(self.num_slots, old.num_slots)
-        v = min(self.violation_capacity, old.violation_capacity)
-        self.records[:n].copy_(old.records[:n])
-        self.violations[:v].copy_(old.violations[:v])
-        for name in _FIELD_NAMES[2:]:
-            getattr(self, name).copy_(getattr(old, name))
+        # Every field's leading rows that both stores hold: per slot (records, owners),
+        # per ring row (violations, violation_context) or the whole of a one-word field.
+        for name in _FIELD_NAMES:
+            new_field, old_field = getattr(self, name), getattr(old, name)
+            rows = min(new_field.shape[0], old_field.shape[0])
+            new_field[:rows].copy_(old_field[:rows])
 
     # --- copies ---------------------------------------------------------------------
     def __copy__(self) -> CanaryStore:
@@ -230,7 +239,8 @@ class CanaryStore:
     def load(cls, path: str | os.PathLike[str], *, device: DeviceLike) -> CanaryStore:
         """A new store on ``device`` holding what :meth:`save` wrote to ``path``: every
         record, ring row, counter, flag and the status, and its generation. A field the
-        file does not hold (a file written before the field existed) starts zeroed.
+        file does not hold (a file written before the field existed: version 1 has no
+        ``owners``, ``violation_context`` nor ``verify_skipped``) starts zeroed.
 
         Raises ``ValueError`` (``kv-canary:``) for a file that is not a saved store or
         whose fields do not fit its sizes, and what :meth:`allocate` raises."""
@@ -241,10 +251,10 @@ class CanaryStore:
                 f"holding {type(data).__name__}"
                 + (f" of format {data.get('format')!r}" if isinstance(data, dict) else "")
             )
-        if data.get("version") != _SAVE_VERSION:
+        if data.get("version") not in _LOADS_VERSIONS:
             raise ValueError(
-                f"kv-canary: {path!s} must be a saved store of version {_SAVE_VERSION}, got "
-                f"version {data.get('version')!r}"
+                f"kv-canary: {path!s} must be a saved store of version "
+                f"{' or '.join(map(str, _LOADS_VERSIONS))}, got version {data.get('version')!r}"
             )
         store = cls._allocate(
             data["num_slots"], data["violation_capacity"], device, data["generation"]
@@ -333,21 +343,28 @@ class CanaryStore:
     def take_violations(self) -> ViolationReport:
         """Read and decode the violation ring, then clear the ring and its count.
 
-        Synchronizes with the current stream: call it between steps on the stream the
-        canary runs on (every N steps, say), never inside graph capture. Counters are
-        cumulative and not cleared."""
+        Each row comes with its context (``violation_context``: the row's request, the
+        position it expected, the slot's writer), cleared with it. Synchronizes with the
+        current stream: call it between steps on the stream the canary runs on (every N
+        steps, say), never inside graph capture. Counters are cumulative and not
+        cleared."""
         self.check(views=True)
         appended = int(self.violation_count.item())
         kept = max(0, min(appended, self.violation_capacity))
         rows = self.violations[:kept].tolist()
+        contexts = self.violation_context[:kept].tolist()
         report = ViolationReport(
-            violations=tuple(Violation.from_row(row) for row in rows),
+            violations=tuple(
+                Violation.from_row(row, context=ctx) for row, ctx in zip(rows, contexts)
+            ),
             appended=appended,
             dropped=appended - kept,
             kernel_runs=int(self.kernel_runs.item()),
             slots_processed=int(self.slots_processed.item()),
+            verify_skipped=int(self.verify_skipped.item()),
         )
         self.violations[:kept].zero_()
+        self.violation_context[:kept].zero_()
         self.violation_count.zero_()
         return report
 
@@ -363,9 +380,12 @@ class CanaryStore:
 CanaryStore.__doc__ = docstring_with_fields(CanaryStore.__doc__, STORE_FIELDS, "contents")
 _ALL_STATUS = CanaryStatus(sum(CanaryStatus))
 _SAVE_FORMAT = "kv-canary-store"
-_SAVE_VERSION = 1
+_SAVE_VERSION = 2
 """What :meth:`CanaryStore.save` writes: a dict with this format name and version, the
-sizes, the generation and ``fields`` (one CPU tensor per field, by name)."""
+sizes, the generation and ``fields`` (one CPU tensor per field, by name). Version 2 added
+``owners``, ``violation_context`` and ``verify_skipped``."""
+_LOADS_VERSIONS = (1, 2)
+"""The versions :meth:`CanaryStore.load` reads (a field a version lacks starts zeroed)."""
 
 
 def _unpickle_store(

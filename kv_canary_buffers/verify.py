@@ -38,6 +38,7 @@ from .records import (
     check_store,
     plan_count,
     raise_bad,
+    request_of_entries,
 )
 from .status import FailBits
 from .store import CanaryStore
@@ -103,8 +104,9 @@ def validate_verify_args(
 
 # --- the torch reference ------------------------------------------------------------------
 def _verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) -> None:
-    if int(buffers.verify_enable.item()) == 0:  # an overflowed plan: nothing is checked
+    if int(buffers.verify_enable.item()) == 0:  # overflowed or write-only: nothing checked
         store.kernel_runs.add_(1)
+        store.verify_skipped.add_(1)
         return
     num_slots = store.num_slots
     n = plan_count(buffers, "verify_num_valid", buffers.verify_capacity)
@@ -171,7 +173,18 @@ def _verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) -> None:
         bits,
     )
     rows = torch.stack([c.index_select(0, hit).to(RECORD_DTYPE) for c in columns], dim=1)
-    append_rows(store, rows)
+    # The context of the appended rows only: the entry's request (its row, by the
+    # contract's bisection), the position it expected, the slot's last writer.
+    hit_slots = slots.index_select(0, hit)
+    context = torch.stack(
+        [
+            request_of_entries(buffers, looked.index_select(0, hit)),
+            positions.index_select(0, hit),
+            store.owners.index_select(0, hit_slots),
+        ],
+        dim=1,
+    )
+    append_rows(store, rows, context)
     store.kernel_runs.add_(1)
     store.slots_processed.add_(n)
 
@@ -186,7 +199,10 @@ def verify_reference(
     Args:
         store: the :class:`CanaryStore` of the KV pool.
         plan_buffers: a :class:`PlanBuffers` filled by a plan (its verify entries,
-            ``verify_num_valid`` and ``verify_enable``; an overflowed plan checks nothing).
+            ``verify_num_valid`` and ``verify_enable``; a plan with ``verify_enable = 0``,
+            overflowed or write-only, checks nothing and counts ``store.verify_skipped``;
+            and, for a failing entry's context, ``verify_offsets``,
+            ``row_req_pool_indices`` and ``write_num_valid_reqs``).
         **inputs: :class:`VerifyInputs` (``launch_tag``, ``check_expected_tokens``,
             ``real_kv``).
 

@@ -21,7 +21,15 @@ from typing_extensions import Unpack
 from .buffers import PlanBuffers
 from .checks import check_int64, check_length, check_tensor, new_tuple
 from .hashing import mix3
-from .layout import INT64_MAX, INT64_MIN, POSITION, RECORD_DTYPE, ROW_DTYPE
+from .layout import (
+    DUMMY_SLOT,
+    INT64_MAX,
+    INT64_MIN,
+    POSITION,
+    RECORD_DTYPE,
+    ROW_DTYPE,
+    VIOLATION_WIDTH,
+)
 from .real_kv import RealKV, first_row_past_sources, real_kv_hash
 from .records import (
     append_rows,
@@ -34,7 +42,7 @@ from .records import (
     plan_count,
     raise_bad,
 )
-from .status import FailBits
+from .status import CanaryStatus, FailBits
 from .store import CanaryStore
 
 
@@ -227,6 +235,8 @@ def _write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
     lengths = torch.where(busy, hi - lo, 0)
     total = int(lengths.sum())
     row_of = torch.repeat_interleave(torch.arange(num_rows, device=lo.device), lengths)
+    # each token's row's request: the owner it stamps, the context of its rows
+    requests = buffers.row_req_pool_indices[:num_rows].index_select(0, row_of)
     first = torch.cumsum(lengths, 0) - lengths
     index = (
         lo.index_select(0, row_of)
@@ -285,25 +295,27 @@ def _write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
     # Sequential order: a slot written twice keeps its last record (index_put_ with
     # accumulate=False applies duplicates in order on the CPU and is unspecified on a GPU,
     # so a duplicate slot is written in a second, ordered pass).
-    new = _rows(tokens, positions, chain_at, kv).index_select(0, kept)
-    _store_in_order(records, slots.index_select(0, kept), new)
+    # The owner beside the record, under the same condition (its own column: SGLang's
+    # record stays 32 bytes).
+    kept_slots = slots.index_select(0, kept)
+    new = _rows(tokens, positions, chain_at, kv, requests).index_select(0, kept)
+    _store_in_order((records, store.owners), kept_slots, new)
+    if bool((kept_slots == DUMMY_SLOT).any()):  # the padding slot: stamped all the same
+        store.status.bitwise_or_(int(CanaryStatus.PADDING_SLOT_WRITTEN))
 
+    # Each row with its context (the writing row's request, the expected position, the
+    # writing row as the owner) as the last three columns, split off after ordering.
     parts = []
     if bits is not None:
         assert exp_tok is not None and exp_pos is not None
         hit = written & (bits != 0)
-        parts.append(
-            (hit, _rows(tag, slots, positions, tokens, exp_tok, chain_at, exp_pos, bits), 0)
-        )
+        row = (tag, slots, positions, tokens, exp_tok, chain_at, exp_pos, bits)
+        parts.append((hit, _rows(*row, requests, exp_pos, requests), 0))
     pos_bits = torch.full_like(tag, int(FailBits.WRITE_POSITION))
-    parts.append(
-        (
-            pos_rule,
-            _rows(tag, slots, positions, tokens, tokens, chain_at, expected_next, pos_bits),
-            1,
-        )
-    )
-    append_rows(store, _in_flat_order(parts))
+    row = (tag, slots, positions, tokens, tokens, chain_at, expected_next, pos_bits)
+    parts.append((pos_rule, _rows(*row, requests, expected_next, requests), 1))
+    ordered = _in_flat_order(parts)
+    append_rows(store, ordered[:, :VIOLATION_WIDTH], ordered[:, VIOLATION_WIDTH:])
     store.kernel_runs.add_(1)
     store.slots_processed.add_(kept.numel())
 
@@ -328,15 +340,20 @@ def _real_kv_of(
     return kv
 
 
-def _store_in_order(records: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
-    """``records[slots[i]] = rows[i]`` in order of ``i`` (the last write of a slot wins)."""
+def _store_in_order(
+    targets: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor, rows: torch.Tensor
+) -> None:
+    """``records[slots[i]] = rows[i, :4]`` and ``owners[slots[i]] = rows[i, 4]`` in order
+    of ``i`` (the last write of a slot wins), ``targets = (records, owners)``."""
     if slots.numel() == 0:
         return
+    records, owners = targets
     order = torch.arange(slots.numel(), device=slots.device)
     last = torch.full((records.shape[0],), -1, dtype=torch.int64, device=slots.device)
     last.scatter_reduce_(0, slots, order, reduce="amax")
     final = last.index_select(0, slots) == order
-    records.index_copy_(0, slots[final], rows[final])
+    records.index_copy_(0, slots[final], rows[final, : records.shape[1]])
+    owners.index_copy_(0, slots[final], rows[final, records.shape[1]])
 
 
 def _in_flat_order(parts: list[tuple[torch.Tensor, torch.Tensor, int]]) -> torch.Tensor:
@@ -360,7 +377,8 @@ def write_reference(
     Args:
         store: the :class:`CanaryStore` of the KV pool.
         plan_buffers: a :class:`PlanBuffers` filled by the step's plan (its
-            ``write_offsets``, ``write_seed_slot_indices`` and ``write_num_valid_reqs``).
+            ``write_offsets``, ``write_seed_slot_indices``, ``write_num_valid_reqs`` and
+            ``row_req_pool_indices``: each stamped slot's owner).
         **inputs: the step's tokens, :class:`WriteInputs` (``input_ids``, ``positions``,
             ``out_cache_loc``, and the optional tag, expected inputs and ``real_kv``).
 
@@ -369,7 +387,9 @@ def write_reference(
             :class:`PlanBuffers`, or an argument has the wrong type.
         ValueError: a host-side check failed, or the data lies outside the store or the
             inputs (the message names the argument, the index and the value). Nothing is
-            written then.
+            written then. A token written at the padding slot 0 is not refused: it is
+            stamped, and ``CanaryStatus.PADDING_SLOT_WRITTEN`` is set in ``store.status``
+            (as the kernels do).
     """
     args = validate_write_args(store, plan_buffers, **inputs)
     store.check(views=True)  # torch reads and writes through the views themselves

@@ -8,6 +8,10 @@ import triton
 import triton.language as tl
 
 from .constants import (
+    CTX_OWNER,
+    CTX_POSITION,
+    CTX_REQ,
+    CTX_W,
     MAX_CAPACITY,
     MODE_NONE,
     MODE_PARTIAL,
@@ -350,10 +354,11 @@ def real_kv_or_zero(slot, ok, flags, kv, MODE: tl.constexpr, CHUNK: tl.constexpr
 
 
 @triton.jit
-def store_rows(keep, index, columns, violations_ptr):
-    """Store one violation row per lane in ``keep`` at ring row ``index`` (``columns``: as
-    for :func:`append_violations`)."""
+def store_rows(keep, index, columns, context, violations_ptr, violation_context_ptr):
+    """Store one violation row and its context row per lane in ``keep`` at ring row
+    ``index`` (``columns``, ``context``: as for :func:`append_violations`)."""
     tag, slot, position, stored_token, expected_token, chain, aux, bits = columns
+    request, expected_position, owner = context
     row = violations_ptr + index * VIOL_W
     tl.store(row + VIOL_TAG, tl.zeros_like(slot) + tag, mask=keep)
     tl.store(row + VIOL_SLOT, slot, mask=keep)
@@ -363,21 +368,29 @@ def store_rows(keep, index, columns, violations_ptr):
     tl.store(row + VIOL_CHAIN, chain, mask=keep)
     tl.store(row + VIOL_AUX, aux, mask=keep)
     tl.store(row + VIOL_BITS, bits.to(tl.int64), mask=keep)
+    ctx = violation_context_ptr + index * CTX_W
+    tl.store(ctx + CTX_REQ, request, mask=keep)
+    tl.store(ctx + CTX_POSITION, expected_position, mask=keep)
+    tl.store(ctx + CTX_OWNER, owner, mask=keep)
 
 
 @triton.jit
-def append_violations(bad, columns, store):
+def append_violations(bad, columns, context, store):
     """Append one row per lane in ``bad``: ``columns`` holds the row's columns in ring
     order (``launch_tag, slot, position, stored_token, expected_token, stored_chain_hash,
-    expected_aux, fail_bits``; the tag a scalar, the rest lanes); ``store`` is the store's
-    ``(records_ptr, violations_ptr, violation_count_ptr, violation_capacity)``.
+    expected_aux, fail_bits``; the tag a scalar, the rest lanes), ``context`` its context
+    row (``req_pool_index, expected_position, owner``, lanes), stored at the same index
+    of ``violation_context``; ``store`` is the store's ``(records_ptr, violations_ptr,
+    violation_count_ptr, violation_capacity, owners_ptr, violation_context_ptr)``.
 
     One predicated atomic per lane reserves its ring index, rows past the capacity are
-    counted but not stored (fill once). No reduction, no branch and no shared memory: a
-    clean step (no lane in ``bad``) pays a few predicated-off instructions. A step with
-    violations on most lanes serializes its atomics on one counter, which is the cost of a
-    badly broken engine, not of a healthy one."""
-    _, violations_ptr, violation_count_ptr, violation_capacity = store
+    counted but not stored (fill once), nor is their context. No reduction, no branch and
+    no shared memory: a clean step (no lane in ``bad``) pays a few predicated-off
+    instructions (the verify and the write's walks go further: they append only from a
+    replay that runs when a lane failed). A step with violations on most lanes serializes
+    its atomics on one counter, which is the cost of a badly broken engine, not of a
+    healthy one."""
+    violations_ptr, violation_count_ptr, violation_capacity = store[1], store[2], store[3]
     slot = columns[1]
     # Every atomic of the kernels is relaxed (but the one-launch plan's sync words in
     # large_batch.py, which order its programs): Triton's default (acq_rel) compiles to a
@@ -390,7 +403,9 @@ def append_violations(bad, columns, store):
         mask=bad,
         sem="relaxed",
     )
-    store_rows(bad & (index < violation_capacity), index, columns, violations_ptr)
+    store_rows(
+        bad & (index < violation_capacity), index, columns, context, violations_ptr, store[5]
+    )
 
 
 @triton.jit

@@ -8,6 +8,11 @@ is another slot (a row's first entry, or a warp's first lane), in the same gathe
 own. A persistent grid of one wave (no more programs than the multiprocessors hold at
 once) walks blocks below ``verify_num_valid``, read on the device: no sync, and no grid
 that depends on data.
+
+A failing entry (rare: an engine bug) also names its request: one reduction per block
+guards the violation rows, and only a block with one finds each failing entry's plan row by
+bisection over ``verify_offsets`` and reads its ``row_req_pool_indices`` and the slot's
+``owners`` (the context beside the ring row). A clean block reads none of them.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ from .sources import source_args
 _RUNTIME_INTS = [
     "num_slots",
     "verify_capacity",
+    "write_capacity",
+    "search_steps",
     "violation_capacity",
     "launch_tag",
     "num_sources",
@@ -82,6 +89,105 @@ def load_records(records_ptr, slots, mask):
     return token, position, prev_hash, real_kv
 
 
+@triton.jit
+def request_of(entry, hit, rows_ptrs, num_rows, search_steps):
+    """The contract's ``request_of(entry)`` of each lane in ``hit``: its plan row by
+    bisection over ``verify_offsets[0 .. num_rows)`` (the last row ``r`` with
+    ``verify_offsets[r] <= entry``; ``search_steps`` rounds, enough for any ``num_rows`` up
+    to the write capacity), that row's ``row_req_pool_indices`` value; 0 where ``num_rows``
+    is 0. Every index read lies in ``[0, num_rows)``. ``rows_ptrs``: ``(verify_offsets_ptr,
+    row_req_pool_indices_ptr)``."""
+    verify_offsets_ptr, row_req_pool_indices_ptr = rows_ptrs
+    lo = tl.zeros_like(entry)
+    hi = lo + num_rows
+    for _ in range(search_steps):
+        active = hit & (hi - lo > 1)
+        mid = (lo + hi) >> 1  # lo < mid < hi where active
+        right = tl.load(verify_offsets_ptr + mid, mask=active, other=0) <= entry
+        lo = tl.where(active & right, mid, lo)
+        hi = tl.where(active & ~right, mid, hi)
+    return tl.load(row_req_pool_indices_ptr + lo, mask=hit & (num_rows > 0), other=0)
+
+
+@triton.jit
+def _check_block(
+    start, n, flags, plan, records_ptr, kv, num_slots,
+    CHECK_TOKENS: tl.constexpr, MODE: tl.constexpr,
+    BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """Check the entries ``start + [0, BLOCK)`` below ``n``: returns the lanes whose entry
+    fails (``hit``), its ring row's columns after the tag, its expected position and
+    ``flags`` with the entries' status bits. ``plan``: ``(verify_slot_indices_ptr,
+    verify_expected_tokens_ptr, verify_expected_positions_ptr,
+    verify_prev_slot_indices_ptr)``; ``kv`` the real-KV geometry
+    (``records.real_kv_hash``)."""
+    (
+        verify_slot_indices_ptr,
+        verify_expected_tokens_ptr,
+        verify_expected_positions_ptr,
+        verify_prev_slot_indices_ptr,
+    ) = plan
+    lanes = tl.arange(0, BLOCK)
+    entry = start + lanes
+    # Every load of the entry columns is masked by the count only, so that all four
+    # leave in the first round trip (a mask that waited for the slot would add one).
+    in_range = entry < n
+    slot = tl.load(verify_slot_indices_ptr + entry, mask=in_range, other=DUMMY_SLOT)
+    prev = tl.load(verify_prev_slot_indices_ptr + entry, mask=in_range, other=DUMMY_SLOT)
+    want_position = tl.load(verify_expected_positions_ptr + entry, mask=in_range, other=0)
+    if CHECK_TOKENS:
+        want_token = tl.load(
+            verify_expected_tokens_ptr + entry, mask=in_range, other=UNCHECKED_TOKEN
+        )
+    else:
+        want_token = tl.full([BLOCK], UNCHECKED_TOKEN, tl.int64)
+    looked = in_range & (slot != DUMMY_SLOT)
+    slot_bad = looked & ((slot < 0) | (slot >= num_slots))
+    prev_bad = looked & ~slot_bad & (prev >= num_slots)
+    ok = looked & ~slot_bad & ~prev_bad
+    flags |= tl.where(slot_bad, VERIFY_SLOT_BAD, 0) | tl.where(prev_bad, PREV_SLOT_BAD, 0)
+    # The predecessor's hash comes from the lane to the left where that lane holds the
+    # predecessor's slot (its record is read below in any case); other lanes read the
+    # predecessor's record beside their own. `ok` here is before the real-KV row
+    # check: a lane dropped for its KV row still has an in-range slot whose record is
+    # read, so its hash is exactly hash_of(prev) for the lane to its right.
+    from_left = (
+        (lanes % 32 != 0)
+        & (from_left_lane(ok.to(tl.int32), BLOCK) != 0)
+        & (from_left_lane(slot, BLOCK) == prev)
+    )
+    load_prev = ok & (prev > 0) & ~from_left
+    # Both records as one [BLOCK, 2] gather, hashed below as one [BLOCK, 2] chain, and
+    # before the KV bytes: ptxas moves each load down to just before its first use, so
+    # records first used after the KV hash would be read only after the KV bytes came
+    # back. Here the records' and the KV bytes' loads share one round trip (SASS for
+    # sm_90: every load of an entry issued before its first hash).
+    token2, position2, prev2, kv2 = load_records(
+        records_ptr, tl.join(slot, prev), tl.join(ok, load_prev)
+    )
+    r_token, _ = tl.split(token2)
+    r_position, _ = tl.split(position2)
+    r_prev, _ = tl.split(prev2)
+    r_kv, _ = tl.split(kv2)
+    kv_hash, ok, flags = real_kv_or_zero(slot, ok, flags, kv, MODE, CHUNK)
+    # hash_of(slot) and hash_of(prev) of every lane; the lane to the right may need
+    # the first as its predecessor's.
+    own, loaded = tl.split(i64(mix3(prev2.to(tl.uint64, bitcast=True), token2, position2)))
+    chain = tl.where(from_left, from_left_lane(own, BLOCK), loaded)
+    chain = tl.where(prev < 0, i64(tl.full([BLOCK], ANCHOR, tl.uint64)), chain)
+    reachable = prev != DUMMY_SLOT
+    expected_chain = tl.where(reachable, chain, r_prev)
+    bits = (
+        tl.where(reachable & (r_prev != expected_chain), CHAIN_BIT, 0)
+        | tl.where(r_position != want_position, POSITION_BIT, 0)
+        | tl.where(r_kv != kv_hash, REAL_KV_BIT, 0)
+        | tl.where((want_token != UNCHECKED_TOKEN) & (r_token != want_token), VERIFY_TOKEN_BIT, 0)
+    )
+    hit = ok & (bits != 0)
+    columns = (slot, r_position, r_token, want_token, r_prev, expected_chain, bits)
+    return hit, entry, columns, want_position, flags
+
+
 @triton.jit(do_not_specialize=_RUNTIME_INTS)
 def canary_verify_kernel(
     # the plan
@@ -91,6 +197,9 @@ def canary_verify_kernel(
     verify_prev_slot_indices_ptr,
     verify_num_valid_ptr,
     verify_enable_ptr,
+    write_num_valid_reqs_ptr,
+    verify_offsets_ptr,
+    row_req_pool_indices_ptr,
     # the store
     records_ptr,
     violations_ptr,
@@ -98,11 +207,16 @@ def canary_verify_kernel(
     kernel_runs_ptr,
     slots_processed_ptr,
     status_ptr,
+    owners_ptr,
+    violation_context_ptr,
+    verify_skipped_ptr,
     # real-KV sources (a RealKV's source table)
     source_table_ptr,
     # runtime sizes (int64 whatever their values: one compiled variant for all)
     num_slots: tl.int64,
     verify_capacity: tl.int64,
+    write_capacity: tl.int64,
+    search_steps: tl.int64,
     violation_capacity: tl.int64,
     launch_tag: tl.int64,
     num_sources: tl.int64,
@@ -112,12 +226,20 @@ def canary_verify_kernel(
     CHUNK: tl.constexpr,
 ):
     # The store's ring and the real-KV geometry, as the shared helpers take them (records.py)
-    store = (records_ptr, violations_ptr, violation_count_ptr, violation_capacity)
+    store = (
+        records_ptr,
+        violations_ptr,
+        violation_count_ptr,
+        violation_capacity,
+        owners_ptr,
+        violation_context_ptr,
+    )
     kv = (source_table_ptr, num_sources)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK)
-    enabled = tl.load(verify_enable_ptr) != 0
+    enable = tl.load(verify_enable_ptr)
+    enabled = enable != 0
     num_valid = tl.load(verify_num_valid_ptr).to(tl.int64)
     count_bad = enabled & ((num_valid < 0) | (num_valid > verify_capacity))
     flags = tl.where((lanes == 0) & (pid == 0) & count_bad, PLAN_COUNT_BAD, 0)
@@ -126,70 +248,49 @@ def canary_verify_kernel(
         tl.atomic_add(kernel_runs_ptr, 1, sem="relaxed")  # relaxed: see append_violations
         if n > 0:
             tl.atomic_add(slots_processed_ptr, n, sem="relaxed")
+        if enable == 0:  # overflowed or write-only: this call checks nothing, and says so
+            tl.atomic_add(verify_skipped_ptr, 1, sem="relaxed")
+    plan = (
+        verify_slot_indices_ptr,
+        verify_expected_tokens_ptr,
+        verify_expected_positions_ptr,
+        verify_prev_slot_indices_ptr,
+    )
+    # The walk only notes which lanes met a failing entry (an engine bug: rare); only a
+    # program that met one walks its blocks again for their violation rows and context.
+    # The clean walk has no atomic, no store and no reduction a block: one reduction a
+    # program decides on the replay.
+    suspect = lanes < 0
     for start in range(pid * BLOCK, n, nprog * BLOCK):
-        entry = start + lanes
-        # Every load of the entry columns is masked by the count only, so that all four
-        # leave in the first round trip (a mask that waited for the slot would add one).
-        in_range = entry < n
-        slot = tl.load(verify_slot_indices_ptr + entry, mask=in_range, other=DUMMY_SLOT)
-        prev = tl.load(verify_prev_slot_indices_ptr + entry, mask=in_range, other=DUMMY_SLOT)
-        want_position = tl.load(verify_expected_positions_ptr + entry, mask=in_range, other=0)
-        if CHECK_TOKENS:
-            want_token = tl.load(
-                verify_expected_tokens_ptr + entry, mask=in_range, other=UNCHECKED_TOKEN
-            )
-        else:
-            want_token = tl.full([BLOCK], UNCHECKED_TOKEN, tl.int64)
-        looked = in_range & (slot != DUMMY_SLOT)
-        slot_bad = looked & ((slot < 0) | (slot >= num_slots))
-        prev_bad = looked & ~slot_bad & (prev >= num_slots)
-        ok = looked & ~slot_bad & ~prev_bad
-        flags |= tl.where(slot_bad, VERIFY_SLOT_BAD, 0) | tl.where(prev_bad, PREV_SLOT_BAD, 0)
-        # The predecessor's hash comes from the lane to the left where that lane holds the
-        # predecessor's slot (its record is read below in any case); other lanes read the
-        # predecessor's record beside their own. `ok` here is before the real-KV row
-        # check: a lane dropped for its KV row still has an in-range slot whose record is
-        # read, so its hash is exactly hash_of(prev) for the lane to its right.
-        from_left = (
-            (lanes % 32 != 0)
-            & (from_left_lane(ok.to(tl.int32), BLOCK) != 0)
-            & (from_left_lane(slot, BLOCK) == prev)
-        )
-        load_prev = ok & (prev > 0) & ~from_left
-        # Both records as one [BLOCK, 2] gather, hashed below as one [BLOCK, 2] chain, and
-        # before the KV bytes: ptxas moves each load down to just before its first use, so
-        # records first used after the KV hash would be read only after the KV bytes came
-        # back. Here the records' and the KV bytes' loads share one round trip (SASS for
-        # sm_90: every load of an entry issued before its first hash).
-        token2, position2, prev2, kv2 = load_records(
-            records_ptr, tl.join(slot, prev), tl.join(ok, load_prev)
-        )
-        r_token, _ = tl.split(token2)
-        r_position, _ = tl.split(position2)
-        r_prev, _ = tl.split(prev2)
-        r_kv, _ = tl.split(kv2)
-        kv_hash, ok, flags = real_kv_or_zero(slot, ok, flags, kv, MODE, CHUNK)
-        # hash_of(slot) and hash_of(prev) of every lane; the lane to the right may need
-        # the first as its predecessor's.
-        own, loaded = tl.split(i64(mix3(prev2.to(tl.uint64, bitcast=True), token2, position2)))
-        chain = tl.where(from_left, from_left_lane(own, BLOCK), loaded)
-        chain = tl.where(prev < 0, i64(tl.full([BLOCK], ANCHOR, tl.uint64)), chain)
-        reachable = prev != DUMMY_SLOT
-        expected_chain = tl.where(reachable, chain, r_prev)
-        bits = (
-            tl.where(reachable & (r_prev != expected_chain), CHAIN_BIT, 0)
-            | tl.where(r_position != want_position, POSITION_BIT, 0)
-            | tl.where(r_kv != kv_hash, REAL_KV_BIT, 0)
-            | tl.where(
-                (want_token != UNCHECKED_TOKEN) & (r_token != want_token), VERIFY_TOKEN_BIT, 0
-            )
-        )
-        append_violations(
-            ok & (bits != 0),
-            (launch_tag, slot, r_position, r_token, want_token, r_prev, expected_chain, bits),
-            store,
-        )
+        hit, _, _, _, flags = _check_block(
+            start, n, flags, plan, records_ptr, kv, num_slots,
+            CHECK_TOKENS, MODE, BLOCK, CHUNK,
+        )  # fmt: skip
+        suspect |= hit
     raise_status(status_ptr, flags)
+    if tl.max(suspect.to(tl.int32), 0) != 0:
+        # The replay: the same blocks, each failing entry's row and context appended (its
+        # request by bisection, the slot's owner), the status bits already raised.
+        num_rows = tl.minimum(
+            tl.maximum(tl.load(write_num_valid_reqs_ptr).to(tl.int64), 0), write_capacity
+        )
+        for start in range(pid * BLOCK, n, nprog * BLOCK):
+            hit, entry, columns, want_position, _ = _check_block(
+                start, n, flags, plan, records_ptr, kv, num_slots,
+                CHECK_TOKENS, MODE, BLOCK, CHUNK,
+            )  # fmt: skip
+            slot, r_position, r_token, want_token, r_prev, expected_chain, bits = columns
+            request = request_of(
+                entry, hit, (verify_offsets_ptr, row_req_pool_indices_ptr), num_rows,
+                search_steps,
+            )  # fmt: skip
+            owner = tl.load(owners_ptr + slot, mask=hit, other=0)
+            append_violations(
+                hit,
+                (launch_tag, slot, r_position, r_token, want_token, r_prev, expected_chain, bits),
+                (request, want_position, owner),
+                store,
+            )
 
 
 def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) -> None:
@@ -221,15 +322,23 @@ def dispatch_verify(store: CanaryStore, buffers: PlanBuffers, args: VerifyArgs) 
         buffers.verify_prev_slot_indices,
         buffers.verify_num_valid,
         buffers.verify_enable,
+        buffers.write_num_valid_reqs,
+        buffers.verify_offsets,
+        buffers.row_req_pool_indices,
         store.records,
         store.violations,
         store.violation_count,
         store.kernel_runs,
         store.slots_processed,
         store.status,
+        store.owners,
+        store.violation_context,
+        store.verify_skipped,
         src.table,
         store.num_slots,
         buffers.verify_capacity,
+        buffers.write_req_capacity,
+        buffers.write_req_capacity.bit_length(),  # bisection rounds for any row count
         store.violation_capacity,
     )
     after = (src.num_sources,)

@@ -7,7 +7,9 @@ one at hand (a token's critical path is the hash, not a memory round trip).
 A launch has two kinds of programs of one warp:
 
 - **side programs** (``ceil(write_req_capacity / write_rows)``, consecutive rows a lane):
-  every row's ``TOKEN``, ``POSITION`` and ``REAL_KV_HASH`` columns, the status bits and
+  every row's ``TOKEN``, ``POSITION`` and ``REAL_KV_HASH`` columns and each stamped slot's
+  owner (the row's ``row_req_pool_indices`` value, under ``REAL_KV_HASH``'s mask: the
+  record's), the status bits (``PADDING_SLOT_WRITTEN`` among them) and
   ``slots_processed``; and for the rows of at most ``write_chain_tokens`` tokens (decode),
   everything: the chain, ``PREV_HASH``, the write checks and violation rows;
 - **chain programs** (at least ``write_chain_programs``, rows strided across them so that
@@ -18,8 +20,12 @@ A launch has two kinds of programs of one warp:
 A long row's warp then issues little besides its hash: the other columns' stores, the
 real-KV hash and the flags are another warp's. Both kinds read the seed's record before
 writing, so neither may write a column the other reads there: the side programs leave the
-seed slot's ``TOKEN`` and ``POSITION`` to the chain program. The design and its
-measurements: docs/design.md, docs/performance.md ("the write split").
+seed slot's ``TOKEN`` and ``POSITION`` to the chain program. Nothing in the write reads
+``owners``, and a row's tokens all store one value there, so the side programs store every
+owner, the seed slot's included, and the chain programs none. A violation row's context
+(the row's request, the expected position, the row as the slot's writer) goes with the
+row, from whichever program appends it. The design and its measurements: docs/design.md,
+docs/performance.md ("the write split").
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ from . import config
 from .config import INTERPRETING
 from .constants import (
     ANCHOR,
+    DUMMY_SLOT,
     MODE_NONE,
     NO_SLOT,
+    PADDING_WRITTEN,
     PLAN_COUNT_BAD,
     REC_POSITION,
     REC_PREV_HASH,
@@ -133,11 +141,14 @@ def _stamped(
     """A side program's verdict on a token whose slot is ``slot`` (``live``: in its row and
     not skipped): the slot's real-KV hash, whether its record is stamped (in the store and
     its page inside every source; the chain programs' ``slot_limit`` is the same test), and
-    the flags with the bits of a slot past the store or a page past a source. ``kv``: the
-    real-KV geometry (:func:`~kv_canary_kernels.records.real_kv_hash`)."""
+    the flags with the bits of a slot past the store or a page past a source, and of a
+    stamped token whose slot is the padding slot. ``kv``: the real-KV geometry
+    (:func:`~kv_canary_kernels.records.real_kv_hash`)."""
     slot_bad = live & (slot >= num_slots)
     flags |= tl.where(slot_bad, WRITE_SLOT_BAD, 0)
-    return real_kv_or_zero(slot, live & ~slot_bad, flags, kv, MODE, CHUNK)
+    kv_hash, ok, flags = real_kv_or_zero(slot, live & ~slot_bad, flags, kv, MODE, CHUNK)
+    flags |= tl.where(ok & (slot == DUMMY_SLOT), PADDING_WRITTEN, 0)
+    return kv_hash, ok, flags
 
 
 @triton.jit
@@ -153,17 +164,19 @@ def _steps(
     :func:`_load_token` returns them). Returns ``(ahead, state)`` after the steps.
 
     The groups, as the kernel builds them: ``inputs``, the step's input pointers
-    (:func:`_token_at`); ``store``, ``(records_ptr, violations_ptr, violation_count_ptr,
-    violation_capacity)``; ``kv``, the real-KV geometry (``records.real_kv_hash``);
-    ``row``, each lane's ``(first, length, chained)``; ``state``, the walk's ``(running,
-    flags, expect, suspect, prev_pos)``. ``seed`` is each lane's seed slot.
+    (:func:`_token_at`); ``store``, the store's pointers and ring capacity
+    (``records.append_violations``); ``kv``, the real-KV geometry
+    (``records.real_kv_hash``); ``row``, each lane's ``(first, length, chained, request)``
+    (``request``: the row's ``row_req_pool_indices`` value); ``state``, the walk's
+    ``(running, flags, expect, suspect, prev_pos)``. ``seed`` is each lane's seed slot.
 
     Lanes in ``chained`` have their chain hashed (``CHAIN``), their ``PREV_HASH`` stamped
     and their write checks run by this walk. A side program (``SIDE``) also stamps every
-    row's ``TOKEN``, ``POSITION`` and ``REAL_KV_HASH`` (for a row that is not chained,
-    except the tokens whose slot is the row's seed: see the kernel), raises the status
-    bits and counts the records (``expect``); a chain program stamps only its rows'
-    chains, and the ``TOKEN`` and ``POSITION`` of the tokens whose slot is the seed.
+    row's ``TOKEN``, ``POSITION``, ``REAL_KV_HASH`` and owner (for a row that is not
+    chained, the ``TOKEN`` and ``POSITION`` except the tokens whose slot is the row's
+    seed: see the kernel), raises the status bits and counts the records (``expect``); a
+    chain program stamps only its rows' chains, and the ``TOKEN`` and ``POSITION`` of the
+    tokens whose slot is the seed.
 
     ``APPEND`` False: stamp, and note in ``suspect`` the chained lanes that met a token
     failing a write check. ``APPEND`` True (only when some lane was suspect): the same
@@ -172,7 +185,8 @@ def _steps(
     compiler: the replay reads only what its checks need).
     """
     records_ptr = store[0]
-    first, length, chained = row
+    owners_ptr = store[4]
+    first, length, chained, request = row
     # Named in the flat arguments' old order: Triton's loop carries values in the order
     # their names first appear.
     s0, t0, p0, et0, ep0 = ahead[0]
@@ -209,6 +223,7 @@ def _steps(
                 append_violations(
                     ok & chained & (bits != 0),
                     (launch_tag, s0, p0, t0, et0, chain, ep0, bits),
+                    (request, ep0, request),
                     store,
                 )
             append_violations(
@@ -217,6 +232,7 @@ def _steps(
                     launch_tag, s0, p0, t0, t0, chain, want,
                     tl.full(flags.shape, WRITE_POSITION_BIT, tl.int32),
                 ),
+                (request, want, request),
                 store,
             )  # fmt: skip
             prev_pos = tl.where(checked, p0, prev_pos)
@@ -231,6 +247,10 @@ def _steps(
                 if CHAIN:
                     tl.store(rec + REC_PREV_HASH, chain, mask=ok & chained)
                 tl.store(rec + REC_REAL_KV, kv_hash, mask=ok)
+                # The owner with every stamped record, as REAL_KV_HASH is (the chain
+                # programs store none: nothing in the write reads it, and a row's
+                # tokens all stamp one value, so the order of its stores is moot).
+                tl.store(owners_ptr + s0, request, mask=ok)
             else:
                 tl.store(rec + REC_PREV_HASH, chain, mask=ok)
                 seeded = ok & (s0 == seed)
@@ -265,7 +285,7 @@ def _walk_rows(
     :func:`_steps`; ``seeds``: each lane's ``(seed, has_seed, seed_position,
     seed_record)``). Returns the flags, the records written per lane (side programs) and
     the suspect lanes."""
-    first, length, chained = row
+    first, length, chained, _ = row
     seed, has_seed, seed_position, seed_record = seeds
     expect = prev_pos + 1
     expect0 = expect
@@ -320,14 +340,14 @@ def _walk_and_replay(
     """:func:`_walk_rows`, then, only if some lane met a failing token (rare: an engine
     bug), the same walk of those lanes for their violation rows. Returns the flags and the
     records written per lane."""
-    first, length, _ = row
+    first, length, _, request = row
     flags, written, suspect = _walk_rows(
         inputs, store, kv, row, seeds, check_pos, prev_pos, flags, num_slots, slot_limit,
         launch_tag, HAS_EXPECTED, MODE, CHUNK, SIDE, False, CHAIN_UNROLL,
     )  # fmt: skip
     if tl.max(suspect.to(tl.int32), 0) != 0:
         _walk_rows(
-            inputs, store, kv, (first, tl.where(suspect, length, 0), suspect), seeds,
+            inputs, store, kv, (first, tl.where(suspect, length, 0), suspect, request), seeds,
             check_pos, prev_pos, flags, num_slots, slot_limit, launch_tag,
             HAS_EXPECTED, MODE, CHUNK, SIDE, True, CHAIN_UNROLL,
         )  # fmt: skip
@@ -336,8 +356,7 @@ def _walk_and_replay(
 
 @triton.jit
 def _single_tokens(
-    inputs, store, kv, first, length, seeds, check_pos, prev_pos, flags, num_slots,
-    launch_tag,
+    inputs, store, kv, row, seeds, check_pos, prev_pos, flags, num_slots, launch_tag,
     HAS_EXPECTED: tl.constexpr, MODE: tl.constexpr,
     CHUNK: tl.constexpr,
 ):  # fmt: skip
@@ -346,6 +365,8 @@ def _single_tokens(
     replay), and the chain not advanced past it (nothing reads that hash). Returns the
     flags and the records written per lane. The groups as for :func:`_walk_rows`."""
     records_ptr = store[0]
+    owners_ptr = store[4]
+    first, length, _, request = row
     _, has_seed, seed_position, seed_record = seeds
     s0, t0, p0, et0, ep0 = _token_at(inputs, first, length > 0, HAS_EXPECTED)
     running = _seed_hash(has_seed, seed_record, seed_position)
@@ -356,6 +377,7 @@ def _single_tokens(
     tl.store(rec + REC_POSITION, p0, mask=ok)
     tl.store(rec + REC_PREV_HASH, chain, mask=ok)
     tl.store(rec + REC_REAL_KV, kv_hash, mask=ok)
+    tl.store(owners_ptr + s0, request, mask=ok)
     want = prev_pos + 1
     position_bad = ok & check_pos & (p0 != want)
     if HAS_EXPECTED:
@@ -368,13 +390,19 @@ def _single_tokens(
     # shuffle), not free even when no lane appends.
     if tl.max((input_bad | position_bad).to(tl.int32), 0) != 0:
         if HAS_EXPECTED:
-            append_violations(input_bad, (launch_tag, s0, p0, t0, et0, chain, ep0, bits), store)
+            append_violations(
+                input_bad,
+                (launch_tag, s0, p0, t0, et0, chain, ep0, bits),
+                (request, ep0, request),
+                store,
+            )
         append_violations(
             position_bad,
             (
                 launch_tag, s0, p0, t0, t0, chain, want,
                 tl.full(flags.shape, WRITE_POSITION_BIT, tl.int32),
             ),
+            (request, want, request),
             store,
         )  # fmt: skip
     return flags, ok.to(tl.int64)
@@ -384,6 +412,7 @@ def _single_tokens(
 def _row_spans(
     write_offsets_ptr,
     write_seed_slot_indices_ptr,
+    row_req_pool_indices_ptr,
     records_ptr,
     rows,
     num_rows,
@@ -392,9 +421,10 @@ def _row_spans(
     num_slots,
 ):
     """Each lane's row: its first token, its length (0 for a row that writes nothing), its
-    seed slot, whether it has a seed, the seed's position, the seed record's
-    ``(PREV_HASH, TOKEN)`` (the chain's start: :func:`_seed_hash`) and the row's status
-    bits. Chain and side programs both run it, so both skip the same rows."""
+    request (``row_req_pool_indices``: the owner its tokens stamp), its seed slot, whether
+    it has a seed, the seed's position, the seed record's ``(PREV_HASH, TOKEN)`` (the
+    chain's start: :func:`_seed_hash`) and the row's status bits. Chain and side programs
+    both run it, so both skip the same rows."""
     in_rows = rows < num_rows
     # Offsets and seeds are loaded for every row of the buffers (capacity + 1 offsets and
     # capacity seeds, in bounds by construction) without waiting for the row count: one
@@ -410,6 +440,7 @@ def _row_spans(
     # The seed and its record are loaded without waiting for the offsets (a row that
     # turns out idle ignores them): two round trips side by side instead of in a row.
     seed = tl.load(write_seed_slot_indices_ptr + rows, mask=in_buffers, other=NO_SLOT)
+    request = tl.load(row_req_pool_indices_ptr + rows, mask=in_buffers, other=0)
     seed_in_range = in_buffers & (seed >= 0) & (seed < num_slots)
     seed_rec = records_ptr + seed * REC_W
     seed_token = tl.load(seed_rec + REC_TOKEN, mask=seed_in_range, other=0)
@@ -419,7 +450,7 @@ def _row_spans(
     flags |= tl.where(seed_bad, SEED_BAD, 0)
     length = tl.where(busy & ~seed_bad, length, 0)
     has_seed = (length > 0) & (seed >= 0)
-    return first, length, seed, has_seed, seed_position, (seed_prev, seed_token), flags
+    return first, length, request, seed, has_seed, seed_position, (seed_prev, seed_token), flags
 
 
 @triton.jit
@@ -448,6 +479,7 @@ def canary_write_kernel(
     write_offsets_ptr,
     write_seed_slot_indices_ptr,
     write_num_valid_reqs_ptr,
+    row_req_pool_indices_ptr,
     # the store
     records_ptr,
     violations_ptr,
@@ -456,6 +488,8 @@ def canary_write_kernel(
     slots_processed_ptr,
     chain_position_check_ptr,
     status_ptr,
+    owners_ptr,
+    violation_context_ptr,
     # real-KV sources (a RealKV's source table)
     source_table_ptr,
     # runtime sizes (int64 whatever their values: one compiled variant for all)
@@ -482,7 +516,14 @@ def canary_write_kernel(
         expected_input_ids_ptr,
         expected_positions_ptr,
     )
-    store = (records_ptr, violations_ptr, violation_count_ptr, violation_capacity)
+    store = (
+        records_ptr,
+        violations_ptr,
+        violation_count_ptr,
+        violation_capacity,
+        owners_ptr,
+        violation_context_ptr,
+    )
     kv = (source_table_ptr, num_sources)
     pid = tl.program_id(0)
     if pid == 0:
@@ -498,9 +539,10 @@ def canary_write_kernel(
         rows = (pid - side_programs) + lanes.to(tl.int64) * chain_programs
     else:
         rows = pid * ROWS + lanes.to(tl.int64)
-    first, length, seed, has_seed, seed_position, seed_record, flags = _row_spans(
+    first, length, request, seed, has_seed, seed_position, seed_record, flags = _row_spans(
         write_offsets_ptr,
         write_seed_slot_indices_ptr,
+        row_req_pool_indices_ptr,
         records_ptr,
         rows,
         num_rows,
@@ -525,12 +567,12 @@ def canary_write_kernel(
             # no chain to advance past it. (Not with real-KV sources: a second copy of
             # their hash would double the compile time.)
             flags, written = _single_tokens(
-                inputs, store, kv, first, length, seeds, check_pos, prev_pos, flags,
-                num_slots, launch_tag, HAS_EXPECTED, MODE, CHUNK,
+                inputs, store, kv, (first, length, length > 0, request), seeds, check_pos,
+                prev_pos, flags, num_slots, launch_tag, HAS_EXPECTED, MODE, CHUNK,
             )  # fmt: skip
         else:
             flags, written = _walk_and_replay(
-                inputs, store, kv, (first, length, ~long), seeds, check_pos, prev_pos,
+                inputs, store, kv, (first, length, ~long, request), seeds, check_pos, prev_pos,
                 flags, num_slots, slot_limit, launch_tag,
                 HAS_EXPECTED, MODE, CHUNK, True, CHAIN_UNROLL,
             )  # fmt: skip
@@ -542,7 +584,7 @@ def canary_write_kernel(
         # A chain program: its long rows' chains, their write checks and violation rows.
         length = tl.where(long, length, 0)
         _walk_and_replay(
-            inputs, store, kv, (first, length, length > 0), seeds, check_pos, prev_pos,
+            inputs, store, kv, (first, length, length > 0, request), seeds, check_pos, prev_pos,
             flags, num_slots, slot_limit, launch_tag,
             HAS_EXPECTED, MODE, CHUNK, False, CHAIN_UNROLL,
         )  # fmt: skip
@@ -597,6 +639,7 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
         buffers.write_offsets,
         buffers.write_seed_slot_indices,
         buffers.write_num_valid_reqs,
+        buffers.row_req_pool_indices,
         store.records,
         store.violations,
         store.violation_count,
@@ -604,6 +647,8 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
         store.slots_processed,
         store.chain_position_check,
         store.status,
+        store.owners,
+        store.violation_context,
         src.table,
     )
     capacity = buffers.write_req_capacity

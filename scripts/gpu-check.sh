@@ -8,7 +8,7 @@
 # CANARY=0 skips the canary contract tests on CUDA (the CPU suite runs them under the
 # interpreter, where the write's PTX products and unrolled loop are not compiled).
 # PARTS picks sections (default: tests canary memcheck demo compile bench; also suite, the
-# whole suite in one process) so that a device call that must stay under a time limit can
+# whole suite in one process, and sglang, SGLang's CUDA kernels side by side) so that a device call that must stay under a time limit can
 # run a few of them. Sections select test folders (docs/testing.md has the map).
 # Usage: PYTHONPATH=. OUT=dir [BENCH=0] [CANARY=0] [PARTS="tests canary"] bash scripts/gpu-check.sh
 set -o pipefail
@@ -53,6 +53,19 @@ if part compile; then
 echo "== torch.compile tests $(date -u +%T)" >> $L
 timeout 240 python -m pytest -q tests/compile -p no:cacheprovider >> $L 2>&1; echo "compile pytest rc=$?" >> $L
 timeout 90 python -m benchmarks.probes.compiled_step_host >> $L 2>&1; echo "compiled_step_host rc=$?" >> $L
+fi
+if part sglang; then
+  # SGLang 0.5.23's CUDA kernels beside this project's (byte-for-byte and GPU time): needs
+  # the cp312 wheels of scripts/download-sglang-wheels.sh carried as .whl.
+  echo "== SGLang's CUDA kernels $(date -u +%T)" >> $L
+  if ls .whl/sglang-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/sglang-site .whl/*.whl >> $L 2>&1
+    PYTHONPATH=/tmp/sglang-site:. timeout 400 python3 benchmarks/sglang/run_cuda_differential.py \
+      --out $OUT/sglang-cuda.csv >> $L 2>&1; echo "sglang rc=$?" >> $L
+  else
+    echo "no .whl/sglang-*.whl: run scripts/download-sglang-wheels.sh and carry .whl" >> $L
+  fi
 fi
 if part suite; then
   # The whole suite in one process (no test may depend on another's order or state).

@@ -27,7 +27,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PLAN = {"HAS_LUT": True, "HAS_POOL": True}
+PLAN = {"HAS_LUT": True, "HAS_POOL": True, "VERIFY": True, "TABLE": 0}
+"""(Constexprs a tree's kernel does not take are dropped: older trees compile too.)"""
 VARIANTS: list[tuple[str, str, str, dict[str, Any], int]] = [
     # (name, module, kernel, constexprs, warps)
     (
@@ -51,12 +52,18 @@ VARIANTS: list[tuple[str, str, str, dict[str, Any], int]] = [
         },
         8,
     ),
-    ("plan sums", "plan.offsets", "scan_block_sums_kernel", {"BLOCK": 1024, "USE_PDL": True}, 8),
+    (
+        "plan sums",
+        "plan.offsets",
+        "scan_block_sums_kernel",
+        {"BLOCK": 1024, "USE_PDL": True, "VERIFY": True},
+        8,
+    ),
     (
         "plan offsets",
         "plan.offsets",
         "plan_offsets_kernel",
-        {"BLOCK": 1024, "SUM_CHUNK": 1024, "HINT_STRIDE": 16, "USE_PDL": True},
+        {"BLOCK": 1024, "SUM_CHUNK": 1024, "HINT_STRIDE": 16, "USE_PDL": True, "VERIFY": True},
         8,
     ),
     (
@@ -65,6 +72,29 @@ VARIANTS: list[tuple[str, str, str, dict[str, Any], int]] = [
         "plan_entries_kernel",
         {**PLAN, "BLOCK": 1024, "ROW_WINDOW": 32, "HINT_STRIDE": 16, "USE_PDL": True},
         8,
+    ),
+    *(
+        (f"plan {path} {what}", module, kernel, {**constexprs, **extra}, 8)
+        for what, extra in (
+            ("write-only", {"VERIFY": False}),
+            ("block table pow2", {"TABLE": 1}),
+            ("block table", {"TABLE": 2}),
+        )
+        for path, module, kernel, constexprs in (
+            (
+                "small",
+                "plan.small_batch",
+                "plan_small_batch_kernel",
+                {**PLAN, "ROWS": 256, "BLOCK": 256},
+            ),
+            (
+                "entries",
+                "plan.entries",
+                "plan_entries_kernel",
+                {**PLAN, "BLOCK": 1024, "ROW_WINDOW": 32, "HINT_STRIDE": 16, "USE_PDL": True},
+            ),
+        )
+        if what != "write-only" or path == "small"
     ),
     # (NUM_SOURCES: the kernels' constexpr before the real-KV source table; a tree since
     # takes the sources at run time and drops it, below, but keeps these names)
@@ -104,6 +134,7 @@ _INT32_POINTERS = {
     # the int32 fields (kv_canary_buffers.layout) and inputs, by their kernel parameters'
     # names: `<field>_ptr` ...
     "req_to_token_ptr",
+    "block_table_ptr",
     "req_to_verify_expected_tokens_ptr",
     "write_num_valid_reqs_ptr",
     "verify_num_valid_ptr",

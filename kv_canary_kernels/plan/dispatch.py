@@ -10,6 +10,7 @@ from kv_canary_buffers.buffers import PlanBuffers
 from kv_canary_buffers.layout import (
     INT32_MAX,
     INT32_MIN,
+    INT64_MAX,
     OFFSETS_BLOCK,
     PLAN_FIELDS,
     ROW_HINT_STRIDE,
@@ -19,6 +20,7 @@ from kv_canary_buffers.plan import PlanArgs
 
 from ..config import INTERPRETING, DeviceConfig, device_config
 from ..fast_launch import Launcher, alignment_key, capturing, cdiv
+from .common import BLOCKS, BLOCKS_POW2, REQ_TO_TOKEN
 from .entries import plan_entries_kernel
 from .large_batch import plan_large_batch_kernel
 from .offsets import plan_offsets_kernel, scan_block_sums_kernel
@@ -58,14 +60,26 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
     owner = buffers if type(buffers) is PlanBuffers else None
     write_capacity, verify_capacity = buffers.write_req_capacity, buffers.verify_capacity
     bs = args.bs
-    table = args.req_to_token
     lut = args.full_to_swa_index_mapping
     pool = args.req_to_verify_expected_tokens
     has_lut = lut is not None
     has_pool = pool is not None
     pool_rows, pool_cols = pool.shape if pool is not None else (0, 0)
-    table_rows, table_cols = table.shape
     window = args.swa_window_size
+    verify = args.verify
+    block_table = args.block_table
+    if block_table is None:
+        table_rows, table_cols = args.req_to_token.shape  # type: ignore[union-attr]
+        block_cols, page_size, page_shift, table_kind = table_cols, 1, 0, REQ_TO_TOKEN
+    else:
+        table_rows, block_cols = block_table.shape
+        page_size = args.page_size
+        # The positions the table maps, exact below int64 (clamped: no position passes it).
+        table_cols = min(block_cols * page_size, INT64_MAX)
+        if page_size & (page_size - 1):
+            page_shift, table_kind = 0, BLOCKS
+        else:
+            page_shift, table_kind = page_size.bit_length() - 1, BLOCKS_POW2
 
     # A compiled variant depends on the constexprs below, on each pointer's 16-byte
     # alignment (the buffers' fields are aligned by construction, the inputs are the
@@ -79,6 +93,9 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         offset,
         table_rows,
         table_cols,
+        block_cols,
+        page_size,
+        page_shift,
         lut.shape[0] if lut is not None else 0,
         pool_rows,
         pool_cols,
@@ -87,17 +104,19 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         # The addresses the validation read, the buffers' own dummies where an input is
         # not given: passed in place of the tensors (Launcher.launch_fixed).
         a, dummy = args.addresses, buffers.arena.address
-        d64 = dummy["dummy_int64"]
+        d64, d32 = dummy["dummy_int64"], dummy["dummy_int32"]
         h: tuple[int, ...] = (
-            *a[:4],  # type: ignore[arg-type]
-            d64 if a[4] is None else a[4],
-            dummy["dummy_int32"] if a[5] is None else a[5],
-            d64 if a[6] is None else a[6],
+            *a[:3],  # type: ignore[arg-type]
+            d32 if a[3] is None else a[3],
+            d32 if a[4] is None else a[4],
+            d64 if a[5] is None else a[5],
+            d32 if a[6] is None else a[6],
+            d64 if a[7] is None else a[7],
         )
         head_addresses: tuple[int, ...] | None = h
         aligned: bool | tuple[bool, ...] = (
             True  # every input 16-byte aligned, the common case
-            if not (h[0] | h[1] | h[2] | h[3] | h[4] | h[5] | h[6]) & 15
+            if not (h[0] | h[1] | h[2] | h[3] | h[4] | h[5] | h[6] | h[7]) & 15
             else tuple(p % 16 == 0 for p in h)
         )
     else:
@@ -112,18 +131,26 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
                 rows = tile
                 break
         block = cfg.small_entry_block
-        entry_grid = min(cdiv(verify_capacity, block), dev.small_plan_programs)
+        # A write-only plan: program 0 (the write plan) alone.
+        entry_grid = min(cdiv(verify_capacity, block), dev.small_plan_programs) if verify else 0
         _SMALL.launch_fixed(
             owner,
             device,
             (1 + entry_grid, 1, 1),
-            (dev.variant, has_lut, has_pool, aligned, int_classes(ints), rows),
+            (dev.variant, has_lut, has_pool, aligned, int_classes(ints), rows, verify, table_kind),
             head_addresses,
             ints,
             lambda: (
                 _inputs(buffers, args),
-                _outputs(buffers),
-                {"HAS_LUT": has_lut, "HAS_POOL": has_pool, "ROWS": rows, "BLOCK": block},
+                (*_outputs(buffers), buffers.verify_offsets),
+                {
+                    "HAS_LUT": has_lut,
+                    "HAS_POOL": has_pool,
+                    "ROWS": rows,
+                    "BLOCK": block,
+                    "VERIFY": verify,
+                    "TABLE": table_kind,
+                },
                 {"num_warps": cfg.small_entry_warps, **dev.entries_options},
             ),
         )
@@ -140,7 +167,7 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
         )
         n_scanners = cdiv(bs + 1, OFFSETS_BLOCK)
         # Enough for the entries, the seeds and the offsets' tail, whichever is largest.
-        work = max(verify_capacity, bs, write_capacity - bs)
+        work = max(verify_capacity if verify else 0, bs, write_capacity - bs)
         workers = max(1, min(cdiv(work, block), dev.one_launch_programs))
         chunk_cols = buffers.arena.fields[_CHUNK_SUMS].shape[1]
         large_ints = (bs, n_scanners, chunk_cols, *ints[1:])
@@ -148,7 +175,15 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
             owner,
             device,
             (n_scanners + workers, 1, 1),
-            (dev.variant, has_lut, has_pool, aligned, int_classes(large_ints)),
+            (
+                dev.variant,
+                has_lut,
+                has_pool,
+                aligned,
+                int_classes(large_ints),
+                verify,
+                table_kind,
+            ),
             head_addresses,
             (next(buffers.arena.launches), *large_ints),
             lambda: (
@@ -170,13 +205,17 @@ def dispatch_plan(buffers: PlanBuffers, args: PlanArgs) -> None:
                     # The interpreter runs programs one after another: a wait not met at
                     # once never is.
                     "MAX_POLLS": 1 if INTERPRETING else cfg.one_launch_max_polls,
+                    "VERIFY": verify,
+                    "TABLE": table_kind,
                 },
                 {"num_warps": warps, **dev.entries_options},
             ),
         )
         return
 
-    _three_launches(buffers, owner, dev, args, head_addresses, aligned, has_lut, has_pool, ints)
+    _three_launches(
+        buffers, owner, dev, args, head_addresses, aligned, has_lut, has_pool, table_kind, ints
+    )
 
 
 def _three_launches(
@@ -188,6 +227,7 @@ def _three_launches(
     aligned: bool | tuple[bool, ...],
     has_lut: bool,
     has_pool: bool,
+    table_kind: int,
     ints: tuple[int, ...],
 ) -> None:
     """The large path's three launches (block sums, offsets, entries): a capture, or
@@ -195,6 +235,7 @@ def _three_launches(
     :func:`dispatch_plan`'s runtime ints, in its order."""
     device, cfg = buffers.device, dev.launch
     bs, write_capacity, verify_capacity, window = ints[:4]
+    verify = args.verify
     sums_cols = buffers.arena.fields[_BLOCK_SUMS].shape[1]
     rows_addresses = None if head_addresses is None else head_addresses[:3]
     n_sum_blocks = cdiv(bs, OFFSETS_BLOCK)
@@ -203,13 +244,13 @@ def _three_launches(
         owner,
         device,
         (n_sum_blocks, 1, 1),
-        (dev.variant, aligned, int_classes(sums_ints)),
+        (dev.variant, aligned, int_classes(sums_ints), verify),
         rows_addresses,
         sums_ints,
         lambda: (
             _inputs(buffers, args)[:3],
             (buffers.scan_block_sums,),
-            {"BLOCK": OFFSETS_BLOCK, "USE_PDL": dev.use_pdl},
+            {"BLOCK": OFFSETS_BLOCK, "USE_PDL": dev.use_pdl, "VERIFY": verify},
             {"num_warps": cfg.scan_warps},
         ),
     )
@@ -218,7 +259,7 @@ def _three_launches(
         owner,
         device,
         (cdiv(bs + 1, OFFSETS_BLOCK), 1, 1),
-        (dev.variant, aligned, int_classes(offsets_ints)),
+        (dev.variant, aligned, int_classes(offsets_ints), verify),
         rows_addresses,
         offsets_ints,
         lambda: (
@@ -231,12 +272,14 @@ def _three_launches(
                 buffers.verify_row_hints,
                 buffers.verify_num_valid,
                 buffers.verify_enable,
+                buffers.status,
             ),
             {
                 "BLOCK": OFFSETS_BLOCK,
                 "SUM_CHUNK": cfg.sum_chunk,
                 "HINT_STRIDE": ROW_HINT_STRIDE,
                 "USE_PDL": dev.use_pdl,
+                "VERIFY": verify,
             },
             {"num_warps": cfg.scan_warps, **dev.pdl_options},
         ),
@@ -246,13 +289,14 @@ def _three_launches(
     else:
         block, warps = cfg.entry_block, cfg.entry_warps
     seed_programs = cdiv(bs, block)
-    entry_grid = min(cdiv(verify_capacity, block), dev.plan_programs)
+    # A write-only plan: the seed programs alone.
+    entry_grid = min(cdiv(verify_capacity, block), dev.plan_programs) if verify else 0
     entries_ints = (bs, seed_programs, *ints[2:])
     _ENTRIES.launch_fixed(
         owner,
         device,
         (seed_programs + entry_grid, 1, 1),
-        (dev.variant, has_lut, has_pool, aligned, int_classes(entries_ints)),
+        (dev.variant, has_lut, has_pool, aligned, int_classes(entries_ints), table_kind),
         head_addresses,
         entries_ints,
         lambda: (
@@ -263,6 +307,7 @@ def _three_launches(
                 buffers.verify_num_valid,
                 buffers.verify_enable,
                 buffers.write_seed_slot_indices,
+                buffers.row_req_pool_indices,
                 buffers.verify_slot_indices,
                 buffers.verify_expected_tokens,
                 buffers.verify_expected_positions,
@@ -276,6 +321,7 @@ def _three_launches(
                 "ROW_WINDOW": cfg.row_window,
                 "HINT_STRIDE": ROW_HINT_STRIDE,
                 "USE_PDL": dev.use_pdl,
+                "TABLE": table_kind,
             },
             {"num_warps": warps, **dev.pdl_options, **dev.entries_options},
         ),
@@ -283,16 +329,18 @@ def _three_launches(
 
 
 def _inputs(buffers: PlanBuffers, args: PlanArgs) -> tuple[torch.Tensor, ...]:
-    """The plan kernels' seven input tensors, the buffers' dummies where an input is not
+    """The plan kernels' eight input tensors, the buffers' dummies where an input is not
     given (only a launch not repeated from the cache passes tensors)."""
     lut = args.full_to_swa_index_mapping
     pool = args.req_to_verify_expected_tokens
     valid_lens = args.req_to_verify_expected_tokens_valid_lens
+    req_to_token, block_table = args.req_to_token, args.block_table
     return (
         args.req_pool_indices,
         args.prefix_lens,
         args.extend_seq_lens,
-        args.req_to_token,
+        buffers.dummy_int32 if req_to_token is None else req_to_token,
+        buffers.dummy_int32 if block_table is None else block_table,
         buffers.dummy_int64 if lut is None else lut,
         buffers.dummy_int32 if pool is None else pool,
         buffers.dummy_int64 if valid_lens is None else valid_lens,
@@ -307,6 +355,7 @@ _outputs = operator.attrgetter(
     "write_offsets",
     "write_seed_slot_indices",
     "write_num_valid_reqs",
+    "row_req_pool_indices",
     "verify_slot_indices",
     "verify_expected_tokens",
     "verify_expected_positions",

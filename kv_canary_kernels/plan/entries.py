@@ -1,8 +1,9 @@
 """Entries stage of the three-launch large-batch path: one verify entry per lane, and the
 seeds. Its entry blocks (:func:`write_entry_blocks`) are the one-launch path's too.
 
-Programs ``0 .. seed_programs - 1`` write the seeds and the rows' status bits of ``BLOCK``
-rows each: they need no scan, so they do not wait for the offsets stage and run beside it.
+Programs ``0 .. seed_programs - 1`` write the seeds, ``row_req_pool_indices`` and the rows'
+status bits of ``BLOCK`` rows each: they need no scan, so they do not wait for the offsets
+stage and run beside it.
 The other programs handle entry blocks ``p, p + grid, ...`` below ``verify_num_valid``
 (none when the offsets stage flagged an overflow, so skipping needs no host sync).
 
@@ -36,6 +37,9 @@ _RUNTIME_INTS = [
     "token_offset",
     "table_rows",
     "table_cols",
+    "block_cols",
+    "page_size",
+    "page_shift",
     "lut_len",
     "pool_rows",
     "pool_cols",
@@ -61,6 +65,7 @@ def write_entry_blocks(
     BLOCK: tl.constexpr,
     ROW_WINDOW: tl.constexpr,
     HINT_STRIDE: tl.constexpr,
+    TABLE: tl.constexpr,
 ):
     """The verify entries of blocks ``first, first + step, ...`` below ``total``, from the
     scan's ``verify_offsets`` and row hints (``scan``: ``(verify_offsets_ptr,
@@ -127,6 +132,7 @@ def write_entry_blocks(
             HAS_LUT,
             HAS_POOL,
             BLOCK,
+            TABLE,
         )
     return bits
 
@@ -138,6 +144,7 @@ def plan_entries_kernel(
     prefix_lens_ptr,
     extend_seq_lens_ptr,
     req_to_token_ptr,
+    block_table_ptr,
     full_to_swa_index_mapping_ptr,
     req_to_verify_expected_tokens_ptr,
     req_to_verify_expected_tokens_valid_lens_ptr,
@@ -147,6 +154,7 @@ def plan_entries_kernel(
     verify_enable_ptr,
     # outputs
     write_seed_slot_indices_ptr,
+    row_req_pool_indices_ptr,
     verify_slot_indices_ptr,
     verify_expected_tokens_ptr,
     verify_expected_positions_ptr,
@@ -160,6 +168,9 @@ def plan_entries_kernel(
     token_offset,
     table_rows,
     table_cols,
+    block_cols,
+    page_size,
+    page_shift,
     lut_len,
     pool_rows,
     pool_cols,
@@ -169,10 +180,19 @@ def plan_entries_kernel(
     ROW_WINDOW: tl.constexpr,
     HINT_STRIDE: tl.constexpr,
     USE_PDL: tl.constexpr,
+    TABLE: tl.constexpr,
 ):
     # The arguments the helpers take together (tuples: a grouping, no code of their own).
     row_inputs = (req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr)
-    table = (req_to_token_ptr, table_rows, table_cols)
+    table = (
+        req_to_token_ptr,
+        block_table_ptr,
+        table_rows,
+        table_cols,
+        block_cols,
+        page_size,
+        page_shift,
+    )
     lut = (full_to_swa_index_mapping_ptr, lut_len)
     pool = (
         req_to_verify_expected_tokens_ptr,
@@ -197,11 +217,12 @@ def plan_entries_kernel(
             table,
             lut,
             pool,
-            write_seed_slot_indices_ptr,
+            (write_seed_slot_indices_ptr, row_req_pool_indices_ptr),
             bs,
             window,
             HAS_LUT,
             HAS_POOL,
+            TABLE,
         )
     else:
         if USE_PDL:
@@ -226,5 +247,6 @@ def plan_entries_kernel(
             BLOCK,
             ROW_WINDOW,
             HINT_STRIDE,
+            TABLE,
         )
     tl.atomic_or(status_ptr, bits, mask=bits != 0, sem="relaxed")

@@ -13,7 +13,8 @@ are running or done: nothing can deadlock, whatever order the hardware starts pr
   marks them, waits for the marks of the chunks before its own, then writes its chunk's
   offsets, row hints and, in the chunk holding index ``bs``, the counters, and counts
   itself in the written count (release).
-- The other tickets are workers: they write the seeds (which need no scan) and zero the
+- The other tickets are workers: they write the seeds and ``row_req_pool_indices`` (which
+  need no scan) and zero the
   offsets' tail, wait until the written count reaches ``n_scanners`` (one word polled
   with scalar acquire loads, ``ld.acquire``; the scanners' waits on the marks are vector
   acquire atomics that add 0), then write the verify entries as the three-launch path's
@@ -64,6 +65,9 @@ _RUNTIME_INTS = [
     "token_offset",
     "table_rows",
     "table_cols",
+    "block_cols",
+    "page_size",
+    "page_shift",
     "lut_len",
     "pool_rows",
     "pool_cols",
@@ -143,11 +147,13 @@ def scan_chunk(
     CHUNK_ROWS: tl.constexpr,
     HINT_STRIDE: tl.constexpr,
     MAX_POLLS: tl.constexpr,
+    VERIFY: tl.constexpr,
 ):
     """Scanner ``chunk``'s work (see the module's docstring); returns status bits.
     ``row_inputs`` as for :func:`~.common.load_rows`, ``counters`` as for
     :func:`~.common.write_offsets_and_counters`, ``scan`` as for
-    :func:`~.entries.write_entry_blocks`."""
+    :func:`~.entries.write_entry_blocks`. Without ``VERIFY`` (a write-only plan) only the
+    write counts are scanned."""
     verify_offsets_ptr, verify_row_hints_ptr = scan
     marks_ptr = scan_chunk_sums_ptr + 2 * sums_stride
     rows = chunk * CHUNK_ROWS + tl.arange(0, CHUNK_ROWS)
@@ -163,7 +169,8 @@ def scan_chunk(
     # No wrap: a chunk's counts are clamped (load_rows). Published, then marked (release):
     # whoever sees the mark sees the sums.
     tl.store(scan_chunk_sums_ptr + chunk, w_sum)
-    tl.store(scan_chunk_sums_ptr + sums_stride + chunk, v_sum)
+    if VERIFY:
+        tl.store(scan_chunk_sums_ptr + sums_stride + chunk, v_sum)
     # A release covers the issuing thread's stores and those a CTA barrier ordered before
     # it: the barrier makes every thread's stores part of it, whatever the compiler emits.
     tl.debug_barrier()
@@ -175,17 +182,20 @@ def scan_chunk(
     for base in range(0, chunk, CHUNK_ROWS):
         before = base + tl.arange(0, CHUNK_ROWS)
         w_before += tl.sum(tl.load(scan_chunk_sums_ptr + before, mask=before < chunk, other=0), 0)
-        v_before += tl.sum(
-            tl.load(scan_chunk_sums_ptr + sums_stride + before, mask=before < chunk, other=0), 0
-        )
+        if VERIFY:
+            v_before += tl.sum(
+                tl.load(scan_chunk_sums_ptr + sums_stride + before, mask=before < chunk, other=0),
+                0,
+            )
     # The batch's totals in the chunk that holds index bs, the only one that reads them.
     w_total = w_before + w_sum
     v_total = v_before + v_sum
-    v_excl = v_before + tl.cumsum(vcount, 0) - vcount
-    tl.store(verify_offsets_ptr + rows, tl.where(in_batch, v_excl, v_total), mask=rows <= bs)
-    write_capped_row_hints(
-        verify_row_hints_ptr, rows, v_excl, vcount, in_batch, verify_capacity, HINT_STRIDE
-    )
+    if VERIFY:
+        v_excl = v_before + tl.cumsum(vcount, 0) - vcount
+        tl.store(verify_offsets_ptr + rows, tl.where(in_batch, v_excl, v_total), mask=rows <= bs)
+        write_capped_row_hints(
+            verify_row_hints_ptr, rows, v_excl, vcount, in_batch, verify_capacity, HINT_STRIDE
+        )
     write_offsets_and_counters(
         rows,
         in_batch,
@@ -199,6 +209,7 @@ def scan_chunk(
         bs,
         write_capacity,
         verify_capacity,
+        VERIFY,
     )
     # Counted in (release, after a barrier: see above): this chunk's stores are visible
     # to whoever sees the count.
@@ -214,6 +225,7 @@ def plan_large_batch_kernel(
     prefix_lens_ptr,
     extend_seq_lens_ptr,
     req_to_token_ptr,
+    block_table_ptr,
     full_to_swa_index_mapping_ptr,
     req_to_verify_expected_tokens_ptr,
     req_to_verify_expected_tokens_valid_lens_ptr,
@@ -221,6 +233,7 @@ def plan_large_batch_kernel(
     write_offsets_ptr,
     write_seed_slot_indices_ptr,
     write_num_valid_reqs_ptr,
+    row_req_pool_indices_ptr,
     verify_slot_indices_ptr,
     verify_expected_tokens_ptr,
     verify_expected_positions_ptr,
@@ -244,6 +257,9 @@ def plan_large_batch_kernel(
     token_offset,
     table_rows,
     table_cols,
+    block_cols,
+    page_size,
+    page_shift,
     lut_len,
     pool_rows,
     pool_cols,
@@ -254,10 +270,20 @@ def plan_large_batch_kernel(
     ROW_WINDOW: tl.constexpr,
     HINT_STRIDE: tl.constexpr,
     MAX_POLLS: tl.constexpr,
+    VERIFY: tl.constexpr,
+    TABLE: tl.constexpr,
 ):
     # The arguments the helpers take together (tuples: a grouping, no code of their own).
     row_inputs = (req_pool_indices_ptr, prefix_lens_ptr, extend_seq_lens_ptr)
-    table = (req_to_token_ptr, table_rows, table_cols)
+    table = (
+        req_to_token_ptr,
+        block_table_ptr,
+        table_rows,
+        table_cols,
+        block_cols,
+        page_size,
+        page_shift,
+    )
     lut = (full_to_swa_index_mapping_ptr, lut_len)
     pool = (
         req_to_verify_expected_tokens_ptr,
@@ -292,7 +318,7 @@ def plan_large_batch_kernel(
             written_ptr,
             row_inputs,
             write_offsets_ptr,
-            (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr),
+            (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr, status_ptr),
             scan,
             scan_chunk_sums_ptr,
             sums_stride,
@@ -303,6 +329,7 @@ def plan_large_batch_kernel(
             CHUNK_ROWS,
             HINT_STRIDE,
             MAX_POLLS,
+            VERIFY,
         )
     else:
         workers = grid - n_scanners
@@ -319,39 +346,43 @@ def plan_large_batch_kernel(
                 table,
                 lut,
                 pool,
-                write_seed_slot_indices_ptr,
+                (write_seed_slot_indices_ptr, row_req_pool_indices_ptr),
                 bs,
                 window,
                 HAS_LUT,
                 HAS_POOL,
+                TABLE,
             )
         zero_offsets_tail(
             write_offsets_ptr, bs, write_capacity, (bs + 1) // BLOCK + worker, workers, BLOCK
         )
-        if poll_until(written_ptr, n_scanners, MAX_POLLS):
-            enabled = tl.load(verify_enable_ptr) != 0
-            total = tl.where(enabled, tl.load(verify_num_valid_ptr), 0)
-            bits |= write_entry_blocks(
-                worker * BLOCK,
-                workers * BLOCK,
-                total,
-                row_inputs,
-                table,
-                lut,
-                pool,
-                scan,
-                entries,
-                bs,
-                verify_capacity,
-                window,
-                HAS_LUT,
-                HAS_POOL,
-                BLOCK,
-                ROW_WINDOW,
-                HINT_STRIDE,
-            )
-        else:
-            bits |= PLAN_SYNC_LOST_BIT
+        # A write-only plan has no entry: its workers wait for nothing.
+        if VERIFY:
+            if poll_until(written_ptr, n_scanners, MAX_POLLS):
+                enabled = tl.load(verify_enable_ptr) != 0
+                total = tl.where(enabled, tl.load(verify_num_valid_ptr), 0)
+                bits |= write_entry_blocks(
+                    worker * BLOCK,
+                    workers * BLOCK,
+                    total,
+                    row_inputs,
+                    table,
+                    lut,
+                    pool,
+                    scan,
+                    entries,
+                    bs,
+                    verify_capacity,
+                    window,
+                    HAS_LUT,
+                    HAS_POOL,
+                    BLOCK,
+                    ROW_WINDOW,
+                    HINT_STRIDE,
+                    TABLE,
+                )
+            else:
+                bits |= PLAN_SYNC_LOST_BIT
     if bits & PLAN_SYNC_LOST_BIT:
         # The plan is unspecified: turn its verify off (best effort: a scanner of this
         # launch may still write the counters after this store).

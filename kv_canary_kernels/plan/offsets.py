@@ -34,9 +34,11 @@ def scan_block_sums_kernel(
     verify_capacity,
     BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr,
+    VERIFY: tl.constexpr,
 ):
     """``sums[0, b]`` / ``sums[1, b]``: write / verify entries of the rows of block ``b``
-    (counts clamped as ``load_rows`` does, so no sum can wrap)."""
+    (counts clamped as ``load_rows`` does, so no sum can wrap); the write sums alone in a
+    write-only plan (not ``VERIFY``)."""
     if USE_PDL:
         gdc_launch_dependents()  # let the offsets kernel start loading its rows now
     pid = tl.program_id(0)
@@ -49,7 +51,8 @@ def scan_block_sums_kernel(
         verify_capacity,
     )
     tl.store(scan_block_sums_ptr + pid, tl.sum(wcount, 0))
-    tl.store(scan_block_sums_ptr + sums_stride + pid, tl.sum(vcount, 0))
+    if VERIFY:
+        tl.store(scan_block_sums_ptr + sums_stride + pid, tl.sum(vcount, 0))
 
 
 _OFFSETS_RUNTIME_INTS = [
@@ -90,6 +93,7 @@ def plan_offsets_kernel(
     verify_row_hints_ptr,
     verify_num_valid_ptr,
     verify_enable_ptr,
+    status_ptr,
     # runtime sizes
     bs,
     n_sum_blocks,
@@ -101,6 +105,7 @@ def plan_offsets_kernel(
     SUM_CHUNK: tl.constexpr,
     HINT_STRIDE: tl.constexpr,
     USE_PDL: tl.constexpr,
+    VERIFY: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -127,23 +132,27 @@ def plan_offsets_kernel(
         blocks = chunk + tl.arange(0, SUM_CHUNK)
         valid = blocks < n_sum_blocks
         w_sums = tl.load(scan_block_sums_ptr + blocks, mask=valid, other=0)
-        v_sums = tl.load(scan_block_sums_ptr + sums_stride + blocks, mask=valid, other=0)
+        if VERIFY:  # (a write-only plan scans the write counts alone)
+            v_sums = tl.load(scan_block_sums_ptr + sums_stride + blocks, mask=valid, other=0)
         before = blocks < pid
         w_before += tl.sum(tl.where(before, w_sums, 0), 0)
-        v_before += tl.sum(tl.where(before, v_sums, 0), 0)
+        if VERIFY:
+            v_before += tl.sum(tl.where(before, v_sums, 0), 0)
         w_total += tl.sum(w_sums, 0)
-        v_total += tl.sum(v_sums, 0)
+        if VERIFY:
+            v_total += tl.sum(v_sums, 0)
 
-    v_excl = v_before + tl.cumsum(vcount, 0) - vcount
-    tl.store(verify_offsets_ptr + rows, tl.where(in_batch, v_excl, v_total), mask=rows <= bs)
-    write_row_hints(
-        verify_row_hints_ptr,
-        rows,
-        v_excl,
-        vcount,
-        in_batch & (v_total <= verify_capacity),
-        HINT_STRIDE,
-    )
+    if VERIFY:
+        v_excl = v_before + tl.cumsum(vcount, 0) - vcount
+        tl.store(verify_offsets_ptr + rows, tl.where(in_batch, v_excl, v_total), mask=rows <= bs)
+        write_row_hints(
+            verify_row_hints_ptr,
+            rows,
+            v_excl,
+            vcount,
+            in_batch & (v_total <= verify_capacity),
+            HINT_STRIDE,
+        )
     write_offsets_and_counters(
         rows,
         in_batch,
@@ -153,9 +162,10 @@ def plan_offsets_kernel(
         v_total,
         pid == bs // BLOCK,
         write_offsets_ptr,
-        (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr),
+        (write_num_valid_reqs_ptr, verify_num_valid_ptr, verify_enable_ptr, status_ptr),
         bs,
         write_capacity,
         verify_capacity,
+        VERIFY,
     )
     zero_offsets_tail(write_offsets_ptr, bs, write_capacity, nprog + pid, nprog, BLOCK)

@@ -4,7 +4,8 @@
 
 Every out-of-range kind of tests/plan/test_out_of_range.py, then a large batch whose rows all
 point past the tables (on both large-batch paths: one launch and three), a one-launch
-plan whose ticket counters another launch left taken (PLAN_SYNC_LOST), and int64 edges.
+plan whose ticket counters another launch left taken (PLAN_SYNC_LOST), the large batch
+from a block table, and int64 edges.
 Prints the status word of each and checks it against the oracle; memcheck reports any
 read or write outside a tensor.
 """
@@ -77,6 +78,28 @@ def main() -> int:
     assert_matches_oracle(buffers, bs, expected)
     assert buffers.take_status() == expected["flags"]
     print(f"{'counters left taken':43s} status={flags!r}, then sound")
+    # The same rows from a block table (page 16; ids past the LUT, -1 holes), rows and
+    # prefixes past it: every read of the table stays inside it.
+    from tests.helpers.plan import random_block_table
+
+    paged = dict(kwargs)
+    del paged["req_to_token"]
+    paged["block_table"] = random_block_table(g, rows=rows, blocks=3, n_blocks=300).to(dev)
+    paged["page_size"] = 16
+    expected = loop_plan(
+        write_req_capacity=bs,
+        verify_capacity=bs * 16,
+        pad_bad=True,
+        **{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in paged.items()},
+    )
+    for path, changes in LARGE_PATHS.items():
+        buffers = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=bs * 16, device=dev)
+        with launch_config(**changes):
+            launch_plan(buffers, **paged)
+        assert_matches_oracle(buffers, bs, expected)
+        flags = buffers.take_status()
+        assert flags == expected["flags"], (flags, expected["flags"])
+        print(f"{'block table, bs=5000':20s} {path:22s} status={flags!r}")
     for changes in LARGE_PATHS.values():
         with launch_config(**changes):
             extremes(dev)

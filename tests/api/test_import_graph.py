@@ -1,5 +1,5 @@
 """The packages' import graph, read from the sources with ``ast`` (every import, at module
-level or inside a function): no module of either library package imports itself back
+level or inside a function): no module of the four packages imports itself back
 through others (no import circle). That ``kv_canary_buffers`` imports nothing above it is
 tests/demo/test_layering.py's."""
 
@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("kv_canary_buffers", "kv_canary_kernels")
+PACKAGES = ("kv_canary_buffers", "kv_canary_kernels", "kv_canary_engines", "kv_canary_demo")
 
 
 def _module_name(path: Path) -> str:

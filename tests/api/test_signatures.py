@@ -62,10 +62,11 @@ def test_the_operator_schemas_follow_the_typeddicts():
     (``torch.ops.kv_canary.*``), written out once here as the expected values."""
     assert compiled.PLAN_SCHEMA == (
         "(Tensor(a!) arena, SymInt handle, Tensor req_pool_indices, Tensor prefix_lens, "
-        "Tensor extend_seq_lens, Tensor req_to_token, SymInt swa_window_size, "
+        "Tensor extend_seq_lens, Tensor? req_to_token, Tensor? block_table, SymInt page_size, "
+        "SymInt swa_window_size, "
         "Tensor? full_to_swa_index_mapping, Tensor? req_to_verify_expected_tokens, "
         "Tensor? req_to_verify_expected_tokens_valid_lens, "
-        "SymInt kv_token_id_vs_position_offset) -> ()"
+        "SymInt kv_token_id_vs_position_offset, bool verify) -> ()"
     )
     assert compiled.WRITE_SCHEMA == (
         "(Tensor(a!) store_arena, Tensor plan_arena, SymInt store_handle, SymInt plan_handle, "

@@ -22,6 +22,7 @@ def test_allocate_sizes_every_tensor_by_construction():
         "write_offsets": (i64, (6,)),
         "write_seed_slot_indices": (i64, (5,)),
         "write_num_valid_reqs": (i32, (1,)),
+        "row_req_pool_indices": (i64, (5,)),
         "verify_slot_indices": (i64, (7,)),
         "verify_expected_tokens": (i64, (7,)),
         "verify_expected_positions": (i64, (7,)),
@@ -65,7 +66,7 @@ def test_allocation_bytes_equals_nbytes(w, v):
     nh = -(-v // ROW_HINT_STRIDE)
     # every field of the arena starts on a 256-byte boundary
     field_bytes = (
-        [8 * (w + 1), 8 * w, 4]
+        [8 * (w + 1), 8 * w, 4, 8 * w]
         + [8 * v] * 4
         + [4, 4, 8 * (w + 1), 16 * nb, 4 * nh, 32, 24 * (nb + 1), 4, 8, 4]
     )
@@ -274,7 +275,7 @@ def test_take_status_returns_flags_and_clears_them():
 
 def test_status_bits_are_distinct_single_bits():
     bits = [int(f) for f in PlanStatus if f != PlanStatus.OK]
-    assert len(bits) == 6 and len(set(bits)) == 6
+    assert len(bits) == 8 and len(set(bits)) == 8
     assert all(b & (b - 1) == 0 for b in bits)
 
 

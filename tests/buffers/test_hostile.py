@@ -131,7 +131,43 @@ def everything_rebound_to_another(b):
 
 TAMPER_KEEPALIVE: list = []
 
+
+def arena_attribute_rebound(name, value):
+    """The arena's own attribute rebound behind its frozen guard (issue 26 §7): with a
+    larger ``fields`` the kernels stored entries past their fields into the neighbouring
+    ones, the reference raised raw errors after writing part of a plan, and junk types
+    raw TypeErrors."""
+
+    def tamper(b):
+        object.__setattr__(b.arena, name, value(b) if callable(value) else value)
+
+    return (tamper, ValueError, rf"PlanBuffers\.arena\.{name} must be the object the arena")
+
+
+def larger_layout(b):
+    from kv_canary_buffers.arena import layout
+    from kv_canary_buffers.layout import plan_specs
+
+    return layout(plan_specs(64, 4096))[0]  # same names, larger capacities
+
+
+ARENA_ATTRIBUTES = {
+    "Arena.fields rebound to a larger layout": ("fields", larger_layout),
+    "Arena.fields rebound to an equal copy": ("fields", lambda b: (*b.arena.fields,)),
+    "Arena.fields rebound to junk": ("fields", "junk"),
+    "Arena.fields rebound to an int": ("fields", 5),
+    "Arena.address rebound": ("address", lambda b: dict.fromkeys(b.arena.address, 16)),
+    "Arena.launches rebound to junk": ("launches", None),
+    "Arena.device rebound": ("device", torch.device("meta")),
+    "Arena.on_device rebound": ("on_device", lambda b: lambda t: True),
+    "Arena.handle rebound": ("handle", lambda b: b.arena.handle + 1),
+}
+
 TAMPERING = {
+    **{
+        case: arena_attribute_rebound(name, value)
+        for case, (name, value) in ARENA_ATTRIBUTES.items()
+    },
     # name: (tamper, exception, message): refused by check() at every launch
     "resize_ larger in place (moves the storage)": (
         grown_in_place,
@@ -453,6 +489,18 @@ STAGING_TAMPERING = {
         lambda s: object.__setattr__(s, "link", 3),
         TypeError,
         "GraphInputs.link must be None",
+    ),
+    "Arena.fields rebound to a larger layout": (
+        lambda s: object.__setattr__(
+            s.arena, "fields", GraphInputs.allocate(capacity=64, device=DEVICE).arena.fields
+        ),
+        ValueError,
+        r"GraphInputs\.arena\.fields must be the object the arena was built with",
+    ),
+    "Arena.fields rebound to junk": (
+        lambda s: object.__setattr__(s.arena, "fields", "junk"),
+        ValueError,
+        r"GraphInputs\.arena\.fields must be the object",
     ),
 }
 

@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kv_canary_buffers import PlanBuffers, verify_entries_needed
+from kv_canary_buffers import PlanBuffers, plan_reference, verify_entries_needed
 from kv_canary_buffers.layout import INT64_MAX, INT64_MIN, MAX_CAPACITY
 from kv_canary_kernels import launch_plan
 from tests.helpers import DEVICE
@@ -59,16 +59,31 @@ def batches(draw, *, extreme_active: bool = False) -> dict[str, Any]:
     seed = draw(st.integers(0, 2**31 - 1))
     g = torch.Generator().manual_seed(seed)
     n_slots = rows * cols
+    extend = torch.randint(-2, 4, (bs,), generator=g)
     kwargs = dict(
         req_pool_indices=torch.tensor(rp, dtype=torch.int64),
         prefix_lens=torch.tensor(prefix, dtype=torch.int64),
-        extend_seq_lens=torch.randint(-2, 4, (bs,), generator=g),
+        extend_seq_lens=extend,
         req_to_token=torch.randperm(n_slots, generator=g).to(I32).view(rows, cols),
         swa_window_size=window,
     )
     if window > 0:
         kwargs["full_to_swa_index_mapping"] = torch.randperm(n_slots, generator=g)
-    return {"rp": rp, "prefix": prefix, "window": window, "kwargs": kwargs}
+    return {
+        "rp": rp,
+        "prefix": prefix,
+        "extend": extend.tolist(),
+        "window": window,
+        "kwargs": kwargs,
+    }
+
+
+def negative_busy_row(batch: dict[str, Any]) -> bool:
+    """Whether a busy row has a negative length (NEGATIVE_LENGTH: the reference refuses
+    the batch, the kernels plan the row as padding)."""
+    return any(
+        r and (p < 0 or e < 0) for r, p, e in zip(batch["rp"], batch["prefix"], batch["extend"])
+    )
 
 
 def planned(plan, batch: dict[str, Any], verify_capacity: int) -> tuple[int, int]:
@@ -90,9 +105,14 @@ def test_the_count_is_the_plans_total(plan, batch, form, rows_form):
     need = verify_entries_needed(
         as_host(batch["prefix"], form),
         req_pool_indices=as_host(batch["rp"], rows_form),
+        extend_seq_lens=as_host(batch["extend"], rows_form),
         swa_window_size=batch["window"],
     )
     assert type(need) is int
+    if plan is plan_reference and negative_busy_row(batch):
+        with pytest.raises(ValueError, match="a negative length"):
+            planned(plan, batch["kwargs"], max(need, 1))
+        return
     assert planned(plan, batch["kwargs"], max(need, 1)) == (1, need)
     if need >= 2:
         assert planned(plan, batch["kwargs"], need - 1) == (0, need - 1)  # overflow
@@ -106,11 +126,14 @@ def test_the_count_with_any_int64_prefix_matches_the_kernels(batch, form):
     need = verify_entries_needed(
         as_host(batch["prefix"], form),
         req_pool_indices=batch["rp"],
+        extend_seq_lens=batch["extend"],
         swa_window_size=batch["window"],
     )
     w = batch["window"]
     exact = sum(
-        (min(p, w) if w else p) for p, r in zip(batch["prefix"], batch["rp"]) if r and p > 0
+        (min(p, w) if w else p)
+        for p, r, e in zip(batch["prefix"], batch["rp"], batch["extend"])
+        if r and p > 0 and e >= 0
     )
     assert need == exact
     if need <= 1 << 12:
@@ -124,6 +147,18 @@ def test_the_worked_example():
     assert verify_entries_needed([5, 99, 3], req_pool_indices=[1, 0, 2]) == 8
     assert verify_entries_needed([5, 99, 3], req_pool_indices=[1, 0, 2], swa_window_size=2) == 4
     assert verify_entries_needed([5, 99, 3]) == 107  # every row active without rp
+    # a row of negative extend length is planned as padding (NEGATIVE_LENGTH)
+    assert verify_entries_needed([5, 99, 3], extend_seq_lens=[1, -1, 0]) == 8
+    assert (
+        verify_entries_needed(
+            torch.tensor([5, 99, 3]), req_pool_indices=[1, 2, 2], extend_seq_lens=[-3, 0, 0]
+        )
+        == 102
+    )
+    with pytest.raises(
+        ValueError, match=r"extend_seq_lens must have length len\(prefix_lens\) = 3"
+    ):
+        verify_entries_needed([5, 99, 3], extend_seq_lens=[1])
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ from tests.helpers.canary import (
     i64,
     new_plan,
     set_verify_plan,
+    set_verify_rows,
     set_write_plan,
     snapshot_plan,
     snapshot_store,
@@ -53,6 +54,11 @@ def filled_store(num_slots=8, violation_capacity=4):
     store.slots_processed.fill_(12)
     store.chain_position_check.fill_(1)
     store.status.fill_(int(CanaryStatus.SEED_OUT_OF_RANGE | CanaryStatus.PREV_SLOT_OUT_OF_RANGE))
+    store.owners.copy_(torch.arange(num_slots, dtype=I64) + 900)
+    store.violation_context.copy_(
+        torch.arange(violation_capacity * 3, dtype=I64).reshape(violation_capacity, 3) + 700
+    )
+    store.verify_skipped.fill_(13)
     return store
 
 
@@ -71,6 +77,9 @@ def test_allocate_shapes_dtypes_zeroed_and_bytes(num_slots, capacity):
         "slots_processed",
         "chain_position_check",
         "status",
+        "owners",
+        "violation_context",
+        "verify_skipped",
     )
     want = {
         "records": (I64, (num_slots, 4)),
@@ -80,6 +89,9 @@ def test_allocate_shapes_dtypes_zeroed_and_bytes(num_slots, capacity):
         "slots_processed": (I64, (1,)),
         "chain_position_check": (I32, (1,)),
         "status": (I32, (1,)),
+        "owners": (I64, (num_slots,)),
+        "violation_context": (I64, (capacity, 3)),
+        "verify_skipped": (I64, (1,)),
     }
     ptrs = []
     for name, (dtype, shape) in want.items():
@@ -94,7 +106,7 @@ def test_allocate_shapes_dtypes_zeroed_and_bytes(num_slots, capacity):
     base = store.arena.base
     assert ptrs[0][0] == base and ptrs[-1][1] <= base + store.nbytes
     assert CanaryStore.allocation_bytes(num_slots, capacity) == store.nbytes
-    minimum = 32 * num_slots + 64 * capacity + 8 * 3 + 4 * 2
+    minimum = 40 * num_slots + 88 * capacity + 8 * 4 + 4 * 2
     assert minimum <= store.nbytes <= minimum + ALIGN * len(want)
     assert [n for n, _d, _s in store_specs(num_slots, capacity)] == list(STORE_FIELDS)
     store.check()
@@ -141,11 +153,14 @@ def test_resize_copies_state_and_leaves_the_old_store_valid(num_slots, capacity)
     v = 4 if capacity is None else capacity
     assert (new.num_slots, new.violation_capacity, new.generation) == (n, v, 1)
     k, j = min(n, 8), min(v, 4)
-    assert torch.equal(new.records[:k], before["records"][:k])
-    assert (new.records[k:] == 0).all()
-    assert torch.equal(new.violations[:j], before["violations"][:j])
-    assert (new.violations[j:] == 0).all()
-    for name in STORE_FIELDS[2:]:
+    per_slot, per_row = ("records", "owners"), ("violations", "violation_context")
+    for name in per_slot:  # every old slot's record and owner
+        assert torch.equal(getattr(new, name)[:k], before[name][:k]), name
+        assert (getattr(new, name)[k:] == 0).all(), name
+    for name in per_row:  # the ring rows that fit, each with its context
+        assert torch.equal(getattr(new, name)[:j], before[name][:j]), name
+        assert (getattr(new, name)[j:] == 0).all(), name
+    for name in set(STORE_FIELDS) - set(per_slot) - set(per_row):
         assert torch.equal(getattr(new, name), before[name]), name
     assert new.arena is not old.arena
     assert new.records.data_ptr() != old.records.data_ptr()
@@ -204,11 +219,16 @@ def test_take_status_reports_and_clears():
 def test_take_violations_decodes_and_clears_only_the_ring():
     store = CanaryStore.allocate(num_slots=4, violation_capacity=3, device=DEVICE)
     rows = [[1, 2, 3, 4, 5, 6, 7, int(FailBits.CHAIN)], [-1, 3, 0, 9, -1, -5, 2**62, 0b111111]]
+    context = [[4, 5, 6], [-2, 2**62, 0]]
     store.violations[:2] = i64(rows)
     store.violations[2] = 77  # past the count: not a row
+    store.violation_context[:2] = i64(context)
+    store.violation_context[2] = 78
     store.violation_count.fill_(2)
     store.kernel_runs.fill_(5)
     store.slots_processed.fill_(6)
+    store.verify_skipped.fill_(4)
+    store.owners.fill_(3)
     report = store.take_violations()
     assert (report.appended, report.dropped, report.kernel_runs, report.slots_processed) == (
         2,
@@ -216,11 +236,19 @@ def test_take_violations_decodes_and_clears_only_the_ring():
         5,
         6,
     )
-    assert report.violations == tuple(Violation.from_row(r) for r in rows)
+    assert report.verify_skipped == 4
+    assert report.violations == tuple(
+        Violation.from_row(r, context=c) for r, c in zip(rows, context)
+    )
+    first, second = report.violations
+    assert (first.req_pool_index, first.expected_position, first.owner) == (4, 5, 6)
+    assert (second.req_pool_index, second.expected_position, second.owner) == (-2, 2**62, -1)
     assert report.violations[1].fail_bits == FailBits(63)
     assert store.violations[:2].eq(0).all() and store.violations[2].eq(77).all()
+    assert store.violation_context[:2].eq(0).all() and store.violation_context[2].eq(78).all()
     assert int(store.violation_count) == 0
     assert (int(store.kernel_runs), int(store.slots_processed)) == (5, 6)
+    assert int(store.verify_skipped) == 4 and store.owners.eq(3).all()  # never cleared
     again = store.take_violations()
     assert not again and again.appended == 0 and again.violations == ()
     assert again.kernel_runs == 5
@@ -280,7 +308,40 @@ def _delete(store):
     return "missing a field"
 
 
+def _arena_rebound(name, value):
+    """The arena's own attribute ``name`` rebound behind its frozen guard (issue 26 §7:
+    a larger ``fields`` had the kernels store past each field, the references raise raw
+    errors after writing part of a step, junk types raw TypeErrors)."""
+
+    def tamper(store):
+        object.__setattr__(store.arena, name, value(store) if callable(value) else value)
+        return f"CanaryStore.arena.{name} must be the object the arena was built with"
+
+    return tamper
+
+
+def _grown_fields(store):
+    from kv_canary_buffers.arena import layout
+    from kv_canary_buffers.layout import store_specs
+
+    return layout(store_specs(64, 16))[0]  # the layout of a larger store: same names
+
+
+ARENA_TAMPERS = {
+    "arena.fields grown": _arena_rebound("fields", _grown_fields),
+    "arena.fields equal copy": _arena_rebound("fields", lambda s: (*s.arena.fields,)),
+    "arena.fields junk": _arena_rebound("fields", "junk"),
+    "arena.fields None": _arena_rebound("fields", None),
+    "arena.device": _arena_rebound("device", torch.device("meta")),
+    "arena.on_device": _arena_rebound("on_device", lambda s: lambda t: True),
+    "arena.address": _arena_rebound("address", {}),
+    "arena.launches": _arena_rebound("launches", 7),
+    "arena.handle": _arena_rebound("handle", 10**9),
+}
+
+
 TAMPERS = {
+    **ARENA_TAMPERS,
     "setattr": _swap_attr,
     "data": _swap_data,
     "set_": _swap_set,
@@ -450,6 +511,68 @@ def test_violation_from_row_decodes():
     w = Violation.from_row(i64([0, 1, 2, 3, 4, 5, 6, int(FailBits.WRITE_POSITION)], "cpu"))
     assert w.is_write and w.expected_aux == 6 and type(w.slot) is int
     assert Violation.from_row([0] * 7 + [int(FailBits.WRITE_TOKEN)]).is_write
+    # no context (SGLang's ring, a store saved before version 2): a zeroed one
+    assert (v.req_pool_index, v.expected_position, v.owner) == (0, 0, -1)
+
+
+@pytest.mark.parametrize(
+    ("context", "want"),
+    [
+        ([3, 17, 5], (3, 17, 5)),
+        ([3, 17, 0], (3, 17, -1)),  # the slot never written by the canary: unknown owner
+        ([0, -(2**63), -1], (0, -(2**63), -1)),  # -1 stored stays -1
+        (i64([2**63 - 1, 4, 2**62], "cpu"), (2**63 - 1, 4, 2**62)),
+    ],
+)
+def test_violation_from_row_decodes_its_context(context, want):
+    v = Violation.from_row([1, 2, 3, 4, 5, 6, 7, int(FailBits.POSITION)], context=context)
+    assert (v.req_pool_index, v.expected_position, v.owner) == want
+    assert all(type(x) is int for x in want)
+    assert v.to_dict()["owner"] == want[2] and Violation.from_dict(v.to_dict()) == v
+
+
+def test_violation_str_names_the_request_and_the_owner():
+    verify = Violation.from_row([1, 9, 4, 7, 7, 0, 0, int(FailBits.POSITION)], context=[2, 5, 3])
+    text = str(verify)
+    assert "slot 9 position 4" in text
+    assert "request 2 expected position 5, slot last written by request 3" in text
+    unknown = Violation.from_row([1, 9, 4, 7, 7, 0, 0, int(FailBits.CHAIN)], context=[2, 5, 0])
+    assert str(unknown).endswith("slot last written by request unknown")
+    write = Violation.from_row([1, 9, 4, 7, 8, 0, 5, int(FailBits.WRITE_TOKEN)], context=[6, 5, 6])
+    assert str(write).endswith("expected position 5; written by request 6")
+
+
+def test_report_req_pool_indices_are_victims_and_culprits_sorted_unique_never_zero():
+    def row(bits, context):
+        return Violation.from_row([0, 1, 0, 0, 0, 0, 0, int(bits)], context=context)
+
+    report = ViolationReport(
+        violations=(
+            row(FailBits.POSITION, [5, 0, 9]),  # victim 5, culprit 9
+            row(FailBits.CHAIN, [5, 1, 9]),
+            row(FailBits.POSITION, [2, 0, 0]),  # owner unknown
+            row(FailBits.POSITION, [0, 0, 3]),  # no request known, culprit 3
+            row(FailBits.WRITE_POSITION, [7, 2, 7]),  # a write row: the writer
+        ),
+        appended=5,
+        dropped=0,
+        kernel_runs=1,
+        slots_processed=1,
+    )
+    assert report.req_pool_indices() == (2, 3, 5, 7, 9)
+    assert "requests 2, 3, 5, 7, 9" in str(report).splitlines()[0]
+    empty = ViolationReport(violations=(), appended=0, dropped=0, kernel_runs=0, slots_processed=0)
+    assert empty.req_pool_indices() == ()
+
+
+def test_report_str_counts_skipped_verifies():
+    report = ViolationReport(
+        violations=(), appended=0, dropped=0, kernel_runs=3, slots_processed=9, verify_skipped=2
+    )
+    assert str(report) == (
+        "kv-canary: no violations; 3 kernel runs, 9 slots processed, 2 verify call(s) skipped "
+        "(checked nothing)"
+    )
 
 
 def test_report_str_without_violations():
@@ -505,16 +628,20 @@ def test_report_str_with_dropped_rows_and_many_rows():
     assert "slot 19 " in lines[20]
 
 
-def test_report_from_a_real_verify_names_slot_and_bits():
+def test_report_from_a_real_verify_names_slot_bits_request_and_owner():
     store = CanaryStore.allocate(num_slots=8, violation_capacity=1, device=DEVICE)
+    store.owners[3] = 6  # slot 3 last written by request 6
     plan = new_plan()
     set_verify_plan(plan, [3, 4], [0, 0], [2, 2])
+    set_verify_rows(plan, [4], [2])  # one row, request 4, both entries
     verify_reference(store, plan, launch_tag=42)
     report = store.take_violations()
     assert (report.appended, report.dropped) == (2, 1)
     text = str(report)
     assert "1 dropped (ring full)" in text
     assert "[POSITION] tag 42 slot 3 position 0" in text
+    assert "request 4 expected position 2, slot last written by request 6" in text
+    assert report.req_pool_indices() == (4, 6)
 
 
 def test_sizes_given_as_tensors_are_refused_with_the_reason():

@@ -78,6 +78,52 @@ def test_inductor_writes_in_place_and_reads_see_it():
     assert compiled.CALLS == {"plan in place": 1}
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_plan_from_a_block_table_compiles(backend):
+    """``block_table`` (an optional tensor) and ``page_size`` (an int) cross the operator
+    (its schema derives from PlanInputs): the compiled plan equals the reference's."""
+    plan = PlanBuffers.allocate(write_req_capacity=4, verify_capacity=16, device=DEV)
+    block_table = torch.tensor([[0, 0], [3, -1], [5, 6]], dtype=torch.int32)
+
+    def step(rp, P, E):
+        launch_plan(
+            plan, req_pool_indices=rp, prefix_lens=P, extend_seq_lens=E,
+            block_table=block_table, page_size=4,
+        )  # fmt: skip
+        return field(plan, "verify_slot_indices").clone()
+
+    rows = (i64([1, 2]), i64([5, 6]), i64([1, 1]))
+    slots = torch.compile(step, backend=backend, fullgraph=True)(*rows)
+    ref = PlanBuffers.allocate(write_req_capacity=4, verify_capacity=16, device=DEV)
+    plan_reference(ref, req_pool_indices=rows[0], prefix_lens=rows[1], extend_seq_lens=rows[2],
+                   block_table=block_table, page_size=4)  # fmt: skip
+    assert slots[:11].tolist() == [12, 13, 14, 15, -1, 20, 21, 22, 23, 24, 25]
+    assert torch.equal(slots[:11], ref.verify_slot_indices[:11])
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_a_write_only_plan_compiles_with_its_bool(backend):
+    """``verify=False`` crosses the operator as its ``bool verify`` argument: the compiled
+    plan is the write-only plan (no entry, ``verify_enable = 0``), equal to the reference."""
+    plan = PlanBuffers.allocate(write_req_capacity=4, verify_capacity=16, device=DEV)
+    table = torch.arange(48, dtype=torch.int32).reshape(6, 8)
+
+    def step(rp, P, E):
+        launch_plan(
+            plan, req_pool_indices=rp, prefix_lens=P, extend_seq_lens=E, req_to_token=table,
+            verify=False,
+        )  # fmt: skip
+        return field(plan, "write_offsets").clone(), field(plan, "verify_enable").clone()
+
+    rows = (i64([1, 2]), i64([1, 2]), i64([1, 1]))
+    offsets, enable = torch.compile(step, backend=backend, fullgraph=True)(*rows)
+    ref = PlanBuffers.allocate(write_req_capacity=4, verify_capacity=16, device=DEV)
+    plan_reference(ref, req_pool_indices=rows[0], prefix_lens=rows[1], extend_seq_lens=rows[2],
+                   req_to_token=table, verify=False)  # fmt: skip
+    assert torch.equal(offsets, ref.write_offsets) and int(enable) == 0
+    assert int(plan.verify_num_valid) == 0 and int(plan.verify_enable) == 0
+
+
 def test_no_graph_break():
     e = Engine(DEV)
     e.schedule(BATCHES[0])

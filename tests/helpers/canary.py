@@ -98,10 +98,17 @@ def counters(store: CanaryStore) -> tuple[int, int, int, int]:
     )
 
 
-def kept_rows(store: CanaryStore, start: int = 0) -> list[tuple[int, ...]]:
-    """The ring rows ``[start, min(count, capacity))`` as tuples, in ring order."""
+def kept_rows(
+    store: CanaryStore, start: int = 0, *, context: bool = False
+) -> list[tuple[int, ...]]:
+    """The ring rows ``[start, min(count, capacity))`` as tuples, in ring order; with
+    ``context``, each followed by its three ``violation_context`` columns."""
     end = min(int(store.violation_count), store.violation_capacity)
-    return [tuple(r) for r in store.violations[start:end].tolist()]
+    rows = store.violations[start:end].tolist()
+    if not context:
+        return [tuple(r) for r in rows]
+    ctx = store.violation_context[start:end].tolist()
+    return [tuple(r) + tuple(c) for r, c in zip(rows, ctx)]
 
 
 def multiset(rows: Sequence[Sequence[int]]) -> collections.Counter:
@@ -134,13 +141,28 @@ def new_plan(write_req_capacity=4, verify_capacity=16, device=DEVICE) -> PlanBuf
     return buffers
 
 
-def set_write_plan(buffers: PlanBuffers, offsets, seeds, num_rows=None) -> None:
-    """Write plan of ``len(seeds)`` rows (``offsets`` has one more element); rows past
-    them keep their junk (a path that reads them shows)."""
+def set_write_plan(buffers: PlanBuffers, offsets, seeds, num_rows=None, reqs=None) -> None:
+    """Write plan of ``len(seeds)`` rows (``offsets`` has one more element), row ``r``'s
+    request ``reqs[r]`` (default ``r + 1``); rows past them keep their junk (a path that
+    reads them shows)."""
     rows = len(seeds) if num_rows is None else num_rows
+    reqs = [r + 1 for r in range(len(seeds))] if reqs is None else reqs
     buffers.write_offsets[: len(offsets)] = i64(offsets)
     buffers.write_seed_slot_indices[: len(seeds)] = i64(seeds)
+    buffers.row_req_pool_indices[: len(reqs)] = i64(reqs)
     buffers.write_num_valid_reqs.fill_(rows)
+
+
+def set_verify_rows(buffers: PlanBuffers, reqs, counts) -> None:
+    """The rows the verify names a failing entry by: row ``r`` has request ``reqs[r]``
+    and the next ``counts[r]`` verify entries (``verify_offsets`` their exclusive prefix
+    sum); ``write_num_valid_reqs = len(reqs)``."""
+    offsets = [0]
+    for c in counts:
+        offsets.append(offsets[-1] + c)
+    buffers.verify_offsets[: len(offsets)] = i64(offsets)
+    buffers.row_req_pool_indices[: len(reqs)] = i64(reqs)
+    buffers.write_num_valid_reqs.fill_(len(reqs))
 
 
 def set_verify_plan(
@@ -305,10 +327,12 @@ def covers(real_kv: RealKV | None, num_slots: int) -> bool:
 # --- the loop model ----------------------------------------------------------------------
 class ModelState(NamedTuple):
     records: list[list[int]]
-    rows: list[tuple[int, ...]]  # every row appended, in the contract's order
+    rows: list[tuple[int, ...]]  # every row appended, with its context, in contract order
     runs: int
     processed: int
     status: int
+    owners: list[int]
+    skipped: int
 
 
 def model_state(store: CanaryStore) -> ModelState:
@@ -319,6 +343,8 @@ def model_state(store: CanaryStore) -> ModelState:
         int(store.kernel_runs),
         int(store.slots_processed),
         int(store.status),
+        store.owners.tolist(),
+        int(store.verify_skipped),
     )
 
 
@@ -341,6 +367,7 @@ def model_write(
 ) -> ModelState:
     """Contract "Write" as a loop, with the kernels' skip-and-flag rules for bad data."""
     recs = [list(r) for r in st.records]
+    owners = list(st.owners)
     rows = list(st.rows)
     processed, status = st.processed, st.status
     num_slots = len(recs)
@@ -356,6 +383,7 @@ def model_write(
         nr = min(max(nr, 0), cap)
     offsets = buffers.write_offsets.tolist()
     seeds = buffers.write_seed_slot_indices.tolist()
+    reqs = buffers.row_req_pool_indices.tolist()
     start_records = [list(r) for r in recs]  # rows are independent: seeds read at the start
     for r in range(nr):
         lo, hi = offsets[r], offsets[r + 1]
@@ -368,6 +396,7 @@ def model_write(
             status |= CanaryStatus.SEED_OUT_OF_RANGE
             continue
         running = _hash_of(start_records, seed)
+        req = reqs[r]  # the writing row's request: each record's owner, its rows' context
         check_pos = chain_position_check and seed >= 0
         prev_pos = start_records[seed][1] if check_pos else 0
         for i in range(min(max(lo, 0), n), min(max(hi, 0), n)):
@@ -386,18 +415,42 @@ def model_write(
                 bits = (FailBits.WRITE_TOKEN if tok != exp[0][i] else 0) | (
                     FailBits.WRITE_POSITION if p != exp[1][i] else 0
                 )
-                rows.append((launch_tag, s, p, tok, exp[0][i], running, exp[1][i], int(bits)))
+                rows.append(
+                    (launch_tag, s, p, tok, exp[0][i], running, exp[1][i], int(bits))
+                    + (req, exp[1][i], req)
+                )
             if check_pos:
                 want = to_signed(prev_pos + 1)  # int64 arithmetic: wraps at 2**63 - 1
                 if p != want:
                     rows.append(
                         (launch_tag, s, p, tok, tok, running, want, int(FailBits.WRITE_POSITION))
+                        + (req, want, req)
                     )
                 prev_pos = p
+            if s == 0:  # the padding slot: flagged, and stamped all the same
+                status |= CanaryStatus.PADDING_SLOT_WRITTEN
             recs[s] = [tok, p, running, kv]
+            owners[s] = req
             running = mix3_int(running, tok, p)
             processed += 1
-    return ModelState(recs, rows, st.runs + 1, processed, status)
+    return ModelState(recs, rows, st.runs + 1, processed, status, owners, st.skipped)
+
+
+def _request_of(buffers: PlanBuffers, entry: int) -> int:
+    """Contract "Verify", ``request_of``: the bisection over ``verify_offsets``, in
+    plain Python."""
+    bs = min(max(int(buffers.write_num_valid_reqs), 0), buffers.write_req_capacity)
+    if bs == 0:
+        return 0
+    offsets = buffers.verify_offsets.tolist()
+    lo, hi = 0, bs
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if offsets[mid] <= entry:
+            lo = mid
+        else:
+            hi = mid
+    return int(buffers.row_req_pool_indices[lo])
 
 
 def model_verify(
@@ -414,7 +467,7 @@ def model_verify(
     processed, status = st.processed, st.status
     num_slots = len(recs)
     if int(buffers.verify_enable) == 0:
-        return ModelState(recs, rows, st.runs + 1, processed, status)
+        return ModelState(recs, rows, st.runs + 1, processed, status, st.owners, st.skipped + 1)
     cap = buffers.verify_capacity
     n = int(buffers.verify_num_valid)
     if not 0 <= n <= cap:
@@ -456,23 +509,26 @@ def model_verify(
         if bits:
             rows.append(
                 (launch_tag, s, position, tok, exp_tok, prev_hash, expected_chain, int(bits))
+                + (_request_of(buffers, i), positions[i], st.owners[s])
             )
-    return ModelState(recs, rows, st.runs + 1, processed, status)
+    return ModelState(recs, rows, st.runs + 1, processed, status, st.owners, st.skipped)
 
 
 def assert_store_matches_model(
     store: CanaryStore, model: ModelState, *, rows_before: int = 0, ordered: bool = False
 ) -> None:
-    """Records, counters and status equal the model's; the ring holds the model's rows
-    appended after ``rows_before`` kept rows (in order when ``ordered``, else as a
-    multiset; a sub-multiset when the ring is full)."""
+    """Records, owners, counters and status equal the model's; the ring holds the model's
+    rows (with their context) appended after ``rows_before`` kept rows (in order when
+    ``ordered``, else as a multiset; a sub-multiset when the ring is full)."""
     assert store.records.tolist() == model.records
+    assert store.owners.tolist() == model.owners
     assert int(store.kernel_runs) == model.runs
     assert int(store.slots_processed) == model.processed
+    assert int(store.verify_skipped) == model.skipped
     assert int(store.status) == model.status
     count = int(store.violation_count)
     assert count == rows_before + len(model.rows)
-    got = kept_rows(store, rows_before)
+    got = kept_rows(store, rows_before, context=True)
     if count <= store.violation_capacity:
         if ordered:
             assert got == model.rows

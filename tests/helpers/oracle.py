@@ -2,7 +2,10 @@
 
 It is the oracle of the property tests. With ``pad_bad=True`` it also states what the
 Triton kernels produce for data outside the tables (padding values plus status bits);
-with ``pad_bad=False`` such data raises ``ValueError``, as ``plan_reference`` does.
+with ``pad_bad=False`` such data raises ``ValueError``, as ``plan_reference`` does. Its
+``flags`` are the status word the kernels leave: the data bits (``data_flags``, which the
+reference raises for instead) and ``VERIFY_OVERFLOW`` (both paths set it: an overflow is
+not an error).
 """
 
 from __future__ import annotations
@@ -27,17 +30,25 @@ def loop_plan(
     req_pool_indices: torch.Tensor,
     prefix_lens: torch.Tensor,
     extend_seq_lens: torch.Tensor,
-    req_to_token: torch.Tensor,
+    req_to_token: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    page_size: int = 1,
     swa_window_size: int = 0,
     full_to_swa_index_mapping: torch.Tensor | None = None,
     req_to_verify_expected_tokens: torch.Tensor | None = None,
     req_to_verify_expected_tokens_valid_lens: torch.Tensor | None = None,
     kv_token_id_vs_position_offset: int = 0,
+    verify: bool = True,
     pad_bad: bool = False,
 ) -> dict[str, Any]:
     rp_l, p_l, e_l = _rows(req_pool_indices), _rows(prefix_lens), _rows(extend_seq_lens)
-    table = _rows(req_to_token)
-    rows, cols = req_to_token.shape
+    assert (req_to_token is None) != (block_table is None)
+    if req_to_token is not None:
+        table = _rows(req_to_token)
+        rows, cols = req_to_token.shape
+    else:  # a paged table: each position's slot from its page's block id
+        table = _rows(block_table)
+        rows, cols = block_table.shape[0], block_table.shape[1] * page_size
     lut = _rows(full_to_swa_index_mapping)
     pool = _rows(req_to_verify_expected_tokens)
     vlen = _rows(req_to_verify_expected_tokens_valid_lens)
@@ -49,7 +60,10 @@ def loop_plan(
     def read(rp: int, pos: int) -> tuple:
         if not 0 <= rp < rows or pos >= cols:
             return 0, False
-        return table[rp][pos], True
+        if req_to_token is not None:
+            return table[rp][pos], True
+        block = table[rp][pos // page_size]
+        return (block * page_size + pos % page_size if block >= 0 else -1), True
 
     def xlat(s: int) -> int:
         nonlocal flags
@@ -68,7 +82,10 @@ def loop_plan(
     v_rows = []
     for r in range(bs):
         rp, P, E = rp_l[r], p_l[r], e_l[r]
-        active = rp != 0
+        # a busy row of negative length is planned as padding, and flagged
+        active = rp != 0 and P >= 0 and E >= 0
+        if rp != 0 and not active:
+            flags |= PlanStatus.NEGATIVE_LENGTH
         if active and not 0 <= rp < rows:
             flags |= PlanStatus.REQ_POOL_INDEX_OUT_OF_RANGE
         if active and P > cols:
@@ -80,12 +97,15 @@ def loop_plan(
                 flags |= PlanStatus.VALID_LEN_OUT_OF_RANGE
         ws = max(0, P - W) if W > 0 else 0
         vcount = max(0, P - ws) if active else 0
-        wcount = min(max(0, E), MAX_ROW_WRITES) if active else 0
+        wcount = min(E, MAX_ROW_WRITES) if active else 0
         seeds.append(slot_at(rp, P - 1) if active and P > 0 and wcount > 0 else -1)
         offsets.append(offsets[-1] + wcount)
         v_rows.append((r, rp, ws, vcount))
-    total = sum(v[3] for v in v_rows)
-    enable = int(total <= verify_capacity)
+    total = sum(v[3] for v in v_rows) if verify else 0  # a write-only plan: no entry
+    enable = int(total <= verify_capacity) if verify else 0
+    verify_offsets = [0]
+    for v in v_rows:
+        verify_offsets.append(verify_offsets[-1] + v[3])
     if enable:
         for r, rp, ws, vcount in v_rows:
             for pos in range(ws, ws + vcount):
@@ -102,13 +122,19 @@ def loop_plan(
                 entries.append((slot_at(rp, pos), token, pos, prev))
     if flags and not pad_bad:
         raise ValueError(f"data outside the tables: {flags!r}")
+    data_flags = flags
+    if verify and not enable:
+        flags |= PlanStatus.VERIFY_OVERFLOW
     offsets += [0] * (write_req_capacity - bs)
     return {
         "write_offsets": offsets,
         "write_seed_slot_indices": seeds,
         "write_num_valid_reqs": bs,
+        "row_req_pool_indices": list(rp_l),
+        "verify_offsets": verify_offsets if enable else None,
         "entries": entries,
-        "verify_num_valid": total if enable else verify_capacity,
+        "verify_num_valid": total if enable or not verify else verify_capacity,
         "verify_enable": enable,
         "flags": flags,
+        "data_flags": data_flags,
     }

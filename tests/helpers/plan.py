@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from kv_canary_buffers import PlanBuffers
+from kv_canary_buffers import PlanBuffers, PlanStatus
 from kv_canary_buffers.compare import VERIFY_ENTRY_FIELDS
 from kv_canary_buffers.layout import PLAN_FIELDS
 
@@ -42,6 +42,8 @@ def observed(buffers: PlanBuffers, bs: int) -> dict[str, Any]:
         "write_offsets": buffers.write_offsets.cpu().tolist(),
         "write_seed_slot_indices": buffers.write_seed_slot_indices[:bs].cpu().tolist(),
         "write_num_valid_reqs": int(buffers.write_num_valid_reqs),
+        "row_req_pool_indices": buffers.row_req_pool_indices[:bs].cpu().tolist(),
+        "verify_offsets": buffers.verify_offsets[: bs + 1].cpu().tolist() if enable else None,
         "entries": entries,
         "verify_num_valid": nv,
         "verify_enable": enable,
@@ -55,8 +57,31 @@ def assert_matches_oracle(buffers: PlanBuffers, bs: int, expected: dict[str, Any
 
 
 def assert_buffers_equal(a: PlanBuffers, b: PlanBuffers, bs: int) -> None:
-    """Byte equality of the specified outputs of two plans (other paths, same input)."""
+    """Byte equality of the specified outputs of two plans (other paths, same input), and
+    of their status words (the reference sets VERIFY_OVERFLOW as the kernels do)."""
     assert observed(a, bs) == observed(b, bs)
+    assert int(a.status) == int(b.status), (PlanStatus(int(a.status)), PlanStatus(int(b.status)))
+
+
+def expand_block_table(block_table: torch.Tensor, page_size: int) -> torch.Tensor:
+    """The ``req_to_token`` a block table stands for (docs/contract.md, "The table"):
+    ``[rows, max_blocks * page_size]``, a negative block id giving ``-1`` for each of its
+    positions."""
+    blocks = block_table.shape[1]
+    pos = torch.arange(blocks * page_size, device=block_table.device)
+    ids = block_table.long()[:, pos // page_size]
+    slots = torch.where(ids >= 0, ids * page_size + pos % page_size, -1)
+    return slots.to(torch.int32).contiguous()
+
+
+def random_block_table(
+    gen: torch.Generator, *, rows: int, blocks: int, n_blocks: int, holes: float = 0.15
+) -> torch.Tensor:
+    """An int32 ``[rows, blocks]`` block table of ids in ``[0, n_blocks)``, some ``-1``
+    (pages not mapped)."""
+    ids = torch.randint(0, max(n_blocks, 1), (rows, blocks), generator=gen)
+    ids[torch.rand(rows, blocks, generator=gen) < holes] = -1
+    return ids.to(torch.int32)
 
 
 def make_tables(
@@ -166,12 +191,15 @@ def arena_gaps(buffers: PlanBuffers):
 
 def assert_in_bounds(buffers: PlanBuffers, bs: int) -> None:
     """Nothing was written outside what the plan may write: every alignment gap still
-    holds the sentinel, and so do the seeds past ``bs`` and the verify entries past
+    holds the sentinel, and so do the seeds, ``row_req_pool_indices`` and ``verify_offsets``
+    past ``bs`` (``bs + 1`` for the offsets) and the verify entries past
     ``verify_num_valid`` (all of them on overflow)."""
     raw = arena_bytes(buffers)
     for name, start, end in arena_gaps(buffers):
         assert bool((raw[start:end] == SENTINEL_BYTE).all()), f"the gap after {name} was written"
     assert bool((buffers.write_seed_slot_indices[bs:] == SENTINEL_INT64).all()), "seeds past bs"
+    assert bool((buffers.row_req_pool_indices[bs:] == SENTINEL_INT64).all()), "rows past bs"
+    assert bool((buffers.verify_offsets[bs + 1 :] == SENTINEL_INT64).all()), "offsets past bs"
     written = int(buffers.verify_num_valid) if int(buffers.verify_enable) else 0
     for name in ENTRY_FIELDS:
         tail = getattr(buffers, name)[written:]

@@ -10,7 +10,14 @@ from kv_canary_kernels.plan.entries import plan_entries_kernel
 from kv_canary_kernels.plan.large_batch import plan_large_batch_kernel
 from kv_canary_kernels.plan.offsets import plan_offsets_kernel, scan_block_sums_kernel
 from kv_canary_kernels.plan.small_batch import plan_small_batch_kernel
-from tests.helpers.plan import assert_buffers_equal, make_rows, make_tables, poison
+from tests.helpers.plan import (
+    assert_buffers_equal,
+    expand_block_table,
+    make_rows,
+    make_tables,
+    poison,
+    random_block_table,
+)
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -178,4 +185,53 @@ def test_captured_plan_replays_any_batch_up_to_capacity(window, capacity):
         assert_buffers_equal(buffers, ref, capacity)
         # the graph's rows past n are padding: the plan of the first n rows is unchanged
         assert (buffers.write_offsets[n:] == buffers.write_offsets[n]).all()
+    assert buffers.take_status() == PlanStatus.OK
+
+
+@pytest.mark.parametrize("capacity", [64, 1536])  # one-launch path; three-launch path (PDL)
+@pytest.mark.parametrize("verify", [True, False], ids=["plan", "write-only"])
+def test_captured_block_table_plan_replays_new_rows_and_new_pages(capacity, verify):
+    """A plan from a block table captured in a CUDA graph (the table is an input like
+    req_to_token: read at its address), replayed with new rows and new page ids written
+    into the same tensors: every replay equals the reference of the expanded table, and a
+    write-only plan replays its write half (no entry written)."""
+    page, max_blocks = 16, 8
+    rows, max_seq_len = capacity + 1, page * max_blocks
+    g = torch.Generator().manual_seed(capacity + verify)
+    block_table = random_block_table(g, rows=rows, blocks=max_blocks, n_blocks=4 * rows).to(DEV)
+    buffers = PlanBuffers.allocate(
+        write_req_capacity=capacity, verify_capacity=capacity * max_seq_len, device=DEV
+    )
+    staging = GraphInputs.for_buffers(buffers)
+    static = dict(block_table=block_table, page_size=page, verify=verify, **staging.plan_kwargs())
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        launch_plan(buffers, **static)  # warm up (compile) outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch_plan(buffers, **static)
+
+    ref = PlanBuffers.allocate(
+        write_req_capacity=capacity, verify_capacity=capacity * max_seq_len, device=DEV
+    )
+    for _step in range(10):
+        n = int(torch.randint(0, capacity + 1, (1,), generator=g))
+        rows_in = make_rows(g, bs=n, rows=rows, max_prefix=max_seq_len - 1, device=DEV)
+        staging.fill(
+            req_pool_indices=rows_in["req_pool_indices"],
+            prefix_lens=rows_in["prefix_lens"],
+            extend_seq_lens=rows_in["extend_seq_lens"],
+        )
+        block_table.copy_(random_block_table(g, rows=rows, blocks=max_blocks, n_blocks=4 * rows))
+        poison(buffers)
+        graph.replay()
+        staged = {k: t.clone() for k, t in staging.plan_kwargs().items()}
+        plan_reference(
+            ref, req_to_token=expand_block_table(block_table, page), verify=verify, **staged
+        )
+        assert_buffers_equal(buffers, ref, capacity)
+        if not verify:
+            assert (buffers.verify_slot_indices == -7777).all()
     assert buffers.take_status() == PlanStatus.OK

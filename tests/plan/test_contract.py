@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kv_canary_buffers import PlanBuffers
+from kv_canary_buffers import PlanBuffers, PlanStatus, plan_reference
 from tests.helpers.plan import ENTRY_FIELDS, POISON, poison
 
 
@@ -50,6 +50,8 @@ def test_worked_example(plan, device):
     assert b.write_seed_slot_indices[:3].tolist() == [20, -1, 34]
     assert b.write_seed_slot_indices[3].item() == POISON  # rows >= bs: unspecified, untouched
     assert int(b.write_num_valid_reqs) == 3
+    assert b.row_req_pool_indices[:3].tolist() == [1, 0, 2]
+    assert b.verify_offsets[:4].tolist() == [0, 5, 5, 8]
 
 
 def test_padding_rows_with_garbage_lengths_contribute_nothing(plan, device):
@@ -173,12 +175,39 @@ def test_overflow_is_strict_and_exact_fit_is_enabled(plan, device, capacity, ena
     )
     assert int(b.verify_enable) == enable
     assert int(b.verify_num_valid) == (8 if enable else capacity)
+    # an overflow is flagged on both paths (not an error: the reference sets it too)
+    assert b.take_status() == (PlanStatus.OK if enable else PlanStatus.VERIFY_OVERFLOW)
     if not enable:  # no entry is written on overflow
         for f in ENTRY_FIELDS:
             assert (getattr(b, f) == POISON).all()
     else:
         assert entries(b)["verify_slot_indices"] == [16, 17, 18, 19, 20, 32, 33, 34]
     assert b.write_offsets.tolist() == [0, 1, 1, 2, 0]  # the write plan is unaffected
+
+
+def test_busy_rows_of_negative_length_are_planned_as_padding(plan, device):
+    """NEGATIVE_LENGTH: a busy row with P < 0 or E < 0 writes nothing, verifies nothing,
+    has no seed; the kernels flag it, the reference refuses it (naming the row)."""
+    kwargs = dict(
+        req_pool_indices=i64([1, 2, 3, 1], device),
+        prefix_lens=i64([-1, 3, 2, 2], device),  # row 0: a negative prefix
+        extend_seq_lens=i64([4, -2, 1, 1], device),  # row 1: a negative extend
+        req_to_token=lin_table(4, 8, device),
+    )
+    if plan is plan_reference:
+        buffers = run(lambda b, **kw: None, device)
+        with pytest.raises(ValueError, match=r"prefix_lens\[0\] = -1 must be >= 0 for busy"):
+            plan(buffers, **kwargs)
+        assert (buffers.write_offsets == POISON).all()
+        return
+    b = run(plan, device, **kwargs)
+    assert b.write_offsets.tolist() == [0, 0, 0, 1, 2]
+    assert b.write_seed_slot_indices.tolist() == [-1, -1, 49, 17]
+    assert b.row_req_pool_indices.tolist() == [1, 2, 3, 1]  # the values as given
+    e = entries(b)
+    assert e["verify_slot_indices"] == [48, 49, 16, 17]  # rows 2 and 3 only
+    assert b.verify_offsets.tolist() == [0, 0, 0, 2, 4]
+    assert b.take_status() == PlanStatus.NEGATIVE_LENGTH
 
 
 def test_bs_zero(plan, device):

@@ -95,6 +95,8 @@ def hostile(draw, *, large: bool = False) -> dict[str, Any]:
         swa_window_size=window,
         kv_token_id_vs_position_offset=draw(st.one_of(st.integers(-3, 3), int64s())),
     )
+    if draw(st.integers(0, 4)) == 0:  # a write-only plan
+        kwargs["verify"] = False
     if use_lut:
         lut_len = max(0, n_slots - draw(st.integers(0, 2)))
         kwargs["full_to_swa_index_mapping"] = torch.randint(-1, 1000, (lut_len,), generator=g)
@@ -128,9 +130,9 @@ def check_reference(case) -> None:
     buffers = PlanBuffers.allocate(device="cpu", **case["caps"])
     poison_arena(buffers)
     expected = loop_plan(**case["caps"], **case["kwargs"], pad_bad=True)
-    if expected["flags"] != PlanStatus.OK:
+    if expected["data_flags"] != PlanStatus.OK:
         before = arena_snapshot(buffers)
-        with pytest.raises(ValueError, match=r"kv-canary: .*data outside the tables"):
+        with pytest.raises(ValueError, match=r"kv-canary: .*(data outside the tables|negative)"):
             plan_reference(buffers, **case["kwargs"])
         assert_arena_unchanged(buffers, before)
         return
@@ -148,7 +150,7 @@ def check_kernels(case) -> None:
     assert_matches_oracle(out, case["bs"], expected)
     assert out.take_status() == expected["flags"]
     assert_in_bounds(out, case["bs"])
-    if expected["flags"] == PlanStatus.OK:  # the reference accepts it: the paths agree
+    if expected["data_flags"] == PlanStatus.OK:  # the reference accepts it: the paths agree
         ref = PlanBuffers.allocate(device=DEVICE, **case["caps"])
         poison_arena(ref)
         plan_reference(ref, **kwargs)
@@ -226,22 +228,35 @@ def test_prefix_sums_past_int64_overflow_instead_of_wrapping(plan, pad_rows, lar
             continue
         buffers, _ = run_both(plan, caps, pad_rows, **kwargs)
         assert (int(buffers.verify_enable), int(buffers.verify_num_valid)) == (0, 64)
-        assert buffers.take_status() == PlanStatus.PREFIX_LEN_OUT_OF_RANGE
+        assert buffers.take_status() == (
+            PlanStatus.PREFIX_LEN_OUT_OF_RANGE | PlanStatus.VERIFY_OVERFLOW
+        )
 
 
 @PATHS
-def test_windows_and_negative_prefixes_do_not_wrap(plan, pad_rows, large_path):
+@pytest.mark.parametrize("busy", [False, True], ids=["padding", "busy"])
+def test_windows_and_negative_prefixes_do_not_wrap(plan, pad_rows, large_path, busy):
     """P - W wrapped for very negative P (a window start past the table, read without a
-    status bit) and for W = 2**63 - 1; a row with P <= 0 has no entry whatever W is."""
+    status bit) and for W = 2**63 - 1; a row with P < 0 has no entry whatever W is: as a
+    padding row, or as a busy row (NEGATIVE_LENGTH: planned as padding, flagged by the
+    kernels, refused by the reference)."""
+    rp = [1, 2, 3, 1] if busy else [0, 0, 0, 1]
     for window in (1, 10, 2**31, 2**62, INT64_MAX):
         kwargs = dict(
-            req_pool_indices=torch.tensor([1, 2, 3, 1], dtype=I64),
+            req_pool_indices=torch.tensor(rp, dtype=I64),
             prefix_lens=torch.tensor([INT64_MIN, INT64_MIN + 5, -1, 3], dtype=I64),
             extend_seq_lens=torch.tensor([1, 1, 1, 1], dtype=I64),
             req_to_token=table(),
             swa_window_size=window,
             full_to_swa_index_mapping=torch.arange(100, 140, dtype=I64),
         )
+        if busy and plan is plan_reference:
+            with pytest.raises(ValueError, match=r"prefix_lens\[0\] = -9223372036854775808 must"):
+                plan(
+                    PlanBuffers.allocate(device=DEVICE, write_req_capacity=4, verify_capacity=8),
+                    **on_device(kwargs),
+                )
+            continue
         buffers, bs = run_both(
             plan, dict(write_req_capacity=4, verify_capacity=8), pad_rows, **kwargs
         )
@@ -250,7 +265,10 @@ def test_windows_and_negative_prefixes_do_not_wrap(plan, pad_rows, large_path):
         assert buffers.verify_expected_positions[:expected].tolist() == list(range(3 - expected, 3))
         # row 3 (rp 1, P 3): the seed is LUT[req_to_token[1, 2]] = LUT[8 + 2 + 1]
         assert buffers.write_seed_slot_indices[bs - 4 : bs].tolist() == [-1, -1, -1, 111]
-        assert buffers.take_status() == PlanStatus.OK
+        # the negative rows write nothing either (a busy one would have written 1 token)
+        assert buffers.write_offsets[bs - 4 : bs + 1].tolist() == [0, 0, 0, 0, 1]
+        status = PlanStatus.NEGATIVE_LENGTH if busy else PlanStatus.OK
+        assert buffers.take_status() == status
 
 
 @PATHS
@@ -260,7 +278,8 @@ def test_huge_extends_clamp_the_write_counts(plan, pad_rows, large_path):
     E = [2**62, 2**62, 2**62, 2**62, 5, INT64_MIN, 7]
     n = len(E)
     kwargs = dict(
-        req_pool_indices=torch.ones(n, dtype=I64),
+        # the INT64_MIN row is padding: on a busy row it is NEGATIVE_LENGTH (tested above)
+        req_pool_indices=torch.tensor([1, 1, 1, 1, 1, 0, 1], dtype=I64),
         prefix_lens=torch.zeros(n, dtype=I64),
         extend_seq_lens=torch.tensor(E, dtype=I64),
         req_to_token=table(),

@@ -61,6 +61,27 @@ CASES = {
         PlanStatus.POOL_ROW_OUT_OF_RANGE,
         r"req_pool_indices\[2\] = 2 must be in \[0, 2\) = \[0, req_to_verify_expected_tokens",
     ),
+    "negative prefix": (
+        lambda k: set_row(k, "prefix_lens", 0, -3),
+        PlanStatus.NEGATIVE_LENGTH,
+        r"prefix_lens\[0\] = -3 must be >= 0 for busy row 0 \(a negative length",
+    ),
+    "negative extend": (
+        lambda k: set_row(k, "extend_seq_lens", 2, -1),
+        PlanStatus.NEGATIVE_LENGTH,
+        r"extend_seq_lens\[2\] = -1 must be >= 0 for busy row 2",
+    ),
+    # a row of negative length is planned as padding: none of its other values is checked
+    "negative row with every other value out of range": (
+        lambda k: (
+            set_row(k, "req_pool_indices", 2, 7),
+            set_row(k, "prefix_lens", 2, 10**6),
+            set_row(k, "extend_seq_lens", 2, -(2**63)),
+            set_row(k, "req_to_verify_expected_tokens_valid_lens", 2, 10**6),
+        ),
+        PlanStatus.NEGATIVE_LENGTH,
+        r"extend_seq_lens\[2\] = -9223372036854775808 must be >= 0",
+    ),
     "valid length past the pool": (
         lambda k: set_row(k, "req_to_verify_expected_tokens_valid_lens", 0, 6),
         PlanStatus.VALID_LEN_OUT_OF_RANGE,
@@ -139,4 +160,4 @@ def test_lut_is_not_checked_for_entries_skipped_by_overflow(plan, device):
     buffers = PlanBuffers.allocate(write_req_capacity=4, verify_capacity=4, device=device)
     plan(buffers, **kwargs)  # 5 entries > 4: overflow, so slot 99 is never looked up
     assert int(buffers.verify_enable) == 0
-    assert buffers.take_status() == PlanStatus.OK
+    assert buffers.take_status() == PlanStatus.VERIFY_OVERFLOW  # and no LUT bit

@@ -29,7 +29,8 @@ I64, I32 = torch.int64, torch.int32
 
 @st.composite
 def batches(draw, *, bad: bool = False, max_bs: int = 24) -> dict[str, Any]:
-    """A batch and its capacities. With ``bad``, the data may leave the tables."""
+    """A batch and its capacities. With ``bad``, the data may leave the tables and busy
+    rows may have negative lengths (``NEGATIVE_LENGTH``)."""
     seed = draw(st.integers(0, 2**31 - 1))
     g = torch.Generator().manual_seed(seed)
     bs = draw(st.integers(0, max_bs))
@@ -44,10 +45,12 @@ def batches(draw, *, bad: bool = False, max_bs: int = 24) -> dict[str, Any]:
 
     rp = torch.randint(1 - slack, rows + slack, (bs,), generator=g)
     rp[torch.rand(bs, generator=g) < 0.25] = 0
-    prefix = torch.randint(-2, cols + 1 + slack, (bs,), generator=g)
-    extend = torch.randint(-2, 6, (bs,), generator=g)
+    low = -2 if bad else 0  # negative lengths: on padding rows only, unless bad
+    prefix = torch.randint(low, cols + 1 + slack, (bs,), generator=g)
+    extend = torch.randint(low, 6, (bs,), generator=g)
     pad = rp == 0
     prefix[pad] = torch.randint(-(10**6), 10**6, (int(pad.sum()),), generator=g)
+    extend[pad] = torch.randint(-(10**6), 10**6, (int(pad.sum()),), generator=g)
     kwargs: dict[str, Any] = dict(
         req_pool_indices=rp,
         prefix_lens=prefix,
@@ -56,6 +59,8 @@ def batches(draw, *, bad: bool = False, max_bs: int = 24) -> dict[str, Any]:
         swa_window_size=window,
         kv_token_id_vs_position_offset=draw(st.integers(-2, 2)),
     )
+    if draw(st.integers(0, 4)) == 0:  # a write-only plan (the default is verify=True)
+        kwargs["verify"] = False
     if use_lut:
         lut_len = n_slots - (draw(st.integers(0, 3)) if bad else 0)
         kwargs["full_to_swa_index_mapping"] = torch.randint(
@@ -99,12 +104,13 @@ def test_reference_raises_exactly_when_data_leaves_the_tables(case):
     buffers = PlanBuffers.allocate(device="cpu", **case["caps"])
     poison(buffers)
     expected = loop_plan(**case["caps"], **case["kwargs"], pad_bad=True)
-    if expected["flags"] == PlanStatus.OK:
+    if expected["data_flags"] == PlanStatus.OK:
         plan_reference(buffers, **case["kwargs"])
         assert_matches_oracle(buffers, case["bs"], expected)
+        assert buffers.take_status() == expected["flags"]  # VERIFY_OVERFLOW, or OK
     else:
         before = snapshot(buffers)
-        with pytest.raises(ValueError, match=r"kv-canary: .*data outside the tables"):
+        with pytest.raises(ValueError, match=r"kv-canary: .*(data outside the tables|negative)"):
             plan_reference(buffers, **case["kwargs"])
         assert_untouched(buffers, before)
 
@@ -119,8 +125,9 @@ def test_kernels_equal_reference(case):
     poison(out)
     plan_reference(ref, **kwargs)
     launch_plan(out, **kwargs)
-    assert_buffers_equal(out, ref, case["bs"])
-    assert out.take_status() == PlanStatus.OK
+    assert_buffers_equal(out, ref, case["bs"])  # their status words too
+    overflowed = int(ref.verify_enable) == 0 and kwargs.get("verify", True)
+    assert out.take_status() == (PlanStatus.VERIFY_OVERFLOW if overflowed else PlanStatus.OK)
 
 
 @settings(max_examples=40, **SETTINGS)
@@ -158,7 +165,7 @@ def test_kernels_equal_reference_on_multi_block_batches(bs, capacity, large_path
     kwargs = dict(
         req_pool_indices=rp,
         prefix_lens=torch.randint(0, cols + 1, (bs,), generator=g),
-        extend_seq_lens=torch.randint(-1, 4, (bs,), generator=g),
+        extend_seq_lens=torch.randint(0, 4, (bs,), generator=g),
         req_to_token=torch.randint(-1, 500, (rows, cols), generator=g).to(I32),
         swa_window_size=3,
         full_to_swa_index_mapping=torch.randint(0, 10**6, (500,), generator=g),

@@ -36,9 +36,13 @@ def _report(rank: int, corrupt: bool) -> ViolationReport:
     for pos, slot in enumerate((16, 17, 18)):
         store.records[slot] = torch.tensor([100 + pos, pos, chain, 0])
         chain = mix3_int(chain, 100 + pos, pos)
+    store.owners[17] = 30 + rank  # slot 17 last written by request 30 + rank, 18 never
     if corrupt:
         store.records[17, 1] = 7  # position off: POSITION at slot 17, CHAIN at slot 18
     verify_reference(store, plan, launch_tag=rank)
+    if rank == 1:  # a verify that checked nothing, counted
+        plan.verify_enable.fill_(0)
+        verify_reference(store, plan, launch_tag=rank)
     return store.take_violations()
 
 
@@ -66,10 +70,13 @@ def _worker(rank: int, init_file: str, corrupt_ranks, dst, results) -> None:
                 out.slots_processed,
                 [
                     (v.rank, v.violation.slot, int(v.violation.fail_bits), v.violation.launch_tag)
+                    + (v.violation.req_pool_index, v.violation.expected_position, v.violation.owner)
                     for v in out.violations
                 ],
                 len(out.per_rank),
                 str(out),
+                out.verify_skipped,
+                out.req_pool_indices(),
             ),
             len(calls),
         )
@@ -93,27 +100,33 @@ def _run(corrupt_ranks, dst):
 @pytest.mark.parametrize("corrupt_ranks", [(1,), (0, 1)])
 def test_gather_tags_each_violation_with_its_rank(corrupt_ranks):
     results = _run(corrupt_ranks, 0)
-    (appended, runs, processed, rows, ranks, text), calls = results[0]
+    (appended, runs, processed, rows, ranks, text, skipped, requests), calls = results[0]
     assert results[1][0] is None  # only dst gets the report
-    assert ranks == WORLD and runs == WORLD and processed == 3 * WORLD
-    # slot 17's position is off, so is the hash slot 18 chains from it
+    assert ranks == WORLD and runs == WORLD + 1 and processed == 3 * WORLD
+    assert skipped == 1
+    # slot 17's position is off, so is the hash slot 18 chains from it; each row with its
+    # context: request 1's entries at positions 1 and 2, slot 17's writer, 18's unknown
     assert appended == 2 * len(corrupt_ranks)
     assert rows == [
         row
         for r in corrupt_ranks
-        for row in ((r, 17, int(FailBits.POSITION), r), (r, 18, int(FailBits.CHAIN), r))
+        for row in (
+            (r, 17, int(FailBits.POSITION), r, 1, 1, 30 + r),
+            (r, 18, int(FailBits.CHAIN), r, 1, 2, -1),
+        )
     ]
+    assert requests == tuple(sorted({1, *(30 + r for r in corrupt_ranks)}))
     assert calls == 2 and results[1][1] == 2  # counts, then the rows
-    assert "rank" in text and "POSITION" in text
+    assert "rank" in text and "POSITION" in text and "; requests 1, 3" in text
 
 
 def test_no_violations_costs_one_small_collective_and_every_rank_can_receive():
     results = _run((), None)
     for rank in range(WORLD):
-        (appended, runs, _processed, rows, _ranks, text), calls = results[rank]
-        assert appended == 0 and rows == [] and runs == WORLD
+        (appended, runs, _processed, rows, _ranks, text, skipped, _), calls = results[rank]
+        assert appended == 0 and rows == [] and runs == WORLD + 1 and skipped == 1
         assert calls == 1
-        assert "no violations on 2 rank(s)" in text
+        assert "no violations on 2 rank(s)" in text and "1 verify call(s) skipped" in text
 
 
 def test_without_a_process_group_the_error_says_so():

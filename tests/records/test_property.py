@@ -35,6 +35,7 @@ from tests.helpers.canary import (
     covers,
     flip_source_byte,
     i64,
+    kept_rows,
     make_source,
     make_source_3d,
     model_state,
@@ -51,6 +52,7 @@ SETTINGS = dict(
     deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 FULL_RING = 4096
+PADDING = int(CanaryStatus.PADDING_SLOT_WRITTEN)
 
 
 # --- generators ------------------------------------------------------------------------------
@@ -141,14 +143,17 @@ def gen_real_kv(rng: random.Random, num_slots: int, *, short: bool = False) -> R
 
 
 def gen_store(rng: random.Random, num_slots: int, capacity: int):
-    """A store with random records (zero, small or anywhere in int64), the ring poisoned
-    and its count possibly already near or past the capacity, random counters and flag."""
+    """A store with random records (zero, small or anywhere in int64) and owners, the ring
+    poisoned and its count possibly already near or past the capacity, random counters
+    and flag."""
     store = new_store(num_slots, capacity, junk_records=False)
     recs = [[_value(rng) if rng.random() < 0.6 else 0 for _ in range(4)] for _ in range(num_slots)]
     store.records.copy_(i64(recs))
     store.violation_count.fill_(rng.choice([0, 0, 0, 1, capacity - 1, capacity, capacity + 2]))
     store.kernel_runs.fill_(rng.randint(0, 100))
     store.slots_processed.fill_(rng.randint(0, 1000))
+    store.verify_skipped.fill_(rng.randint(0, 5))
+    store.owners.copy_(i64([_request(rng) if rng.random() < 0.7 else 0 for _ in range(num_slots)]))
     if rng.random() < 0.5:
         store.enable_chain_position_check()
     return store
@@ -227,6 +232,7 @@ def gen_write(rng: random.Random, store, plan: PlanBuffers, *, hostile: bool) ->
     plan.write_offsets.copy_(i64(offsets))
     plan.write_seed_slot_indices.copy_(i64(seeds))
     plan.write_num_valid_reqs.fill_(num_rows)
+    plan.row_req_pool_indices.copy_(i64([_request(rng) for _ in range(cap)]))
 
     # positions that mostly follow each row's seed (so the chain-position check passes
     # and fails), tokens mostly small
@@ -254,6 +260,32 @@ def gen_write(rng: random.Random, store, plan: PlanBuffers, *, hostile: bool) ->
     return kwargs
 
 
+def _request(rng: random.Random) -> int:
+    """A row's ``row_req_pool_indices`` value: small (0 = padding), or any int64."""
+    r = rng.random()
+    if r < 0.1:
+        return rng.choice([0, -1, INT64_MIN, INT64_MAX])
+    return rng.randint(1, 12) if r < 0.9 else rng.randint(INT64_MIN, INT64_MAX)
+
+
+def gen_rows(rng: random.Random, plan: PlanBuffers, *, requests: bool) -> None:
+    """Fill ``verify_offsets`` (which the verify bisects to name a failing entry's row):
+    mostly a prefix sum from 0, sometimes any values (both paths must still agree and stay
+    in bounds); with ``requests`` also each row's request and the row count (a plan
+    written by hand: the count may lie outside ``[0, write_req_capacity]``)."""
+    cap = plan.write_req_capacity
+    if rng.random() < 0.75:
+        offsets = [0]
+        for _ in range(cap):
+            offsets.append(offsets[-1] + rng.choice([0, 1, 2, 5, 40]))
+    else:
+        offsets = [rng.choice([0, -1, 3, INT64_MAX, INT64_MIN]) for _ in range(cap + 1)]
+    plan.verify_offsets.copy_(i64(offsets))
+    if requests:
+        plan.row_req_pool_indices.copy_(i64([_request(rng) for _ in range(cap)]))
+        plan.write_num_valid_reqs.fill_(rng.choice([0, 1, cap, rng.randint(0, cap), -1, cap + 3]))
+
+
 GUARD = 4
 
 
@@ -275,13 +307,15 @@ def gen_verify(
     *,
     hostile: bool,
     chains: list[list[int]] | None = None,
+    requests: bool = False,
 ) -> dict[str, Any]:
     """Fill the verify part of ``plan`` and return the verify's keyword arguments.
 
     Entries mix chains that were just written (clean unless the records changed),
     entries whose predecessor is the previous entry's slot (the kernels take its hash
     from the lane to the left), slot-0 entries and random ones; tokens and positions
-    mostly those of the records. Entries past the count hold junk."""
+    mostly those of the records. Entries past the count hold junk. The rows that name a
+    failing entry: :func:`gen_rows`."""
     num_slots = store.num_slots
     cap = plan.verify_capacity
     recs = store.records.tolist()
@@ -325,6 +359,7 @@ def gen_verify(
     plan.verify_expected_tokens.copy_(i64(tokens))
     plan.verify_num_valid.fill_(n)
     plan.verify_enable.fill_(rng.choice([1, 1, 1, 1, 0, 7]))
+    gen_rows(rng, plan, requests=requests)
     return dict(
         launch_tag=rng.randint(INT64_MIN, INT64_MAX),
         check_expected_tokens=rng.random() < 0.7,
@@ -360,7 +395,9 @@ class Trio:
         flag = bool(int(self.ref.chain_position_check))
         extra = {"chain_position_check": flag} if stage == "write" else {}
         model = model_fn(model_state(self.ref), plan, **kwargs, **extra)
-        assert model.status == 0  # valid data
+        assert model.status & ~PADDING == 0  # valid data (slot 0 is in range: flagged)
+        if model.status:
+            event(f"{stage}: padding slot written")
         event(f"{stage}: {'no rows' if not model.rows else 'rows'}")
         written = model.processed - int(self.ref.slots_processed)
         event(f"{stage}: {'nothing processed' if not written else 'processed'}")
@@ -380,7 +417,9 @@ class Trio:
                 end = min(int(s.violation_count), s.violation_capacity)
                 assert (s.violations[end:] == JUNK).all(), f"{name}: a row past the count"
         assert torch.equal(self.ref.records, self.ker.records)
+        assert torch.equal(self.ref.owners, self.ker.owners)
         assert counters(self.ref) == counters(self.ker)
+        assert int(self.ref.verify_skipped) == int(self.ker.verify_skipped)
         assert torch.equal(self.ref.chain_position_check, self.ker.chain_position_check)
         if int(self.ref.violation_count) > self.ref.violation_capacity:
             event("ring full")
@@ -388,6 +427,8 @@ class Trio:
             assert sorted(map(tuple, self.ref.violations.tolist())) == sorted(
                 map(tuple, self.ker.violations.tolist())
             )
+            with_context = [sorted(kept_rows(s, context=True)) for s in (self.ref, self.ker)]
+            assert with_context[0] == with_context[1]
 
     def stores(self):
         return (("ref", self.ref), ("ker", self.ker), ("full", self.full))
@@ -582,7 +623,7 @@ def _out_of_range(h):
             chain_position_check=bool(int(store.chain_position_check)),
         )
     else:
-        kwargs = gen_verify(rng, store, plan, hostile=True)
+        kwargs = gen_verify(rng, store, plan, hostile=True, requests=True)
         model = model_verify(model_state(store), plan, **kwargs, real_kv=real_kv)
     ker = copy.deepcopy(store).resize(violation_capacity=FULL_RING)
     if covers(real_kv, h["num_slots"]):
@@ -606,7 +647,7 @@ def _out_of_range(h):
         event(f"{h['stage']}: in range")
     ref = copy.deepcopy(store)
     before = snapshot_store(ref)
-    if model.status:
+    if model.status & ~PADDING:  # data out of range (the padding bit is valid data's)
         with pytest.raises(ValueError, match=r"^kv-canary: .*(must be|must lie in|must cover)"):
             getattr(REF, h["stage"])(ref, plan, **kwargs, real_kv=real_kv)
         assert_store_equal(ref, before)

@@ -17,7 +17,7 @@ import torch
 from kv_canary_buffers import CanaryStore, FailBits, Violation, ViolationReport, verify_reference
 from kv_canary_buffers.decode import main as decode_main
 from kv_canary_buffers.hashing import to_unsigned
-from tests.helpers.canary import new_plan, new_store, set_verify_plan
+from tests.helpers.canary import new_plan, new_store, set_verify_plan, set_verify_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 # SGLang 0.5.23, python/sglang/test/kv_canary/violation_log_utils.py, _VIOLATION_LINE_RE
@@ -31,8 +31,10 @@ def _store_with_violations() -> tuple[CanaryStore, ViolationReport]:
     import copy
 
     store = new_store(num_slots=16, violation_capacity=8, device="cpu")
+    store.owners[3], store.owners[5] = 4, 11  # slot 7: never written (owner unknown)
     plan = new_plan(device="cpu")
     set_verify_plan(plan, slots=[3, 5, 7], prevs=[-1, 3, 5], positions=[0, 1, 2], tokens=[1, 2, 3])
+    set_verify_rows(plan, reqs=[4, 9], counts=[1, 2])  # entry 0: request 4; 1 and 2: 9
     verify_reference(store, plan, launch_tag=7)
     report = copy.deepcopy(store).take_violations()
     assert report.appended >= 3
@@ -60,6 +62,12 @@ def test_log_lines_are_sglangs_frozen_format():
             f"stored_chain_hash={to_unsigned(v.stored_chain_hash):#018x} "
             f"expected_aux={to_unsigned(v.expected_aux):#018x}"
         ) in line
+    # this project's fields after SGLang's, each key=value
+    assert [line.split("expected_aux=")[1].split(" ", 1)[1] for line in lines] == [
+        "req_pool_index=4 expected_position=0 owner=4",
+        "req_pool_index=9 expected_position=1 owner=11",
+        "req_pool_index=9 expected_position=2 owner=-1",
+    ]
     # without names a tag is its number
     assert report.log_lines()[0].startswith("kv_canary violation: launch_tag=7 fail_reason=")
 
@@ -100,6 +108,36 @@ def test_a_store_saved_and_loaded_holds_every_byte(tmp_path, how):
     assert type(again) is CanaryStore and again.arena is not store.arena
     assert again.arena.tensor.equal(store.arena.tensor)
     assert again.take_violations() == report
+    assert [v.owner for v in report.violations] == [4, 11, -1]
+
+
+def test_a_store_saved_before_the_context_existed_loads_with_it_zeroed(tmp_path):
+    """Version 1 of the file (before owners, violation_context and verify_skipped) loads:
+    its fields as saved, the new ones zeroed, its rows decoded without context."""
+    store, report = _store_with_violations()
+    path = tmp_path / "store.pt"
+    store.save(path)
+    data = torch.load(path, weights_only=True)
+    assert data["version"] == 2
+    data["version"] = 1
+    for name in ("owners", "violation_context", "verify_skipped"):
+        del data["fields"][name]
+    torch.save(data, path)
+    again = CanaryStore.load(path, device="cpu")
+    assert again.records.equal(store.records) and again.violations.equal(store.violations)
+    assert (again.owners == 0).all() and (again.violation_context == 0).all()
+    assert int(again.verify_skipped) == 0
+    old = again.take_violations()
+    assert [v.slot for v in old.violations] == [v.slot for v in report.violations]
+    assert all(
+        (v.req_pool_index, v.expected_position, v.owner) == (0, 0, -1) for v in old.violations
+    )
+    data["version"] = 3
+    torch.save(data, path)
+    with pytest.raises(
+        ValueError, match=r"^kv-canary: .* must be a saved store of version 1 or 2, got version 3"
+    ):
+        CanaryStore.load(path, device="cpu")
 
 
 def test_load_refuses_what_is_not_a_saved_store(tmp_path):
@@ -187,3 +225,12 @@ def test_metrics_count_what_the_reports_say():
     assert (
         value("violations", store="head/full", fail_reason="verify_position", launch_tag="9") >= 0
     )
+    # a verify that checked nothing (an overflowed or write-only plan) is counted
+    assert value("verify_skipped", store="head/full") == 0
+    plan.verify_enable.fill_(0)
+    for _ in range(2):
+        verify_reference(store, plan, launch_tag=9)
+    skipped = store.take_violations()
+    assert skipped.verify_skipped == 2 and not skipped
+    metrics.observe(skipped, store="head/full")
+    assert value("verify_skipped", store="head/full") == 2

@@ -189,10 +189,11 @@ def draw_batch(rng: random.Random, spec: Spec) -> Batch:
             extend.append(rng.choice([0, 1, 99, -1]))
             continue
         rp.append(active_rows[r])
-        e = rng.choice([0, 1, 1, 2, 3, 5, -1])  # -1: a busy-looking row writing nothing
-        p = rng.randint(0, max_len - max(e, 0))  # [D2] prefix + extend <= max_len
-        if rng.random() < 0.08:
-            p = -rng.randint(1, 5)  # a negative prefix: no entry, no seed on either side
+        # [D6] no negative length on a busy row: SGLang plans a negative prefix as a fresh
+        # prefill and a negative extend as no write; here both are NEGATIVE_LENGTH (the row
+        # planned as padding). Padding rows above still hold negative lengths.
+        e = rng.choice([0, 1, 1, 2, 3, 5])
+        p = rng.randint(0, max_len - e)  # [D2] prefix + extend <= max_len
         prefix.append(p)
         extend.append(e)
     if not any(rp[r] and prefix[r] > 0 for r in range(bs)):  # something to verify

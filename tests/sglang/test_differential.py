@@ -277,6 +277,27 @@ def test_differs_prefix_past_the_table(refs):
     assert buffers.verify_slot_indices[4:6].tolist() == [0, 0]
 
 
+def test_differs_negative_length_on_a_busy_row(refs):
+    """[D6] A busy row with a negative length: SGLang plans a negative prefix as a fresh
+    prefill (its tokens written from the chain head) and a negative extend as a row that
+    writes nothing but is verified; here both rows are planned as padding (nothing
+    written, nothing verified): the kernels set ``NEGATIVE_LENGTH``, the reference raises."""
+    kw = _plan_inputs([1, 2], [-2, 3], [2, -1], _table())
+    vp, wp = _sglang_plan(refs, 2, 8, kw)
+    assert wp.write_offsets.tolist() == [0, 2, 2]  # row 0's two tokens, from no seed
+    assert int(wp.write_seed_slot_indices[0]) == -1
+    assert int(vp.verify_num_valid) == 3  # row 1's prefix
+    assert vp.verify_slot_indices[:3].tolist() == _table()[2, :3].tolist()
+    buffers = PlanBuffers.allocate(write_req_capacity=2, verify_capacity=8, device="cpu")
+    with pytest.raises(ValueError, match=r"prefix_lens\[0\] = -2 must be >= 0"):
+        plan_reference(buffers, **kw)
+    launch_plan(buffers, **kw)
+    assert buffers.take_status() == PlanStatus.NEGATIVE_LENGTH
+    assert buffers.write_offsets.tolist() == [0, 0, 0]
+    assert buffers.write_seed_slot_indices.tolist() == [-1, -1]
+    assert (int(buffers.verify_enable), int(buffers.verify_num_valid)) == (1, 0)
+
+
 def test_differs_valid_length_past_the_pool(refs):
     """[D2] A valid length past the token pool's width: SGLang's reference raises
     ``IndexError``; here the reference refuses it, the kernels stop at the width."""

@@ -1,0 +1,912 @@
+"""The engine-neutral canary runtime: one object per engine that owns every canary buffer
+and runs the canary's step around each forward pass.
+
+API summary
+-----------
+::
+
+    from kv_canary_engines import (CanaryConfig, CanaryRuntime, KVGroup, Row, StepBatch,
+                                   SweepBatch, BlockTable, TokenSlots, Policy)
+
+    runtime = CanaryRuntime(
+        CanaryConfig(verify_every=1, sweep_every=0, poll_every=1, policy="log",
+                     real_kv=RealKVMode.PARTIAL, tail=True, stages="auto"),
+        groups=[KVGroup(name="full", num_slots=N, page_size=16,
+                        real_kv_sources=(k0_pages, v0_pages), real_kv_bytes_per_token=256)],
+        device=device,
+        sweep_source=None,               # or a callable returning a SweepBatch (or None)
+    )
+    # every engine step, around the forward (eager; see "CUDA graphs" below):
+    runtime.begin_step(StepBatch(
+        rows=[Row(request_id="a", prefix_len=P, extend_len=E, tokens=all_tokens_of_a,
+                  draft_len=0), ...],             # draft_len: speculative drafts among E
+        tables={"full": TokenSlots(slots=...)} or {"full": BlockTable(table=...)},
+        out_cache_loc={"full": write_slots},   # [>= n] canary slots, -1 = not written
+        input_ids=ids, positions=pos,          # [>= n], what the forward consumes
+    ))                                         # grow, plan, HEAD verify
+    model.forward(...)
+    report = runtime.end_step()                # HEAD + TAIL writes, TAIL verify, sweep,
+                                               # and every poll_every steps: the poll
+    runtime.release("a")                       # the engine dropped request "a"
+
+- :class:`CanaryConfig`: the verify stride (``verify_every``: writes run every step,
+  verifies every N), the sweep period (``sweep_every``, 0 = off), the poll period
+  (``poll_every``: each poll syncs), the policy (``"log"``, ``"raise"`` or a callable
+  ``(request_ids, report) -> None`` that aborts them), the real-KV mode, the TAIL store,
+  the stages (``"auto"``, ``"kernels"``, ``"reference"``), the ring's capacity.
+- :class:`KVGroup`: one KV pool as the canary sees it (slots, page size, window and LUT,
+  the KV tensors the real-KV hash reads).
+- :class:`Row`, :class:`StepBatch`, :class:`SweepBatch`: a step's batch in engine terms
+  (request ids, lengths, the scheduler's tokens, slot tables, per-token tensors).
+- :meth:`CanaryRuntime.begin_step` / :meth:`end_step` / :meth:`poll` /
+  :meth:`release` / :meth:`discard_step`, :attr:`CanaryRuntime.health`,
+  :attr:`CanaryRuntime.stats` (host counts) and, with ``CanaryConfig(timing=True)``,
+  :attr:`CanaryRuntime.timing` (host and CUDA time of the canary beside the forward).
+- A poll returns a :class:`~kv_canary_engines.reports.CanaryReport`: each violation row
+  (:class:`~kv_canary_engines.reports.EngineViolation`) with its step, group, endpoint,
+  the victim's and the culprit's request ids, and its SGLang-format log line.
+
+Rules the runtime enforces (docs/engines/runtime.md): the writes run every step on every
+store (a skipped write is a false violation later); the expected-token pool holds, per
+request row and position, the token the scheduler put there; runtime rows start at 1
+(row 0 is the plan's padding row, so engine row 0 is never swallowed) and slot 0 is the
+padding slot (an engine must not put a real token there, or the group loses one slot's
+checks); every buffer grows from host numbers before the plan (no sync).
+
+CUDA graphs: the runtime launches eagerly and refuses to run while the current stream is
+being captured (``kv-canary: ... capture``); engine adapters refuse capture modes at
+install. docs/engines/runtime.md says how a graph mode would stage its inputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeAlias
+
+import attrs
+import torch
+
+from kv_canary_buffers import (
+    CanaryStatus,
+    CanaryStore,
+    PlanBuffers,
+    PlanStatus,
+    RealKV,
+    RealKVMode,
+    Violation,
+    plan_reference,
+    verify_entries_needed,
+    verify_reference,
+    write_reference,
+)
+
+from .reports import (
+    MAX_GROUPS,
+    CanaryReport,
+    CanaryViolationError,
+    Endpoint,
+    EngineViolation,
+    Health,
+    RequestId,
+    decode_tag,
+    engine_suffix,
+    launch_tag,
+)
+from .rows import RowTable
+from .tables import SlotTable, expand_into_req_to_token
+from .timing import StepTiming
+
+logger = logging.getLogger("kv_canary")
+
+AbortCallback: TypeAlias = Callable[[frozenset[RequestId], CanaryReport], None]
+"""The callback policy: receives the request ids a poll's violations name and the report;
+it aborts them in the engine."""
+
+_Stage = Callable[..., None]
+
+
+class Policy:
+    """The built-in policies (a callable :data:`AbortCallback` is the third)."""
+
+    LOG = "log"
+    """Log one line per violation row (logger ``kv_canary``, warning level)."""
+    RAISE = "raise"
+    """Log, then raise :class:`CanaryViolationError` naming the requests."""
+
+
+def _check_policy(_instance: object, _attribute: object, value: object) -> None:
+    if value in (Policy.LOG, Policy.RAISE) or callable(value):
+        return
+    raise ValueError(
+        f"kv-canary: policy must be 'log', 'raise' or a callable (request_ids, report), "
+        f"got {value!r}"
+    )
+
+
+def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], int], None]:
+    def check(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(
+                f"kv-canary: {attribute.name} must be an integer >= {minimum}, "
+                f"got {type(value).__name__} {value!r}"
+            )
+        if value < minimum:
+            raise ValueError(
+                f"kv-canary: {attribute.name} must be an integer >= {minimum}, got {value!r}"
+            )
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class CanaryConfig:
+    """How the runtime runs the canary.
+
+    Attributes:
+        verify_every: HEAD and TAIL verifies run on steps ``0, N, 2N, ...``; writes run
+            every step on every store regardless (a skipped write is a false violation
+            at the next verify of that slot).
+        sweep_every: every M steps, after the step, re-verify every running request's
+            whole prefix against the HEAD store (``check_expected_tokens=False``), from
+            the runtime's ``sweep_source``; 0 turns it off.
+        poll_every: read every store back every K steps (a sync) and apply the policy.
+        policy: ``"log"``, ``"raise"`` or a callable ``(request_ids, report) -> None``.
+        real_kv: the real-KV hash of each group's sources (``RealKVMode``).
+        tail: keep a TAIL store per group (written and verified after the forward: it
+            catches what a forward did in the step that did it).
+        stages: ``"kernels"`` (Triton), ``"reference"`` (the torch references, same
+            arguments), or ``"auto"``: the kernels on CUDA or under ``TRITON_INTERPRET=1``.
+        check_tokens: the verifies compare each record's token with the expected-token
+            pool.
+        chain_position_check: turn the stores' write-time position check on.
+        violation_capacity: ring rows per store between two polls.
+        timing: measure the canary's host time and (CUDA) GPU time per step beside the
+            forward's (``runtime.timing``, :class:`~kv_canary_engines.timing.StepTiming`).
+    """
+
+    verify_every: int = attrs.field(default=1, validator=_at_least(1))
+    sweep_every: int = attrs.field(default=0, validator=_at_least(0))
+    poll_every: int = attrs.field(default=1, validator=_at_least(1))
+    policy: str | AbortCallback = attrs.field(default=Policy.LOG, validator=_check_policy)
+    real_kv: RealKVMode = attrs.field(default=RealKVMode.PARTIAL, converter=RealKVMode)
+    tail: bool = True
+    stages: str = attrs.field(
+        default="auto", validator=attrs.validators.in_(("auto", "kernels", "reference"))
+    )
+    check_tokens: bool = True
+    chain_position_check: bool = True
+    violation_capacity: int = attrs.field(default=4096, validator=_at_least(1))
+    timing: bool = False
+
+
+def _sources(value: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    return tuple(value)
+
+
+@attrs.frozen(kw_only=True)
+class KVGroup:
+    """One KV pool (buffer group) as the canary sees it.
+
+    Attributes:
+        name: the group's name in reports (``"full"``, ``"swa"``, ...).
+        num_slots: canary slots, padding slot 0 included: every slot a table or an
+            ``out_cache_loc`` of this group can hold is below it.
+        page_size: slots per block of a :class:`BlockTable`.
+        window: the sliding window (0: full attention); needs ``lut``.
+        lut: int64 ``[lut_len]`` translating the tables' slots into this group's
+            (``full_to_swa_index_mapping``); ``out_cache_loc`` is given translated.
+        real_kv_sources: the engine's own KV tensors (views, never copies) the real-KV
+            hash reads: 2-D, one row per ``real_kv_page_size`` slots.
+        real_kv_page_size: slots per source row (default ``page_size``).
+        real_kv_bytes_per_token: bytes of one slot within a source row.
+    """
+
+    name: str
+    num_slots: int = attrs.field(validator=_at_least(1))
+    page_size: int = attrs.field(default=1, validator=_at_least(1))
+    window: int = attrs.field(default=0, validator=_at_least(0))
+    lut: torch.Tensor | None = None
+    real_kv_sources: tuple[torch.Tensor, ...] = attrs.field(default=(), converter=_sources)
+    real_kv_page_size: int | None = None
+    real_kv_bytes_per_token: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class Row:
+    """One request of a step's batch.
+
+    Attributes:
+        request_id: the engine's id (any hashable).
+        prefix_len: ``P``, tokens already in the cache that this step attends to.
+        extend_len: ``E``, tokens this step writes (positions ``P .. P + E - 1``).
+        tokens: the scheduler's token at each position, at least ``[0, P + E)`` (any
+            sequence; only the positions the pool lacks are read: this step's, and a
+            prefix the runtime has not seen, such as a prefix-cache hit).
+        draft_len: the last ``draft_len`` of the ``E`` tokens are speculative drafts:
+            the pool holds them for this step only, and the next step refills their
+            positions from ``tokens`` (by then the accepted ones), so a rejected draft
+            whose KV was not rolled back fails ``VERIFY_TOKEN``.
+    """
+
+    request_id: RequestId
+    prefix_len: int = attrs.field(validator=_at_least(0))
+    extend_len: int = attrs.field(validator=_at_least(0))
+    tokens: Sequence[int]
+    draft_len: int = attrs.field(default=0, validator=_at_least(0))
+
+    def __attrs_post_init__(self) -> None:
+        if self.draft_len > self.extend_len:
+            raise ValueError(
+                f"kv-canary: Row.draft_len = {self.draft_len} must be <= extend_len = "
+                f"{self.extend_len}"
+            )
+
+
+@attrs.frozen(kw_only=True)
+class StepBatch:
+    """One step's batch, as the forward will run it (``n = sum(extend_len)`` tokens).
+
+    Attributes:
+        rows: the batch's requests, in the order of the flat per-token tensors.
+        tables: per group name, the slots of positions ``0 .. P + E - 1`` of every row.
+        out_cache_loc: per group name, the slot each of the ``n`` tokens is written to
+            (canary numbering, the group's translated slots for a windowed group); -1
+            skips a token. Longer tensors are fine (padding past ``n`` is not read).
+        input_ids: the token ids the forward consumes, ``[>= n]``.
+        positions: their positions, ``[>= n]``.
+    """
+
+    rows: Sequence[Row]
+    tables: Mapping[str, SlotTable]
+    out_cache_loc: Mapping[str, torch.Tensor]
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+
+
+@attrs.frozen(kw_only=True)
+class SweepBatch:
+    """The running requests a sweep re-verifies: ``(request_id, length)`` pairs and, per
+    group, the slots of their positions ``0 .. length - 1`` (the engine's current tables).
+    Positions past what the runtime stamped for a request are not verified."""
+
+    requests: Sequence[tuple[RequestId, int]]
+    tables: Mapping[str, SlotTable]
+
+
+@attrs.define
+class RuntimeStats:
+    """Host-side counts of what the runtime saw (no device read)."""
+
+    steps: int = 0
+    verify_steps: int = 0
+    rows: int = 0
+    tokens: int = 0
+    prefix_hits: int = 0
+    """Rows first seen with a cached prefix (``P > 0``): a prefix-cache hit."""
+    chunked_rows: int = 0
+    """Rows continuing a chunked prefill (``P > 0`` and ``E > 1``)."""
+    sweeps: int = 0
+    polls: int = 0
+
+
+@attrs.define(eq=False)
+class _Group:
+    spec: KVGroup
+    index: int
+    plan: PlanBuffers
+    head: CanaryStore
+    tail: CanaryStore | None
+    real_kv: RealKV | None
+    req_to_token: torch.Tensor
+    sweep_plan: PlanBuffers | None = None
+
+    def stores(self) -> list[tuple[str, CanaryStore]]:
+        out = [("HEAD", self.head)]
+        if self.tail is not None:
+            out.append(("TAIL", self.tail))
+        return out
+
+
+@attrs.define(eq=False)
+class _Pending:
+    """What begin_step prepared for end_step."""
+
+    step: int
+    verify: bool
+    n: int
+    rows: list[int]
+    ends: list[int]
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    expected_ids: torch.Tensor
+    expected_positions: torch.Tensor
+    out_cache_loc: dict[str, torch.Tensor]
+
+
+class CanaryRuntime:
+    """Owns, per KV group, the plan buffers, the HEAD and TAIL stores, the real-KV
+    sources and the ``req_to_token`` table, plus the expected-token pool and the row map,
+    and runs the step (module docstring).
+
+    ``device``: where every canary buffer lives (the engine's KV device).
+    ``sweep_source``: called every ``sweep_every`` steps after the step; returns the
+    running requests to re-verify, or None to skip.
+    """
+
+    def __init__(
+        self,
+        config: CanaryConfig,
+        groups: Sequence[KVGroup],
+        *,
+        device: torch.device | str,
+        sweep_source: Callable[[], SweepBatch | None] | None = None,
+    ) -> None:
+        if not isinstance(config, CanaryConfig):
+            raise TypeError(
+                f"kv-canary: config must be a CanaryConfig, got {type(config).__name__}"
+            )
+        names = [g.name for g in groups]
+        if not groups or len(set(names)) != len(names) or len(groups) > MAX_GROUPS:
+            raise ValueError(
+                f"kv-canary: groups must be 1 to {MAX_GROUPS} KVGroups with distinct names, "
+                f"got {names}"
+            )
+        self.config = config
+        self.device = torch.device(device)
+        self.sweep_source = sweep_source
+        self.stages = _stages(config.stages, self.device)
+        self.rows = RowTable()
+        self.pool = torch.full((2, 16), -1, dtype=torch.int32, device=self.device)
+        self._groups = [self._make_group(spec, i) for i, spec in enumerate(groups)]
+        self._step = 0
+        self._pending: _Pending | None = None
+        self._launches: dict[tuple[int, str], int] = {}
+        self._runs_at_poll: dict[tuple[int, str], int] = {}
+        self._health = Health()
+        self.stats = RuntimeStats()
+        self.timing: StepTiming | None = StepTiming() if config.timing else None
+
+    # --- construction ---------------------------------------------------------
+    def _make_group(self, spec: KVGroup, index: int) -> _Group:
+        if spec.window and spec.lut is None:
+            raise ValueError(f"kv-canary: group {spec.name!r} has a window and no lut")
+        plan = PlanBuffers.allocate(write_req_capacity=8, verify_capacity=64, device=self.device)
+        tail = self._store(spec) if self.config.tail else None
+        return _Group(
+            spec=spec,
+            index=index,
+            plan=plan,
+            head=self._store(spec),
+            tail=tail,
+            real_kv=self._real_kv(spec),
+            req_to_token=torch.zeros(self.pool.shape, dtype=torch.int32, device=self.device),
+        )
+
+    def _store(self, spec: KVGroup) -> CanaryStore:
+        store = CanaryStore.allocate(
+            num_slots=spec.num_slots,
+            violation_capacity=self.config.violation_capacity,
+            device=self.device,
+        )
+        if self.config.chain_position_check:
+            store.enable_chain_position_check()
+        return store
+
+    def _real_kv(self, spec: KVGroup) -> RealKV | None:
+        if self.config.real_kv == RealKVMode.NONE or not spec.real_kv_sources:
+            return None
+        return RealKV(
+            mode=self.config.real_kv,
+            sources=spec.real_kv_sources,
+            page_size=spec.real_kv_page_size or spec.page_size,
+            bytes_per_token=spec.real_kv_bytes_per_token,
+        )
+
+    # --- public state ----------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """Steps begun so far (the next step's number)."""
+        return self._step
+
+    @property
+    def health(self) -> Health:
+        """The last poll's execution check."""
+        return self._health
+
+    @property
+    def groups(self) -> tuple[KVGroup, ...]:
+        return tuple(g.spec for g in self._groups)
+
+    def stores(self, group: str) -> tuple[CanaryStore, CanaryStore | None]:
+        """The HEAD and TAIL stores of ``group`` (current generation)."""
+        g = self._group(group)
+        return g.head, g.tail
+
+    def _group(self, name: str) -> _Group:
+        for g in self._groups:
+            if g.spec.name == name:
+                return g
+        raise KeyError(f"kv-canary: no KV group named {name!r}")
+
+    def release(self, request_id: RequestId) -> None:
+        """The engine dropped ``request_id`` (finished, aborted, preempted to recompute):
+        its row is freed at the next poll (until then its map still attributes rows)."""
+        self.rows.release(request_id, self._step)
+
+    def live_requests(self) -> frozenset[RequestId]:
+        """Requests holding a row."""
+        return self.rows.live()
+
+    # --- the step ----------------------------------------------------------------
+    def begin_step(self, batch: StepBatch) -> None:
+        """Before the forward: assign rows, grow every buffer from host numbers, expand
+        the slot tables, fill the expected-token pool, plan, and (on a verify step) run
+        the HEAD verify. Nothing syncs."""
+        _refuse_capture("begin_step")
+        if self._pending is not None:
+            raise RuntimeError("kv-canary: begin_step called twice without end_step")
+        if not isinstance(batch, StepBatch):
+            raise TypeError(f"kv-canary: batch must be a StepBatch, got {type(batch).__name__}")
+        if self.timing is not None:
+            self.timing.mark(self.device, 0)
+        step = self._step
+        verify = step % self.config.verify_every == 0
+        st = self.stats
+        for r in batch.rows:
+            st.prefix_hits += int(r.prefix_len > 0 and not self.rows.row_of(r.request_id))
+            st.chunked_rows += int(r.prefix_len > 0 and r.extend_len > 1)
+        rows = [self.rows.assign(r.request_id, step) for r in batch.rows]
+        if len(set(rows)) != len(rows):
+            raise ValueError("kv-canary: a request appears twice in one batch")
+        prefix = [r.prefix_len for r in batch.rows]
+        extend = [r.extend_len for r in batch.rows]
+        ends = [p + e for p, e in zip(prefix, extend)]
+        n = sum(extend)
+        st.steps += 1
+        st.verify_steps += int(verify)
+        st.rows += len(rows)
+        st.tokens += n
+        self._grow_tables(rows, ends)
+        for g in self._groups:  # grow before the plan, from the host's prefix lengths
+            need = verify_entries_needed(prefix, swa_window_size=g.spec.window)
+            g.plan = g.plan.ensure_capacity(write_reqs=len(rows), verify_entries=need)
+
+        pool_rows, pool_pos, pool_tok = self._pool_updates(batch.rows, rows)
+        host = torch.tensor([rows, prefix, extend] if rows else [[], [], []], dtype=torch.int64).to(
+            self.device, non_blocking=True
+        )
+        updates = torch.tensor([pool_rows, pool_pos, pool_tok], dtype=torch.int64).to(
+            self.device, non_blocking=True
+        )
+        rows_t, prefix_t, extend_t = host[0], host[1], host[2]
+        if self.config.check_tokens and updates.shape[1]:
+            self.pool[updates[0], updates[1]] = updates[2].to(torch.int32)
+        for g in self._groups:
+            name = g.spec.name
+            if name not in batch.tables or name not in batch.out_cache_loc:
+                raise ValueError(f"kv-canary: the batch has no table or out_cache_loc for {name!r}")
+            expand_into_req_to_token(
+                g.req_to_token,
+                batch.tables[name],
+                rows=rows_t,
+                lengths=ends,
+                page_size=g.spec.page_size,
+            )
+        pending = _Pending(
+            step=step,
+            verify=verify,
+            n=n,
+            rows=rows,
+            ends=ends,
+            input_ids=_flat("input_ids", batch.input_ids, n),
+            positions=_flat("positions", batch.positions, n),
+            expected_ids=updates[2, :n],
+            expected_positions=updates[1, :n],
+            out_cache_loc={
+                name: _flat(f"out_cache_loc[{name!r}]", t, n)
+                for name, t in batch.out_cache_loc.items()
+            },
+        )
+        for g in self._groups:
+            self.stages.plan(g.plan, **self._plan_kwargs(g, rows_t, prefix_t, extend_t))
+            if verify:
+                self._verify(g, "HEAD", g.head, g.plan, Endpoint.HEAD_VERIFY, step, True)
+        self._pending = pending
+        self._step += 1
+        if self.timing is not None:
+            self.timing.mark(self.device, 1)
+
+    def end_step(self) -> CanaryReport | None:
+        """After the forward: the HEAD write (with the scheduler's tokens and positions as
+        the expected ones) and the TAIL write, every step; the TAIL verify on a verify
+        step; the sweep every ``sweep_every`` steps; and every ``poll_every`` steps the
+        poll, whose report it returns (None on other steps)."""
+        _refuse_capture("end_step")
+        p = self._pending
+        if p is None:
+            raise RuntimeError("kv-canary: end_step called without begin_step")
+        self._pending = None
+        if self.timing is not None:
+            self.timing.mark(self.device, 2)
+        for g in self._groups:
+            plain = dict(
+                input_ids=p.input_ids,
+                positions=p.positions,
+                out_cache_loc=p.out_cache_loc[g.spec.name],
+            )
+            self._write(
+                g,
+                "HEAD",
+                g.head,
+                Endpoint.HEAD_WRITE,
+                p.step,
+                expected_input_ids=p.expected_ids,
+                expected_positions=p.expected_positions,
+                **plain,
+            )
+            if g.tail is not None:
+                self._write(g, "TAIL", g.tail, Endpoint.TAIL_WRITE, p.step, **plain)
+                if p.verify:
+                    self._verify(g, "TAIL", g.tail, g.plan, Endpoint.TAIL_VERIFY, p.step, True)
+        if self.timing is not None:
+            self.timing.mark(self.device, 3)
+        for row, end in zip(p.rows, p.ends):
+            self.rows.stamped(row, end)
+        every = self.config.sweep_every
+        if every and self._step % every == 0 and self.sweep_source is not None:
+            sweep = self.sweep_source()
+            if sweep is not None:
+                self.sweep(sweep)
+        if self._step % self.config.poll_every == 0:
+            return self.poll()
+        return None
+
+    def discard_step(self) -> None:
+        """Drop the step ``begin_step`` prepared when its forward failed (no KV was
+        written, so no record is): the next ``begin_step`` may follow. A no-op between
+        steps."""
+        self._pending = None
+
+    def sweep(self, batch: SweepBatch) -> None:
+        """Re-verify the whole stamped prefix of each running request in ``batch`` against
+        the HEAD store (no token check: docs/contract-canary.md, "Sweep"). Between steps,
+        outside graphs; its rows carry the SWEEP endpoint and the last step's number."""
+        _refuse_capture("sweep")
+        if self._pending is not None:
+            raise RuntimeError("kv-canary: sweep called between begin_step and end_step")
+        known = [(rid, length) for rid, length in batch.requests if self.rows.row_of(rid)]
+        if not known:
+            return
+        self.stats.sweeps += 1
+        rows = [self.rows.row_of(rid) for rid, _ in known]
+        given = [length for _, length in known]
+        verified = [min(length, self.rows.length(row)) for row, length in zip(rows, given)]
+        self._grow_tables(rows, given)
+        host = torch.tensor([rows, verified, [0] * len(rows)], dtype=torch.int64)
+        host = host.to(self.device, non_blocking=True)
+        step = self._step - 1
+        for g in self._groups:
+            if g.spec.name not in batch.tables:
+                continue
+            expand_into_req_to_token(
+                g.req_to_token,
+                batch.tables[g.spec.name],
+                rows=host[0],
+                lengths=given,
+                page_size=g.spec.page_size,
+            )
+            need = verify_entries_needed(verified, swa_window_size=g.spec.window)
+            if g.sweep_plan is None:
+                g.sweep_plan = PlanBuffers.allocate(
+                    write_req_capacity=max(8, len(rows)),
+                    verify_capacity=max(64, need),
+                    device=self.device,
+                )
+            g.sweep_plan = g.sweep_plan.ensure_capacity(write_reqs=len(rows), verify_entries=need)
+            kwargs = self._plan_kwargs(g, host[0], host[1], host[2], pool=False)
+            self.stages.plan(g.sweep_plan, **kwargs)
+            self._verify(g, "HEAD", g.head, g.sweep_plan, Endpoint.SWEEP, step, False)
+
+    # --- launches -------------------------------------------------------------------
+    def _plan_kwargs(
+        self,
+        g: _Group,
+        rows: torch.Tensor,
+        prefix: torch.Tensor,
+        extend: torch.Tensor,
+        *,
+        pool: bool = True,
+    ) -> dict[str, object]:
+        kwargs: dict[str, object] = dict(
+            req_pool_indices=rows,
+            prefix_lens=prefix,
+            extend_seq_lens=extend,
+            req_to_token=g.req_to_token,
+        )
+        if g.spec.window:
+            kwargs.update(swa_window_size=g.spec.window, full_to_swa_index_mapping=g.spec.lut)
+        if pool and self.config.check_tokens:
+            kwargs.update(
+                req_to_verify_expected_tokens=self.pool,
+                req_to_verify_expected_tokens_valid_lens=prefix,
+            )
+        return kwargs
+
+    def _verify(
+        self,
+        g: _Group,
+        store_name: str,
+        store: CanaryStore,
+        plan: PlanBuffers,
+        endpoint: Endpoint,
+        step: int,
+        tokens: bool,
+    ) -> None:
+        self.stages.verify(
+            store,
+            plan,
+            launch_tag=launch_tag(step, g.index, endpoint),
+            check_expected_tokens=tokens and self.config.check_tokens,
+            real_kv=g.real_kv,
+        )
+        self._count(g, store_name)
+
+    def _write(
+        self,
+        g: _Group,
+        store_name: str,
+        store: CanaryStore,
+        endpoint: Endpoint,
+        step: int,
+        **tokens: torch.Tensor,
+    ) -> None:
+        self.stages.write(
+            store,
+            g.plan,
+            launch_tag=launch_tag(step, g.index, endpoint),
+            real_kv=g.real_kv,
+            **tokens,
+        )
+        self._count(g, store_name)
+
+    def _count(self, g: _Group, store_name: str) -> None:
+        key = (g.index, store_name)
+        self._launches[key] = self._launches.get(key, 0) + 1
+
+    # --- growth and the pool -------------------------------------------------------
+    def _grow_tables(self, rows: Sequence[int], ends: Sequence[int]) -> None:
+        """Grow the ``req_to_token`` tables and the pool for ``rows`` reaching positions
+        ``ends``, from host numbers only (a new tensor copies the old one on the stream:
+        no sync)."""
+        need_rows = max(rows, default=0) + 1
+        need_len = max(ends, default=0)
+        cur_rows, cur_len = self.pool.shape
+        if need_rows > cur_rows or need_len > cur_len:
+            shape = (_doubled(cur_rows, need_rows), _doubled(cur_len, need_len))
+            self.pool = _grown(self.pool, shape, -1)
+            for g in self._groups:
+                g.req_to_token = _grown(g.req_to_token, shape, 0)
+
+    def _pool_updates(
+        self, batch: Sequence[Row], rows: Sequence[int]
+    ) -> tuple[list[int], list[int], list[int]]:
+        """``(row, position, token)`` for the pool: first this step's tokens in batch
+        order (``n`` of them: also the HEAD write's expected inputs), then the positions a
+        row's pool lacks below its prefix (a prefix-cache hit, a row first seen
+        mid-sequence), which the scheduler's tokens fill."""
+        out_rows: list[int] = []
+        out_pos: list[int] = []
+        out_tok: list[int] = []
+        gaps: list[tuple[int, int, int, Sequence[int]]] = []
+        for r, row in zip(batch, rows):
+            p, end = r.prefix_len, r.prefix_len + r.extend_len
+            step_tokens = list(r.tokens[p:end])
+            if len(step_tokens) != r.extend_len:
+                raise ValueError(
+                    f"kv-canary: request {r.request_id!r}: tokens holds {len(r.tokens)} "
+                    f"positions, the step needs [0, {end})"
+                )
+            out_rows += [row] * r.extend_len
+            out_pos += range(p, end)
+            out_tok += step_tokens
+            filled = min(self.rows.filled(row), p)
+            if filled < p:
+                gaps.append((row, filled, p, r.tokens))
+            self.rows.fill(row, end - r.draft_len)  # drafts: refilled once accepted
+        for row, lo, hi, tokens in gaps:
+            out_rows += [row] * (hi - lo)
+            out_pos += range(lo, hi)
+            out_tok += list(tokens[lo:hi])
+        return out_rows, out_pos, out_tok
+
+    # --- polling ----------------------------------------------------------------------
+    def poll(self) -> CanaryReport:
+        """Read every store and status word back (a sync with the device), attribute each
+        violation row, run the health check, apply the policy, and free the rows released
+        since the previous poll. Between steps, never inside capture."""
+        _refuse_capture("poll")
+        if self._pending is not None:
+            raise RuntimeError("kv-canary: poll called between begin_step and end_step")
+        self.stats.polls += 1
+        violations: list[EngineViolation] = []
+        appended = dropped = 0
+        plan_status: dict[str, PlanStatus] = {}
+        canary_status: dict[str, CanaryStatus] = {}
+        problems: list[str] = []
+        holders = _SlotHolders(self)
+        for g in self._groups:
+            flags = g.plan.take_status()
+            if g.sweep_plan is not None:
+                flags |= g.sweep_plan.take_status()
+            plan_status[g.spec.name] = flags
+            for store_name, store in g.stores():
+                key = (g.index, store_name)
+                canary_status[f"{g.spec.name}/{store_name}"] = store.take_status()
+                report = store.take_violations()
+                appended += report.appended
+                dropped += report.dropped
+                expected = self._launches.get(key, 0)
+                ran = report.kernel_runs - self._runs_at_poll.get(key, 0)
+                if ran != expected:
+                    problems.append(
+                        f"{g.spec.name}/{store_name} store: {ran} kernel runs since the last "
+                        f"poll, {expected} launched"
+                    )
+                self._runs_at_poll[key] = report.kernel_runs
+                self._launches[key] = 0
+                for v, line in zip(report.violations, report.log_lines()):
+                    violations.append(self._attribute(g, v, holders, line))
+        self._health = (
+            Health(
+                executing=False,
+                message="kv-canary: the canary is not executing: " + "; ".join(problems),
+            )
+            if problems
+            else Health()
+        )
+        # in the order the launches ran: step, endpoint (HEAD verify, writes, TAIL
+        # verify, sweep), group; the ring's order within one launch is unspecified
+        violations.sort(key=lambda v: (v.step, -1 if v.endpoint is None else v.endpoint))
+        report_out = CanaryReport(
+            step=self._step,
+            violations=tuple(violations),
+            appended=appended,
+            dropped=dropped,
+            plan_status=plan_status,
+            canary_status=canary_status,
+            health=self._health,
+        )
+        self.rows.recycle(self._step)
+        self._apply_policy(report_out)
+        return report_out
+
+    def _attribute(
+        self,
+        g: _Group,
+        v: Violation,
+        holders: _SlotHolders,
+        line: str,
+    ) -> EngineViolation:
+        step, _group, endpoint = decode_tag(v.launch_tag)
+        plan_row = getattr(v, "req_pool_index", None)
+        owner = getattr(v, "owner", None)
+        victim = self.rows.holder(plan_row, step) if isinstance(plan_row, int) else None
+        culprit = self.rows.last_holder(owner, step) if isinstance(owner, int) else None
+        if culprit == victim:
+            culprit = None
+        held: tuple[RequestId, ...] = ()
+        if victim is None:
+            # Fallback until the library's rows name their plan row: every request whose
+            # table held the slot in that step.
+            held = holders.of(g, step, v.slot)
+        suffix = engine_suffix(
+            group=g.spec.name,
+            endpoint=endpoint,
+            step=step,
+            request_id=victim,
+            culprit_id=culprit,
+            holders=held,
+        )
+        return EngineViolation(
+            violation=v,
+            group=g.spec.name,
+            endpoint=endpoint,
+            step=step,
+            request_id=victim,
+            culprit_id=culprit,
+            holders=held,
+            line=f"{line} {suffix}",
+        )
+
+    def _apply_policy(self, report: CanaryReport) -> None:
+        if not self._health.executing:
+            logger.error("%s", self._health.message)
+        for name, flags in {**report.plan_status, **report.canary_status}.items():
+            if flags:
+                logger.error("kv-canary: %s status: %r", name, flags)
+        for line in report.log_lines():
+            logger.warning("%s", line)
+        if not report:
+            return
+        if report.dropped:
+            logger.warning("kv-canary: %d violation rows dropped (ring full)", report.dropped)
+        policy = self.config.policy
+        if policy == Policy.RAISE:
+            raise CanaryViolationError(report)
+        if callable(policy):
+            policy(report.request_ids(), report)
+
+
+class _SlotHolders:
+    """The fallback attribution: which requests' ``req_to_token`` rows held a slot in a
+    step (read once per group and poll: the poll syncs anyway)."""
+
+    def __init__(self, runtime: CanaryRuntime) -> None:
+        self._runtime = runtime
+        self._tables: dict[int, torch.Tensor] = {}
+
+    def of(self, g: _Group, step: int, slot: int) -> tuple[RequestId, ...]:
+        table = self._tables.get(g.index)
+        if table is None:
+            table = g.req_to_token.to("cpu", torch.int64)
+            if g.spec.lut is not None:
+                table = g.spec.lut.to("cpu")[table]
+            self._tables[g.index] = table
+        found = []
+        for row, request_id in self._runtime.rows.held_at(step):
+            length = self._runtime.rows.length(row)
+            if length and bool((table[row, :length] == slot).any()):
+                found.append(request_id)
+        return tuple(found)
+
+
+# --- helpers --------------------------------------------------------------------------
+def _stages(name: str, device: torch.device) -> _StageSet:
+    kernels = name == "kernels" or (
+        name == "auto" and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+    )
+    if not kernels:
+        return _StageSet(plan_reference, write_reference, verify_reference, "reference")
+    from kv_canary_kernels import launch_plan, launch_verify, launch_write
+
+    return _StageSet(launch_plan, launch_write, launch_verify, "kernels")
+
+
+@attrs.frozen
+class _StageSet:
+    plan: _Stage
+    write: _Stage
+    verify: _Stage
+    name: str
+
+
+def _refuse_capture(what: str) -> None:
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"kv-canary: CanaryRuntime.{what} was called while the current CUDA stream is "
+            "being captured; the runtime launches eagerly (its host work does not replay): "
+            "run the engine without CUDA graphs (docs/engines/runtime.md)"
+        )
+
+
+def _flat(name: str, t: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` values of a per-token tensor as contiguous int64 (a view when it
+    already is)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"kv-canary: {name} must be a torch.Tensor, got {type(t).__name__}")
+    flat = t.reshape(-1)
+    if flat.shape[0] < n:
+        raise ValueError(f"kv-canary: {name} has {flat.shape[0]} values, the batch writes {n}")
+    return flat[:n].to(torch.int64).contiguous()
+
+
+def _doubled(current: int, need: int) -> int:
+    return current if need <= current else max(need, 2 * current)
+
+
+def _grown(t: torch.Tensor, shape: tuple[int, int], fill: int) -> torch.Tensor:
+    out = torch.full(shape, fill, dtype=t.dtype, device=t.device)
+    out[: t.shape[0], : t.shape[1]] = t
+    return out

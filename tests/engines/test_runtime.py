@@ -1,0 +1,536 @@
+"""The engine-neutral runtime against a tiny fake paged engine (no engine installed): a
+clean run, every fault kind caught with the right request, the verify stride, the sweep,
+polling, policies, growth, the health check and bad input. Torch references unless a test
+says otherwise (one short run with the Triton kernels, under the interpreter on CPU)."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+import torch
+
+from kv_canary_buffers import FailBits
+from kv_canary_engines import (
+    BlockTable,
+    CanaryConfig,
+    CanaryRuntime,
+    CanaryViolationError,
+    Endpoint,
+    KVGroup,
+    Row,
+    StepBatch,
+    TokenSlots,
+    decode_tag,
+    expand_into_req_to_token,
+    launch_tag,
+)
+from kv_canary_engines.faults import FaultKind, Injection, explained, first_catch
+from tests.engines.fake_engine import PAGE, FakeEngine, Req, default_config
+
+SGLANG_LINE = re.compile(
+    r"^kv_canary violation: launch_tag=(\S+) fail_reason=(\S+) slot_idx=\d+ position=-?\d+ "
+    r"stored_token=-?\d+ expected_token=-?\d+ stored_chain_hash=0x[0-9a-f]{16} "
+    r"expected_aux=0x[0-9a-f]{16} "
+)
+
+
+def workload(engine: FakeEngine, n: int = 16, output: int = 16) -> None:
+    """Requests of 3 to 20 tokens, every third one sharing a 12-token prompt prefix."""
+    shared = engine.rand_tokens(12)
+    for i in range(n):
+        if i % 3 == 0:
+            prompt = shared + engine.rand_tokens(1 + i % 4)
+        else:
+            prompt = engine.rand_tokens(3 + (7 * i) % 18)
+        engine.add(f"req-{i}", prompt, output)
+
+
+def violations(engine: FakeEngine) -> list:
+    return [v for r in engine.reports for v in r.violations]
+
+
+def reference_tokens(**engine_kwargs: object) -> dict[str, list[int]]:
+    engine = FakeEngine(**engine_kwargs)  # type: ignore[arg-type]
+    workload(engine)
+    engine.run(200)
+    return engine.finished
+
+
+# --- clean runs ----------------------------------------------------------------------
+@pytest.mark.parametrize("tables", ["block", "token"])
+def test_a_clean_run_has_no_violation_and_the_same_tokens(tables):
+    engine = FakeEngine(tables=tables)
+    runtime = engine.attach(default_config(sweep_every=5))
+    workload(engine)
+    engine.run(200)
+    assert len(engine.finished) == 16
+    assert violations(engine) == []
+    assert runtime.health.executing
+    st = runtime.stats
+    # chunked prefill, prefix hits and block reuse all happened
+    assert st.chunked_rows > 0 and st.prefix_hits > 0 and st.sweeps > 0
+    blocks = [b for _, b in engine.allocations]
+    assert len(blocks) > len(set(blocks))
+    assert st.steps >= 40
+    assert engine.finished == reference_tokens(tables=tables)
+
+
+def test_a_sliding_window_group_verifies_only_its_window():
+    engine = FakeEngine(window=6, prefix_cache=False)
+    runtime = engine.attach(default_config())
+    workload(engine, n=6, output=20)
+    engine.run(8)
+    assert violations(engine) == []
+    victim = _decoding(engine, min_blocks=3)
+    engine.kv.view(-1, 8)[victim.blocks[0] * PAGE, 0] += 1.0  # position 0: out of the window
+    engine.run(2)
+    groups = {v.group for v in violations(engine)}
+    assert groups == {"full"}  # the window group no longer reads position 0
+    pos = victim.cached - 2  # inside the window
+    engine.kv.view(-1, 8)[victim.blocks[pos // PAGE] * PAGE + pos % PAGE, 0] += 1.0
+    engine.run(1)
+    recent = [v for v in violations(engine) if v.group == "swa"]
+    assert recent and all(v.request_ids() == {victim.id} for v in recent)
+    assert runtime.health.executing
+
+
+def test_rows_start_at_one_and_a_released_row_is_reused_after_the_poll():
+    engine = FakeEngine()
+    runtime = engine.attach(default_config(poll_every=1000))
+    engine.add("a", engine.rand_tokens(5), 2)
+    engine.step()
+    assert runtime.rows.row_of("a") == 1  # never 0, the plan's padding row
+    engine.abort(frozenset({"a"}))
+    engine.add("b", engine.rand_tokens(5), 2)
+    engine.step()
+    assert runtime.rows.row_of("b") == 2  # "a"'s row waits for the poll
+    runtime.poll()
+    engine.add("c", engine.rand_tokens(5), 2)
+    engine.step()
+    assert runtime.rows.row_of("c") == 1
+
+
+def test_writes_run_every_step_and_verifies_every_n():
+    engine = FakeEngine()
+    runtime = engine.attach(default_config(verify_every=3, tail=True, poll_every=1000))
+    workload(engine, n=4)
+    engine.run(9)
+    head, tail = runtime.stores("full")
+    report = runtime.poll()
+    assert report.violations == ()
+    steps = runtime.step
+    verifies = len(range(0, steps, 3))
+    assert head.take_violations().kernel_runs == steps + verifies  # write + HEAD verify
+    assert tail is not None and tail.take_violations().kernel_runs == steps + verifies
+    assert runtime.stats.verify_steps == verifies
+
+
+# --- faults ------------------------------------------------------------------------------
+def _decoding(engine: FakeEngine, min_blocks: int = 2) -> Req:
+    """A decoding request whose blocks no other request shares (a fault on it harms it
+    alone)."""
+    for req in engine.running:
+        decoding = req.cached >= len(req.prompt)
+        if decoding and len(req.blocks) >= min_blocks and engine.alone(req):
+            return req
+    raise AssertionError("no decoding request with enough blocks")
+
+
+def _run_until(engine: FakeEngine, pred, limit: int = 100) -> None:
+    for _ in range(limit):
+        if pred(engine):
+            return
+        engine.step()
+    raise AssertionError("the engine never reached the state the fault needs")
+
+
+def _caught(engine: FakeEngine, inj: Injection, *, max_delay: int = 1):
+    caught = first_catch(inj, engine.reports)
+    assert caught is not None, f"{inj.kind.value} was not caught: {inj.detail}"
+    assert caught.step - inj.step <= max_delay
+    assert inj.victims & caught.request_ids()
+    unexplained = [v.line for v in violations(engine) if not explained([inj], v)]
+    assert unexplained == []
+    return caught
+
+
+def _engine(**kwargs: object) -> FakeEngine:
+    """An engine whose policy aborts the named requests; no prefix cache, so that a
+    damaged block reaches no later request through a prefix hit (the stale-hit test has
+    its own)."""
+    kwargs.setdefault("prefix_cache", False)
+    engine = FakeEngine(**kwargs)  # type: ignore[arg-type]
+    engine.attach(default_config(policy=lambda ids, report: engine.abort(ids)))
+    workload(engine, n=8, output=16)
+    return engine
+
+
+def test_a_page_freed_while_referenced_is_caught_in_the_step_that_reuses_it():
+    engine = _engine()
+    _run_until(engine, lambda e: any(r.cached > 2 * PAGE and e.alone(r) for r in e.running))
+    victim = next(r for r in engine.running if r.cached > 2 * PAGE and engine.alone(r))
+    block = victim.blocks[0]
+    engine.force_block = (block, frozenset({victim.id}))
+    step = engine.runtime.step
+    _run_until(engine, lambda e: e.force_block is None)
+    culprit = next(rid for rid, b in engine.allocations if b == block and rid != victim.id)
+    inj = Injection(FaultKind.FREED_PAGE_REUSED, step, {victim.id}, {culprit}, "")
+    engine.run(3)
+    caught = _caught(engine, inj, max_delay=PAGE)
+    assert caught.violation.fail_bits & (FailBits.CHAIN | FailBits.POSITION)
+    assert culprit in caught.request_ids() or caught.culprit_id == culprit
+
+
+def test_a_page_handed_to_two_requests_is_caught_and_names_both():
+    engine = _engine()
+    engine.run(3)
+    engine.double_alloc = []
+    step = engine.runtime.step
+    _run_until(engine, lambda e: e.double_alloc is None)
+    assert engine.doubled is not None
+    first, second, _block = engine.doubled
+    owners = {first, second}
+    inj = Injection(FaultKind.DOUBLE_ALLOCATION, step, owners, owners, "")
+    engine.run(3)
+    caught = _caught(engine, inj, max_delay=PAGE)
+    assert caught.request_ids() >= owners
+
+
+def test_an_off_by_one_in_the_slot_mapping_is_caught_at_the_next_step():
+    engine = _engine()
+    _run_until(engine, lambda e: any(r.cached >= len(r.prompt) and e.alone(r) for r in e.running))
+    victim = next(r for r in engine.running if r.cached >= len(r.prompt) and engine.alone(r))
+    engine.slot_shift[victim.id] = 1
+    step = engine.runtime.step
+    engine.step()
+    del engine.slot_shift[victim.id]
+    engine.run(2)
+    caught = _caught(engine, Injection(FaultKind.SLOT_OFF_BY_ONE, step, {victim.id}, set(), ""))
+    assert caught.step == step + 1 and caught.endpoint is Endpoint.HEAD_VERIFY
+
+
+def test_kv_bytes_overwritten_in_a_forward_are_caught_by_that_steps_tail_verify():
+    engine = _engine()
+    engine.run(4)
+    victim = _decoding(engine, min_blocks=1)
+    slot = victim.blocks[0] * PAGE + 1
+
+    def scribble(e: FakeEngine, batch: list[Req], out: torch.Tensor) -> None:
+        e.kv.view(-1, 8)[slot, 0] += 1.0
+        e.in_forward.clear()
+
+    engine.in_forward.append(scribble)
+    step = engine.runtime.step
+    engine.run(3)
+    caught = _caught(engine, Injection(FaultKind.KV_OVERWRITTEN, step, {victim.id}, set(), ""))
+    assert caught.step == step and caught.endpoint is Endpoint.TAIL_VERIFY
+    assert caught.violation.fail_bits == FailBits.REAL_KV
+
+
+def test_a_padding_write_on_a_live_slot_is_caught():
+    engine = _engine()
+    engine.run(4)
+    victim = _decoding(engine, min_blocks=1)
+    slot = victim.blocks[0] * PAGE
+
+    def padding(e: FakeEngine, batch: list[Req], out: torch.Tensor) -> None:
+        # the batch's padding token (not in out_cache_loc) writes its KV at a live slot
+        e.kv.view(-1, 8)[slot] = torch.zeros(8)
+        e.in_forward.clear()
+
+    engine.in_forward.append(padding)
+    step = engine.runtime.step
+    engine.run(3)
+    caught = _caught(engine, Injection(FaultKind.PADDING_WRITE, step, {victim.id}, set(), ""))
+    assert caught.step == step and caught.violation.fail_bits & FailBits.REAL_KV
+
+
+def test_a_stale_prefix_cache_hit_is_caught_and_names_the_request_that_hit():
+    engine = FakeEngine(stale_cache=True)
+    engine.attach(default_config(policy=lambda ids, report: engine.abort(ids)))
+    shared = engine.rand_tokens(2 * PAGE)
+    engine.add("first", shared + [1], 3)
+    _run_until(engine, lambda e: "first" in e.finished)
+    engine.add("filler", engine.rand_tokens(4 * PAGE), 3)  # reuses the freed blocks
+    _run_until(engine, lambda e: e.running and e.running[0].cached >= 3 * PAGE)
+    step = engine.runtime.step
+    engine.add("late", shared + [2], 3)
+    engine.run(4)
+    inj = Injection(FaultKind.STALE_PREFIX_HIT, step, {"late"}, {"filler"}, "")
+    caught = _caught(engine, inj)
+    assert caught.endpoint is Endpoint.HEAD_VERIFY
+    assert engine.runtime.stats.prefix_hits >= 1
+
+
+def test_rejected_drafts_not_rolled_back_fail_verify_token():
+    clean = FakeEngine(speculate=2)
+    clean.attach(default_config())
+    workload(clean, n=6, output=12)
+    clean.run(120)
+    assert len(clean.finished) == 6 and violations(clean) == []
+
+    engine = FakeEngine(speculate=2)
+    engine.attach(default_config(policy=lambda ids, report: engine.abort(ids)))
+    workload(engine, n=6, output=12)
+    engine.run(6)
+    engine.rollback = False
+    victims = {r.id for r in engine.running if r.cached >= len(r.prompt)}
+    step = engine.runtime.step
+    engine.step()
+    engine.rollback = True
+    engine.run(3)
+    inj = Injection(FaultKind.SPECULATIVE_NOT_ROLLED_BACK, step, victims, set(), "")
+    caught = _caught(engine, inj)
+    assert caught.violation.fail_bits & FailBits.VERIFY_TOKEN
+
+
+# --- sweep, polls, policies ------------------------------------------------------------------
+def test_the_sweep_catches_damage_to_a_request_the_batches_leave_out():
+    engine = FakeEngine()
+    runtime = engine.attach(default_config(sweep_every=3))
+    workload(engine, n=4, output=20)
+    engine.run(6)
+    held = _decoding(engine, min_blocks=1)
+    engine.hold.add(held.id)
+    engine.run(2)
+    engine.kv.view(-1, 8)[held.blocks[0] * PAGE, 0] += 1.0  # between steps
+    step = runtime.step
+    engine.run(4)
+    found = [v for v in violations(engine) if v.request_ids() & {held.id}]
+    assert found and {v.endpoint for v in found} == {Endpoint.SWEEP}
+    assert found[0].step >= step and found[0].violation.fail_bits == FailBits.REAL_KV
+
+
+def test_a_poll_maps_old_steps_to_their_requests_and_returns_none_between_polls():
+    engine = FakeEngine()
+    runtime = engine.attach(default_config(poll_every=4))
+    workload(engine, n=4, output=20)
+    engine.run(4)
+    assert len(engine.reports) == 1
+    victim = _decoding(engine, min_blocks=1)
+    slot = victim.blocks[0] * PAGE
+    engine.in_forward.append(lambda e, batch, out: e.kv.view(-1, 8)[slot, 0].add_(1.0))
+    step = runtime.step
+    engine.step()  # its TAIL verify sees the damage; the poll comes 3 steps later
+    engine.in_forward.clear()
+    engine.abort(frozenset({victim.id}))  # released before the poll reads the rows
+    engine.add("newcomer", engine.rand_tokens(6), 4)
+    engine.run(3)
+    assert len(engine.reports) == 2  # steps 4..7 in one poll
+    named = {rid for v in engine.reports[1].violations for rid in v.request_ids()}
+    assert victim.id in named and "newcomer" not in named
+    assert all(v.step >= step for v in engine.reports[1].violations)
+
+
+def test_log_lines_keep_sglangs_format_and_name_the_request(caplog):
+    engine = _engine()
+    engine.run(4)
+    victim = _decoding(engine, min_blocks=1)
+    engine.slot_shift[victim.id] = 1
+    with caplog.at_level(logging.WARNING, logger="kv_canary"):
+        engine.run(2)
+    lines = [r.getMessage() for r in caplog.records if r.name == "kv_canary"]
+    rows = [line for line in lines if line.startswith("kv_canary violation:")]
+    names = {  # SGLang's fail_reason labels
+        "verify_chain_hash",
+        "verify_position",
+        "verify_real_kv_hash",
+        "write_token",
+        "write_position",
+        "verify_token",
+    }
+    assert rows and any(victim.id in line for line in rows)
+    for line in rows:
+        m = SGLANG_LINE.match(line)
+        assert m, line
+        step, _group, endpoint = decode_tag(int(m.group(1)))
+        assert endpoint is not None and f"endpoint={endpoint.name} step={step}" in line
+        assert set(m.group(2).split("+")) <= names
+
+
+def test_the_raise_policy_names_the_requests():
+    engine = FakeEngine()
+    engine.attach(default_config(policy="raise"))
+    workload(engine, n=4, output=20)
+    engine.run(4)
+    victim = _decoding(engine, min_blocks=1)
+    engine.slot_shift[victim.id] = 1
+    engine.step()
+    with pytest.raises(CanaryViolationError, match=r"kv-canary: .*violation.*" + victim.id) as err:
+        engine.step()
+    assert victim.id in err.value.report.request_ids()
+
+
+def test_the_callback_policy_aborts_the_requests_and_the_run_goes_on_clean():
+    engine = _engine()
+    engine.run(4)
+    victim = _decoding(engine, min_blocks=1)
+    engine.slot_shift[victim.id] = 1
+    engine.step()
+    del engine.slot_shift[victim.id]
+    engine.run(200)
+    assert victim.id not in engine.finished  # aborted
+    assert len(engine.finished) == 7
+    named = {rid for v in violations(engine) for rid in v.request_ids()}
+    assert named <= {victim.id} | _neighbours(engine, victim)
+
+
+def _neighbours(engine: FakeEngine, victim: Req) -> set[str]:
+    """Requests that held a slot next to the victim's (its shifted write may land there)."""
+    blocks = set(victim.blocks)
+    return {rid for rid, b in engine.allocations if b in blocks or b - 1 in blocks}
+
+
+def test_the_health_check_says_when_launches_did_not_run(caplog):
+    engine = FakeEngine()
+    runtime = engine.attach(default_config())
+    workload(engine, n=3)
+    engine.run(2)
+    real_write = runtime.stages.write
+    object.__setattr__(runtime.stages, "write", lambda *a, **k: None)  # the canary stops
+    with caplog.at_level(logging.ERROR, logger="kv_canary"):
+        engine.step()
+    assert not runtime.health.executing
+    assert "not executing" in runtime.health.message
+    assert any("not executing" in r.getMessage() for r in caplog.records)
+    object.__setattr__(runtime.stages, "write", real_write)
+    runtime.poll()
+    assert runtime.health.executing
+
+
+# --- growth, tables, tags ---------------------------------------------------------------------
+def test_buffers_grow_from_host_numbers_and_long_prefixes_are_verified():
+    engine = FakeEngine(num_blocks=200, chunk=40)
+    runtime = engine.attach(default_config())
+    for i in range(9):
+        engine.add(f"long-{i}", engine.rand_tokens(60 + 5 * i), 8)
+    engine.run(4)
+    assert runtime.pool.shape[1] >= 100  # from 16 positions a row
+    assert runtime.pool.shape[0] > 6  # from 2 rows
+    victim = _decoding(engine, min_blocks=10)
+    engine.kv.view(-1, 8)[victim.blocks[9] * PAGE, 0] += 1.0  # deep in a long prefix
+    engine.run(2)
+    assert {victim.id} & {r for v in violations(engine) for r in v.request_ids()}
+    assert all(not flags for r in engine.reports for flags in r.plan_status.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_block_tables_and_token_slots_expand_to_the_same_req_to_token(dtype):
+    gen = torch.Generator().manual_seed(3)
+    page, rows, lengths = 4, torch.tensor([3, 1, 5]), [9, 0, 4]
+    blocks = torch.randint(1, 50, (3, 3), generator=gen, dtype=dtype)
+    expected = torch.full((6, 12), 7, dtype=torch.int32)
+    for b, (row, length) in enumerate(zip(rows.tolist(), lengths)):
+        for pos in range(length):
+            expected[row, pos] = int(blocks[b, pos // page]) * page + pos % page
+    a = torch.full((6, 12), 7, dtype=torch.int32)
+    expand_into_req_to_token(
+        a, BlockTable(table=blocks), rows=rows, lengths=lengths, page_size=page
+    )
+    flat = torch.cat([expected[r, :n] for r, n in zip(rows.tolist(), lengths)]).to(dtype)
+    b_ = torch.full((6, 12), 7, dtype=torch.int32)
+    expand_into_req_to_token(b_, TokenSlots(slots=flat), rows=rows, lengths=lengths, page_size=page)
+    assert torch.equal(a, expected) and torch.equal(b_, expected)
+
+
+def test_timing_measures_the_host_time_around_the_forward():
+    engine = FakeEngine()
+    runtime = engine.attach(default_config(timing=True))
+    workload(engine, n=3)
+    engine.run(5)
+    assert runtime.timing is not None
+    assert len(runtime.timing.host_pre_s) == len(runtime.timing.host_post_s) == runtime.step
+    summary = runtime.timing.summary()
+    assert summary["host_pre_us"] > 0 and summary["host_post_us"] > 0
+    assert "canary_share" not in summary  # GPU events on CUDA only
+    assert engine.attach(default_config()).timing is None
+
+
+def test_launch_tags_round_trip():
+    for step in (0, 1, 12345, 2**40):
+        for group in (0, 3, 15):
+            for endpoint in Endpoint:
+                assert decode_tag(launch_tag(step, group, endpoint)) == (step, group, endpoint)
+
+
+# --- bad input ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(verify_every=0), "verify_every must be an integer >= 1"),
+        (dict(poll_every=-1), "poll_every"),
+        (dict(policy="abort"), "policy must be 'log', 'raise' or a callable"),
+        (dict(stages="gpu"), "stages"),
+    ],
+)
+def test_a_bad_config_is_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CanaryConfig(**kwargs)
+
+
+@pytest.mark.parametrize("value", [1.0, True, "2", None])
+def test_a_non_integer_stride_is_a_type_error(value):
+    with pytest.raises(TypeError, match="kv-canary: verify_every must be an integer >= 1, got"):
+        CanaryConfig(verify_every=value)
+
+
+def _runtime() -> CanaryRuntime:
+    group = KVGroup(name="full", num_slots=64, page_size=4)
+    return CanaryRuntime(default_config(), [group], device="cpu")
+
+
+def _batch(**changes: object) -> StepBatch:
+    kwargs: dict[str, object] = dict(
+        rows=[Row(request_id="a", prefix_len=0, extend_len=2, tokens=[5, 6])],
+        tables={"full": BlockTable(table=torch.tensor([[1]]))},
+        out_cache_loc={"full": torch.tensor([4, 5])},
+        input_ids=torch.tensor([5, 6]),
+        positions=torch.tensor([0, 1]),
+    )
+    kwargs.update(changes)
+    return StepBatch(**kwargs)  # type: ignore[arg-type]
+
+
+def test_bad_steps_are_refused_with_kv_canary_errors():
+    with pytest.raises(ValueError, match="kv-canary: groups must be"):
+        CanaryRuntime(default_config(), [], device="cpu")
+    group = KVGroup(name="full", num_slots=64)
+    with pytest.raises(ValueError, match="distinct names"):
+        CanaryRuntime(default_config(), [group, group], device="cpu")
+    rt = _runtime()
+    with pytest.raises(RuntimeError, match="kv-canary: end_step called without begin_step"):
+        rt.end_step()
+    with pytest.raises(ValueError, match="kv-canary: the batch has no table"):
+        rt.begin_step(_batch(tables={}))
+    rt = _runtime()
+    rows = [Row(request_id="a", prefix_len=0, extend_len=1, tokens=[5])] * 2
+    with pytest.raises(ValueError, match="kv-canary: a request appears twice"):
+        rt.begin_step(_batch(rows=rows))
+    rt = _runtime()
+    with pytest.raises(ValueError, match="kv-canary: request 'a': tokens holds 1 positions"):
+        rt.begin_step(_batch(rows=[Row(request_id="a", prefix_len=0, extend_len=2, tokens=[5])]))
+    with pytest.raises(ValueError, match="draft_len = 3 must be <= extend_len = 2"):
+        Row(request_id="a", prefix_len=0, extend_len=2, tokens=[5, 6], draft_len=3)
+    with pytest.raises(TypeError, match=r"kv-canary: BlockTable\.table must be a torch\.Tensor"):
+        BlockTable(table=[[1]])  # type: ignore[arg-type]
+    rt = _runtime()
+    rt.begin_step(_batch())
+    with pytest.raises(RuntimeError, match="begin_step called twice"):
+        rt.begin_step(_batch())
+    assert rt.end_step() is not None  # poll_every=1
+
+
+def test_a_short_run_with_the_triton_kernels():
+    engine = FakeEngine(num_blocks=24)
+    runtime = engine.attach(default_config(stages="kernels"))
+    assert runtime.stages.name == "kernels"
+    for i in range(3):
+        engine.add(f"k{i}", engine.rand_tokens(6 + i), 3)
+    engine.run(3)
+    victim = _decoding(engine, min_blocks=1)
+    engine.kv.view(-1, 8)[victim.blocks[0] * PAGE, 0] += 1.0
+    engine.run(2)
+    named = {rid for v in violations(engine) for rid in v.request_ids()}
+    assert named == {victim.id}
