@@ -366,7 +366,7 @@ class RealKV:
 
     def _build_table(self, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The kernels' source table over ``tensors`` (these sources' tensors, or copies of
-        them of the same layout but for the row stride: see :meth:`table_over`)."""
+        them of the same layout but for the row stride: see :meth:`_table_over`)."""
         device = tensors[0].device if tensors else torch.device("cpu")
         if self.mode is _NONE or not tensors:
             return torch.zeros((0, len(SOURCE_TABLE_COLUMNS)), dtype=RECORD_DTYPE)
@@ -385,7 +385,7 @@ class RealKV:
             )
         return torch.tensor(rows, dtype=RECORD_DTYPE).to(device)
 
-    def table_over(self, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def _table_over(self, tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """A source table over ``tensors`` instead of this object's sources: copies of
         them (``torch.compile``'s functionalization may pass copies), each of the same
         shape, dtype and strides but perhaps the row stride, 16-byte aligned. Allocates

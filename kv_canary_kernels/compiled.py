@@ -456,7 +456,7 @@ def _with_sources(args: WriteArgs | VerifyArgs, given: Sequence[torch.Tensor]) -
     if table is None:
         if len(tables) >= _COPY_TABLES_PER_REAL_KV:
             tables.clear()
-        table = tables[key] = real_kv.table_over(copies)
+        table = tables[key] = real_kv._table_over(copies)
     return args._replace(real_kv=cast(RealKV, _SourcesOver(real_kv, table)))
 
 
