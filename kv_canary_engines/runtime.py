@@ -201,6 +201,10 @@ class KVGroup:
             hash reads: 2-D, one row per ``real_kv_page_size`` slots.
         real_kv_page_size: slots per source row (default ``page_size``).
         real_kv_bytes_per_token: bytes of one slot within a source row.
+        slot0_real: the engine itself puts real tokens at slot 0 (transformers 5.17,
+            whose block 0 is a real block): the stores' ``PADDING_SLOT_WRITTEN`` bit is
+            then that engine's normal and is cleared at poll instead of logged; the
+            adapter counts the steps whose slot 0 went unchecked.
     """
 
     name: str
@@ -211,6 +215,7 @@ class KVGroup:
     real_kv_sources: tuple[torch.Tensor, ...] = attrs.field(default=(), converter=_sources)
     real_kv_page_size: int | None = None
     real_kv_bytes_per_token: int = 0
+    slot0_real: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -743,7 +748,10 @@ class CanaryRuntime:
             plan_status[g.spec.name] = flags
             for store_name, store in g.stores():
                 key = (g.index, store_name)
-                canary_status[f"{g.spec.name}/{store_name}"] = store.take_status()
+                store_flags = store.take_status()
+                if g.spec.slot0_real:
+                    store_flags &= ~CanaryStatus.PADDING_SLOT_WRITTEN
+                canary_status[f"{g.spec.name}/{store_name}"] = store_flags
                 report = store.take_violations()
                 appended += report.appended
                 dropped += report.dropped

@@ -352,6 +352,7 @@ class TransformersCanary:
             page_size=layout.page_size,
             real_kv_sources=sources,
             real_kv_bytes_per_token=bytes_per_token,
+            slot0_real=isinstance(layout, _BlockLayout),
         )
         self._layout, self._cache = layout, cache
         device = sources[0].device

@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from kv_canary_buffers import FailBits
+from kv_canary_buffers import CanaryStatus, FailBits
 from kv_canary_engines import (
     BlockTable,
     CanaryConfig,
@@ -522,8 +522,9 @@ def test_bad_steps_are_refused_with_kv_canary_errors():
     assert rt.end_step() is not None  # poll_every=1
 
 
-def test_a_short_run_with_the_triton_kernels():
-    engine = FakeEngine(num_blocks=24)
+def test_a_short_run_with_the_triton_kernels(device):
+    # CUDA where the machine has it (the kernels compiled), else the interpreter on CPU
+    engine = FakeEngine(num_blocks=24, device=str(device))
     runtime = engine.attach(default_config(stages="kernels"))
     assert runtime.stages.name == "kernels"
     for i in range(3):
@@ -534,3 +535,24 @@ def test_a_short_run_with_the_triton_kernels():
     engine.run(2)
     named = {rid for v in violations(engine) for rid in v.request_ids()}
     assert named == {victim.id}
+
+
+@pytest.mark.parametrize("slot0_real", [False, True])
+def test_a_real_token_at_slot_0_is_flagged_unless_the_engine_puts_real_tokens_there(
+    slot0_real,
+):
+    """A busy row writing slot 0 raises ``PADDING_SLOT_WRITTEN`` (a padding bug in most
+    engines); an engine whose block 0 is real (transformers 5.17) declares it and the
+    bit is cleared at poll rather than logged on every clean step."""
+    group = KVGroup(name="full", num_slots=64, page_size=4, slot0_real=slot0_real)
+    rt = CanaryRuntime(default_config(), [group], device="cpu")
+    rt.begin_step(
+        _batch(
+            tables={"full": BlockTable(table=torch.tensor([[0]]))},
+            out_cache_loc={"full": torch.tensor([0, 1])},
+        )
+    )
+    report = rt.end_step()  # poll_every=1
+    assert report is not None
+    flags = report.canary_status["full/HEAD"]
+    assert bool(flags & CanaryStatus.PADDING_SLOT_WRITTEN) is not slot0_real

@@ -102,7 +102,7 @@ def test_verify_and_write_equal_references_at_engine_sizes(bs, window, mode):
     hit = torch.randint(1, num_slots, (7,), generator=g).to(DEV)
     base.records[hit, 0] += 1
     if mode is not RealKVMode.NONE:
-        real_kv.sources[0].view(-1)[:64] += 1
+        real_kv.sources[0].tensor.view(-1)[:64] += 1
     lut = torch.randperm(num_slots, generator=g).to(DEV) if window else None
     plan = PlanBuffers.allocate(write_req_capacity=bs, verify_capacity=bs * 210, device=DEV)
     extend = torch.randint(0, 4, (bs,), generator=g).to(DEV)

@@ -64,6 +64,9 @@ print(json.dumps(out))
 def run(first: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(ROOT)
+    # a CPU machine's view, also on a GPU machine (where Triton's driver is CUDA's, and a
+    # kernel launched outside the interpreter fails in other words)
+    env["CUDA_VISIBLE_DEVICES"] = ""
     out = subprocess.run(
         [sys.executable, "-c", SCRIPT, first],
         capture_output=True,
