@@ -36,7 +36,11 @@ SGLang's runtime is not imported: ``load_installed_sglang`` executes only
 torch references standing in for its CUDA kernels (same signatures) and this project's
 kernels in Triton's interpreter.
 
-Last answer: not run yet (prepared without a GPU).
+Last answer (H200, 4e5a91e, sglang 0.5.23): every case the same outputs, this project's
+GPU time 0.24 to 0.80 of SGLang's (us, ours / SGLang's): verify 4096 rows NONE 62.2 /
+108.0, PARTIAL 174.8 / 251.7, ALL 1,307 / 5,216; write 4096 x 1 2.8 / 6.4, 16 x 2048 238 /
+597, 1 x 8192 946 / 2,121; plan 64 / 256 / 4096 rows 3.3 / 13.8, 4.6 / 15.3, 31.5 / 96.2.
+The whole table is in docs/performance.md.
 """
 
 from __future__ import annotations
