@@ -144,6 +144,7 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
     from kv_canary_kernels import launch_plan
     from kv_canary_kernels.config import DEFAULT_LAUNCH_CONFIG
     from kv_canary_kernels.plan import dispatch_plan
+    from tests.helpers.plan import poison
 
     device = ENV.device
     mean_prefix = MEAN_PREFIX if on_gpu() else SMOKE_MEAN_PREFIX
@@ -161,8 +162,7 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
             )
             plan_reference(ref, **kwargs)
             impls = {"launch_plan": launch_plan, "torch_only": torch_plan}
-            # SGLang's design reads the CUDA device's properties: not in smoke mode.
-            if bs <= SGLANG_MAX_BS and on_gpu():
+            if bs <= SGLANG_MAX_BS:
                 impls["sglang_design"] = sglang_design_plan
             for name, fn in impls.items():
 
@@ -170,6 +170,7 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
                     buffers = PlanBuffers.allocate(
                         write_req_capacity=bs, verify_capacity=entries, device=device
                     )
+                    poison(buffers)  # an output the implementation does not write shows
                     fn(buffers, **kwargs)
                     if not plans_equal(buffers, ref, bs):
                         raise AssertionError(f"{name} differs from plan_reference at bs={bs}")
@@ -185,6 +186,7 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
                     buffers = PlanBuffers.allocate(
                         write_req_capacity=bs, verify_capacity=entries, device=device
                     )
+                    poison(buffers)
                     launch_plan(buffers, **kwargs)
                     if not plans_equal(buffers, ref, bs):
                         raise AssertionError(f"the one-launch plan differs at bs={bs}")
