@@ -518,42 +518,14 @@ def sglang_verify_case(
     same violation rows); then SGLang's verify is timed as ``launch_verify`` is and must
     stay clean. Ours runs on a copy of the case's store. Beyond SGLang's limits (real-KV
     sources), an absent cell."""
-    from benchmarks.sglang_cuda import (
-        OurSide,
-        SglangSide,
-        fill_and_compare,
-        plan_and_compare,
-        sources_limit,
-        verify_and_compare,
-    )
+    from benchmarks.sglang_cuda import sources_limit, verify_and_compare
 
     limit = sources_limit(sglang, len(real_kv.sources) if real_kv is not None else 0)
     if limit is not None:
         rec.add("absent", "sglang_cuda", "us_per_call", 0, note=limit, **case)
         return
-    capacity = max(world.entries, 1)
-    ours = OurSide(
-        copy.deepcopy(store),
-        PlanBuffers.allocate(
-            write_req_capacity=world.bs, verify_capacity=capacity, device=world.device
-        ),
-        real_kv=real_kv,
-        launch_tag=VERIFY_TAG,
-    )
-    theirs = SglangSide(
-        sglang,
-        bs=world.bs,
-        verify_capacity=capacity,
-        device=world.device,
-        num_slots=world.num_slots,
-        real_kv=real_kv,
-        launch_tag=VERIFY_TAG,
-        ring=VIOLATION_CAPACITY,
-    )
-    bad = []
-    if world.prefix_tokens:
-        bad += fill_and_compare(ours, theirs, world.fill_kwargs, world.fill_inputs, world.bs)
-    bad += plan_and_compare(ours, theirs, world.plan_kwargs, world.bs)
+    ours = _our_side(world, copy.deepcopy(store), real_kv, VERIFY_TAG)
+    theirs, bad = _sglang_beside(sglang, ours, world)
     bad += verify_and_compare(ours, theirs, seed=world.bs + 1)
     del ours
     if bad:
@@ -568,41 +540,33 @@ def sglang_write_case(
     case's store after the fill) and a fresh SGLang store, each side writes the fill from its
     own plan (records byte for byte), plans the step (the plan fields) and writes it (records,
     counters, no violation); then SGLang's write is timed as ``launch_write`` is."""
-    from benchmarks.sglang_cuda import (
-        OurSide,
-        SglangSide,
-        fill_and_compare,
-        plan_and_compare,
-        write_and_compare,
-    )
+    from benchmarks.sglang_cuda import write_and_compare
 
-    capacity = max(world.entries, 1)
-    ours = OurSide(
-        start,
-        PlanBuffers.allocate(
-            write_req_capacity=world.bs, verify_capacity=capacity, device=world.device
-        ),
-        launch_tag=WRITE_TAG,
-    )
-    theirs = SglangSide(
-        sglang,
-        bs=world.bs,
-        verify_capacity=capacity,
-        device=world.device,
-        num_slots=world.num_slots,
-        launch_tag=WRITE_TAG,
-        ring=VIOLATION_CAPACITY,
-    )
-    bad = []
-    if world.prefix_tokens:
-        bad += fill_and_compare(ours, theirs, world.fill_kwargs, world.fill_inputs, world.bs)
-    bad += plan_and_compare(ours, theirs, world.plan_kwargs, world.bs)
+    ours = _our_side(world, start, None, WRITE_TAG)
+    theirs, bad = _sglang_beside(sglang, ours, world)
     bad += write_and_compare(ours, theirs, world.step_inputs)
     del ours
     if bad:
         raise AssertionError(f"sglang_cuda differs from this project: {'; '.join(bad)}")
     inputs = world.step_inputs
     time_sglang(rec, theirs, lambda: theirs.write(inputs), "write", case, replays)
+
+
+def _our_side(world: World, store: CanaryStore, real_kv: RealKV | None, tag: int):
+    """This project's side of an SGLang comparison: ``store`` (a copy of the case's, after
+    the fill) and plan buffers of its own."""
+    from benchmarks.sglang_cuda import OurSide
+
+    buffers = PlanBuffers.allocate(
+        write_req_capacity=world.bs, verify_capacity=max(world.entries, 1), device=world.device
+    )
+    return OurSide(store, buffers, real_kv=real_kv, launch_tag=tag)
+
+
+def _sglang_beside(sglang, ours, world: World):
+    from benchmarks.sglang_cuda import sglang_beside
+
+    return sglang_beside(sglang, ours, world, fill=world.prefix_tokens > 0)
 
 
 def time_sglang(rec: Recorder, theirs, fn, what: str, case: dict, replays: int) -> None:

@@ -417,6 +417,33 @@ def fill_and_compare(
     return bad
 
 
+def sglang_beside(
+    sg: SglangOps, ours: OurSide, world: Any, *, fill: bool
+) -> tuple[SglangSide, list[str]]:
+    """SGLang's side of a case beside ``ours``: a fresh :class:`SglangSide` of the same
+    sizes, launch tag, ring and real-KV sources; then, when ``fill``, the prefill of every
+    prefix on each side from its own plan (:func:`fill_and_compare`), and the step's plan
+    (:func:`plan_and_compare`). ``world``: the case (``fill_kwargs``, ``fill_inputs``,
+    ``plan_kwargs``, ``bs``, as both benchmarks' worlds have them). Returns SGLang's side and
+    what differs."""
+    buffers, store = ours.plan_buffers, ours.store
+    theirs = SglangSide(
+        sg,
+        bs=buffers.write_req_capacity,
+        verify_capacity=buffers.verify_capacity,
+        device=str(store.device),
+        num_slots=store.num_slots,
+        real_kv=ours.real_kv,
+        launch_tag=ours.launch_tag,
+        ring=store.violation_capacity,
+    )
+    bad = []
+    if fill:
+        bad += fill_and_compare(ours, theirs, world.fill_kwargs, world.fill_inputs, world.bs)
+    bad += plan_and_compare(ours, theirs, world.plan_kwargs, world.bs)
+    return theirs, bad
+
+
 def plan_and_compare(ours: OurSide, theirs: SglangSide, kw: dict[str, Any], bs: int) -> list[str]:
     """The step's plan on each side, SGLang's poisoned first: the fields that differ."""
     theirs.poison_plan()

@@ -57,11 +57,9 @@ import torch
 from benchmarks.sglang_cuda import (
     OurSide,
     SglangOps,
-    SglangSide,
     SglangUnavailable,
-    fill_and_compare,
     load_installed_sglang,
-    plan_and_compare,
+    sglang_beside,
     verify_and_compare,
     write_and_compare,
 )
@@ -69,7 +67,6 @@ from kv_canary_buffers import RealKV, RealKVMode
 
 I64 = torch.int64
 I32 = torch.int32
-RING = 1024
 TAG = 2  # CanaryLaunchTag.TAIL_K_FULL: any tag, the same on both sides
 
 
@@ -275,20 +272,8 @@ def run_case(sg: SglangOps, case: Case, sizes: Sizes, device: str, timer: Timer,
         real_kv=real_kv,
         launch_tag=TAG,
     )
-    theirs = SglangSide(
-        sg,
-        bs=world.bs,
-        verify_capacity=cv,
-        device=device,
-        num_slots=world.num_slots,
-        real_kv=real_kv,
-        launch_tag=TAG,
-        ring=RING,
-    )
-    bad: list[str] = []
-    if world.entries:  # the prefill of every prefix, each side from its own plan
-        bad += fill_and_compare(ours, theirs, world.fill_kwargs, world.fill_inputs, world.bs)
-    bad += plan_and_compare(ours, theirs, world.plan_kwargs, world.bs)
+    # The prefill of every prefix, each side from its own plan; the step's plan.
+    theirs, bad = sglang_beside(sg, ours, world, fill=world.entries > 0)
     if int(ours.plan_buffers.verify_num_valid) != world.entries:
         bad.append("plan: not every entry")
 
