@@ -16,6 +16,13 @@ from benchmarks import bench, harness, sglang_cuda
 from tests.sglang.sglang_refs import as_ops
 
 
+@pytest.fixture(autouse=True)
+def _restore_env(monkeypatch):
+    """The benchmark's run settings (``harness.ENV``) as they were, after each test."""
+    monkeypatch.setattr(harness.ENV, "device", harness.ENV.device)
+    monkeypatch.setattr(harness.ENV, "smoke", harness.ENV.smoke)
+
+
 @pytest.fixture
 def stand_ins(refs, monkeypatch):
     """``--sglang require`` loads SGLang's torch references; returns a setter for other
@@ -39,6 +46,7 @@ def _run(tmp_path, capsys, stages: str) -> tuple[int, list[dict], str]:
     return rc, rows, capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_column_runs_its_checks_on_every_case(stand_ins, tmp_path, capsys):
     ops, use = stand_ins
     # A row limit below the smoke's large plan batch (1030 rows): that case is absent.
