@@ -141,20 +141,36 @@ def met(value: float | None, limit: float | None) -> str:
 SGLANG = "sglang_cuda"
 
 
+def _sglang_error(r: dict, stage: str, key: str | None = None) -> bool:
+    """Whether ``r`` is the error row of SGLang's case ``key`` in ``stage`` (any case when
+    None): ``guarded`` names it ``"<stage> sglang_cuda <case>"``."""
+    what = r["impl"]
+    return (
+        r["section"] == "error"
+        and r["stage"] == stage
+        and what.startswith(f"{stage} {SGLANG} ")
+        and (key is None or what == f"{stage} {SGLANG} {key}")
+    )
+
+
 def has_sglang(rows: list[dict], stage: str) -> bool:
-    """Whether the run had SGLang's column in ``stage`` (a time, or an absent cell)."""
-    return any(r["stage"] == stage and r["impl"] == SGLANG for r in rows)
+    """Whether the run had SGLang's column in ``stage`` (a time, an absent cell, an error)."""
+    return any(
+        (r["stage"] == stage and r["impl"] == SGLANG) or _sglang_error(r, stage) for r in rows
+    )
 
 
 def sglang_cells(
     rows: list[dict], stage: str, key: str, table: dict[str, dict[str, float]], ours: str
 ) -> list[str]:
     """The ``sglang_cuda`` cell of a case and the ratio ``ours / sglang_cuda``: ``absent``
-    where SGLang's kernel cannot run the case (the reason is listed under the table), n/a
-    where its run failed (the errors are listed at the end)."""
+    where SGLang's kernel cannot run the case (the reason is listed under the table),
+    ``error`` where its check or run failed (the errors are listed at the end)."""
     value = table[key].get(SGLANG)
     if value is None and find(rows, stage, "absent", SGLANG, key) is not None:
         return ["absent", "n/a"]
+    if value is None and any(_sglang_error(r, stage, key) for r in rows):
+        return ["error", "n/a"]
     return [fmt(value), ratio(table[key].get(ours), value)]
 
 

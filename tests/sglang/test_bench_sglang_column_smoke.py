@@ -86,7 +86,7 @@ def test_the_column_runs_its_checks_on_every_case(stand_ins, tmp_path, capsys):
     assert "sglang_cuda absent at bs=1030 swa=0: SGLang's plan takes at most 64 rows" in out
 
 
-def test_a_wrong_sglang_plan_is_an_error_row(stand_ins):
+def test_a_wrong_sglang_plan_is_an_error_row(stand_ins, capsys):
     ops, _ = stand_ins
 
     def plan_then_break(**kw):
@@ -104,9 +104,13 @@ def test_a_wrong_sglang_plan_is_an_error_row(stand_ins):
     assert len(errors) == 2 and all("write_seed_slot_indices" in e for e in errors), rec.errors
     assert len(rec.errors) == 2  # the other implementations still pass
     assert not [r for r in rec.rows if r["impl"] == "sglang_cuda" and r["section"] == "gpu_time"]
+    capsys.readouterr()
+    bench.print_report(rec, smoke=True)
+    out = capsys.readouterr().out
+    assert "launch_plan / sglang_cuda" in out and out.count("| error ") == 2
 
 
-def test_a_wrong_sglang_write_or_verify_is_an_error_row(stand_ins):
+def test_a_wrong_sglang_write_or_verify_is_an_error_row(stand_ins, capsys):
     ops, _ = stand_ins
     from benchmarks import canary_cases as cc
 
@@ -132,6 +136,11 @@ def test_a_wrong_sglang_write_or_verify_is_an_error_row(stand_ins):
     assert len(verify_errors) == 4 and all("corrupted verify" in e for e in verify_errors)
     assert len(errors) == len(rec.errors)  # launch_write and launch_verify still pass
     assert not [r for r in rec.rows if r["impl"] == "sglang_cuda" and r["section"] == "gpu_time"]
+    capsys.readouterr()
+    bench.print_report(rec, smoke=True)
+    out = capsys.readouterr().out
+    assert "launch / sglang_cuda" in out and "launch_write / sglang_cuda" in out
+    assert out.count("| error ") == 1 + 4
 
 
 def test_off_and_auto_on_the_cpu_have_no_column(stand_ins):
