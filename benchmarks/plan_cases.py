@@ -338,7 +338,7 @@ def tune_gpu(rec: Recorder, replays: int) -> None:
 
     # The shape of the stores decides the write rate: the traffic-only reference over
     # (block, warps), next to a memset of the same bytes.
-    import baselines
+    from benchmarks import baselines
 
     saved_traffic = baselines.TRAFFIC_BLOCK, baselines.TRAFFIC_WARPS
     try:
