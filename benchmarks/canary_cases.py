@@ -14,12 +14,13 @@ kernel that appends violations would measure the wrong thing).
   SWA mode ALL (K and V, 1 KB a token each, read whole: 2 KB a slot). Beside
   ``launch_verify``: a torch-only verify captured in a graph, the traffic-only kernel, the
   same reading the predecessor's record too (SGLang's verify does), and the bandwidth
-  floor.
+  floor; where they load, SGLang's own verify (``sglang_cuda``, checked against ours first).
 - write: decode (4096 and 256 rows x 1 token), mixed prefill (16 rows x 2048 tokens,
   prefixes as above: a chunked prefill seeded from its prefix), long prefill (1 row x 8192
   tokens, no prefix), real-KV NONE, the chain-position check on. Beside ``launch_write``:
   the torch reference (eager: its serial chain is a Python loop over token steps with
-  syncs), the traffic-only kernel and the bandwidth floor.
+  syncs), the traffic-only kernel and the bandwidth floor; where they load, SGLang's own
+  write (``sglang_cuda``, checked against ours first).
 - step: plan + verify + write of a decode step (64, 256, 4096 rows, SWA off and on, NONE):
   GPU time of the whole step in a graph, host time of each launcher and of the step
   (validated against the bare dispatch) and device allocations over 100 steps.

@@ -3,9 +3,10 @@
 CPU: time per ``plan_reference`` call against a plain-Python loop of the same plan
 (median over repeats, ``time.perf_counter``).
 CUDA: GPU time per plan (median over CUDA-graph replays timed with CUDA events) of
-``launch_plan``, a torch-only plan and SGLang's design, next to the bandwidth floor, a
-kernel that makes only the plan's per-entry memory accesses and a memset of the outputs'
-bytes (timed the same way); host time per eager ``launch_plan`` against the bare dispatch
+``launch_plan``, a torch-only plan and SGLang's design (and, where they load, SGLang's own
+kernels: ``sglang_cuda``, up to their 4096 rows), next to the bandwidth floor, a kernel that
+makes only the plan's per-entry memory accesses and a memset of the outputs' bytes (timed
+the same way); host time per eager ``launch_plan`` against the bare dispatch
 of the same kernels; device allocations during 100 launches. ``--tune`` sweeps the launch
 constants; ``--profile-cases`` runs the cases alone for Nsight Compute.
 """
