@@ -8,6 +8,15 @@
   a single-program offsets scan (one program, one lane per row, so bs <= 4096) and a
   persistent entries kernel with a full binary search per entry. No bounds checks.
 
+Both write every output of the plan that ``plans_equal`` compares (docs/contract.md's
+write plan, ``row_req_pool_indices``, the counters, ``verify_offsets`` and the verify
+entries), so that each is timed doing the work ``launch_plan`` does and is checked with
+the same ``plans_equal`` against ``plan_reference``. SGLang's own plan has no
+``row_req_pool_indices`` and keeps its verify offsets in a scratch tensor: the design's
+offsets kernel here stores both as it scans its rows (one more int64 store a row). SGLang's
+own kernels, on SGLang's own fields, are the ``sglang_cuda`` column
+(``benchmarks/sglang_cuda.py``).
+
 - ``traffic_only_plan``, ``memset_outputs`` and ``empty_launch``: not plans but references
   measured the same way. ``traffic_only_plan`` makes the plan's per-entry memory accesses
   and nothing else: it reads a table slot (and a pool token) per entry from contiguous
@@ -42,6 +51,9 @@ def python_loop_plan(buffers: PlanBuffers, **kwargs) -> None:
     buffers.write_offsets.copy_(torch.tensor(out["write_offsets"]))
     buffers.write_seed_slot_indices[:bs].copy_(torch.tensor(out["write_seed_slot_indices"]))
     buffers.write_num_valid_reqs.fill_(out["write_num_valid_reqs"])
+    buffers.row_req_pool_indices[:bs].copy_(torch.tensor(out["row_req_pool_indices"]))
+    if out["verify_offsets"] is not None:
+        buffers.verify_offsets[: bs + 1].copy_(torch.tensor(out["verify_offsets"]))
     if out["entries"]:
         cols = torch.tensor(out["entries"]).t()
         n = cols.shape[1]
@@ -93,6 +105,7 @@ def torch_plan(
     seed = xlat(req_to_token[rp, (P - 1).clamp(0, cols - 1)].long())
     buffers.write_seed_slot_indices[:bs] = torch.where(active & (P > 0) & (wcount > 0), seed, -1)
     buffers.write_num_valid_reqs.fill_(bs)
+    buffers.row_req_pool_indices[:bs] = rp
 
     inclusive = torch.cumsum(vcount, 0)
     total = inclusive[-1]
@@ -117,6 +130,9 @@ def torch_plan(
         (buffers.verify_prev_slot_indices, prev),
     ):
         dst.copy_(torch.where(enable, src, dst))
+    # verify_offsets is specified when the plan is enabled (unspecified on an overflow).
+    buffers.verify_offsets[:1].zero_()
+    torch.cumsum(vcount, 0, out=buffers.verify_offsets[1 : bs + 1])
     buffers.verify_num_valid.copy_(torch.where(enable, total, buffers.verify_capacity))
     buffers.verify_enable.copy_(enable)
 
@@ -130,6 +146,7 @@ def _sgl_offsets_kernel(
     lut_ptr,
     write_offsets_ptr,
     seed_ptr,
+    row_rp_ptr,
     nvr_ptr,
     voff_ptr,
     vnv_ptr,
@@ -151,6 +168,7 @@ def _sgl_offsets_kernel(
     vcount = tl.where(active, tl.maximum(P - ws, 0), 0)
     wcount = tl.where(active, tl.maximum(E, 0), 0)
     tl.store(write_offsets_ptr + rows + 1, tl.cumsum(wcount, 0), mask=m)
+    tl.store(row_rp_ptr + rows, rp, mask=m)
     tl.store(voff_ptr + rows + 1, tl.cumsum(vcount, 0), mask=m)
     tl.store(voff_ptr, 0)
     need = active & (P > 0) & (wcount > 0)
@@ -261,6 +279,7 @@ def sglang_design_plan(
         lut_t,
         buffers.write_offsets,
         buffers.write_seed_slot_indices,
+        buffers.row_req_pool_indices,
         buffers.write_num_valid_reqs,
         buffers.verify_offsets,
         buffers.verify_num_valid,
@@ -273,7 +292,13 @@ def sglang_design_plan(
         BLOCK=max(16, triton.next_power_of_2(bs)),
         num_warps=8,
     )
-    sms = torch.cuda.get_device_properties(req_pool_indices.device).multi_processor_count
+    # One persistent program per SM (a few in Triton's interpreter, which has no SMs).
+    device = req_pool_indices.device
+    sms = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else 2
+    )
     _sgl_entries_kernel[(sms,)](
         req_pool_indices,
         prefix_lens,

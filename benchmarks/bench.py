@@ -6,6 +6,8 @@ Run from the repository's root:
     python -m benchmarks                          # every stage (CUDA), ~3 min on an H200
     python -m benchmarks --stage verify,write     # a subset: plan, verify, write, step, all
     python -m benchmarks --quick                  # fewer replays and calls
+    PYTHONPATH=DIR:. python -m benchmarks --sglang require
+                                                  # SGLang's CUDA kernels as a column
     python -m benchmarks --out DIR                # the CSV and plots into DIR
     python -m benchmarks --plots-into-docs        # the plots into docs/ (the CSV as usual)
     python -m benchmarks --device cpu             # the plan's CPU case only
@@ -24,6 +26,10 @@ traffic-only kernel and the bandwidth floor), ``step`` (plan + verify + write). 
 call: a CUDA graph of 10 back-to-back calls, the median over replays timed with CUDA
 events; host time per eager call of every launcher against its bare dispatch; device
 allocations over 100 calls. Targets of the issues are printed next to the measured values.
+Where SGLang 0.5.23's kv-canary ops load (its wheel installed into DIR, on ``PYTHONPATH``)
+and the device is CUDA, the plan, verify and write tables get a ``sglang_cuda`` column:
+SGLang's own CUDA kernels on the same cases, their outputs checked equal to this project's
+first (``benchmarks/sglang_cuda.py``), timed the same way (``--sglang``, default ``auto``).
 
 Writes ``<stages>-<device>-<date>.csv`` as it goes (device, versions and date in every row)
 into ``--results`` (default ``benchmarks/out/``, which git ignores), prints the tables
@@ -112,6 +118,14 @@ def find(
     return found
 
 
+TARGET_WHAT = {
+    "gpu_time": "GPU time (us)",
+    "host": "host time per eager call (us)",
+    "alloc": "device allocations over 100 eager calls",
+}
+"""What a target row's ``note`` (the section it reads) measures."""
+
+
 def target_of(rows: list[dict], stage: str, key: str, impl: str, section: str) -> float | None:
     return find(rows, stage, "target", impl, key, note=section)
 
@@ -124,11 +138,57 @@ def met(value: float | None, limit: float | None) -> str:
     return "met" if value <= limit else "NOT met"
 
 
-def print_report(rec: Recorder, smoke: bool) -> None:
+SGLANG = "sglang_cuda"
+
+
+def _sglang_error(r: dict, stage: str, key: str | None = None) -> bool:
+    """Whether ``r`` is the error row of SGLang's case ``key`` in ``stage`` (any case when
+    None): ``guarded`` names it ``"<stage> sglang_cuda <case>"``."""
+    what = r["impl"]
+    return (
+        r["section"] == "error"
+        and r["stage"] == stage
+        and what.startswith(f"{stage} {SGLANG} ")
+        and (key is None or what == f"{stage} {SGLANG} {key}")
+    )
+
+
+def has_sglang(rows: list[dict], stage: str) -> bool:
+    """Whether the run had SGLang's column in ``stage`` (a time, an absent cell, an error)."""
+    return any(
+        (r["stage"] == stage and r["impl"] == SGLANG) or _sglang_error(r, stage) for r in rows
+    )
+
+
+def sglang_cells(
+    rows: list[dict], stage: str, key: str, table: dict[str, dict[str, float]], ours: str
+) -> list[str]:
+    """The ``sglang_cuda`` cell of a case and the ratio ``ours / sglang_cuda``: ``absent``
+    where SGLang's kernel cannot run the case (the reason is listed under the table),
+    ``error`` where its check or run failed (the errors are listed at the end)."""
+    value = table[key].get(SGLANG)
+    if value is None and find(rows, stage, "absent", SGLANG, key) is not None:
+        return ["absent", "n/a"]
+    if value is None and any(_sglang_error(r, stage, key) for r in rows):
+        return ["error", "n/a"]
+    return [fmt(value), ratio(table[key].get(ours), value)]
+
+
+def absent_notes(rows: list[dict], stage: str) -> list[str]:
+    return [
+        f"\n{SGLANG} absent at {_key(r)}: {r['note']}"
+        for r in rows
+        if r["stage"] == stage and r["section"] == "absent"
+    ]
+
+
+def print_report(rec: Recorder, smoke: bool, sglang_note: str = "") -> None:
     rows = rec.rows
     out: list[str] = []
     if smoke:
         out.append("SMOKE MODE: interpreter on the CPU, tiny sizes; the figures are meaningless.")
+    if sglang_note:
+        out.append(sglang_note)
     bw = value_of(rows, impl="d2d_copy")
     empty = value_of(rows, impl="empty_launch")
     if bw is not None:
@@ -147,18 +207,24 @@ def print_report(rec: Recorder, smoke: bool) -> None:
             "memset_outputs",
             "bandwidth_floor",
         ]
+        sg = has_sglang(rows, "plan")
         out.append("\n## plan: GPU time per plan (us)\n")
         out.append(
             markdown_table(
-                ["SWA", "bs", "verify entries"] + impls + ["launch_plan / floor"],
+                ["SWA", "bs", "verify entries"]
+                + impls
+                + ["launch_plan / floor"]
+                + ([SGLANG, f"launch_plan / {SGLANG}"] if sg else []),
                 [
                     [first[k]["swa"] or "off", first[k]["bs"], f"{first[k]['entries']:,}"]
                     + [fmt(table[k].get(i), 2 if i == "bandwidth_floor" else 1) for i in impls]
                     + [ratio(table[k].get("launch_plan"), table[k].get("bandwidth_floor"))]
+                    + (sglang_cells(rows, "plan", k, table, "launch_plan") if sg else [])
                     for k in order
                 ],
             )
         )
+        out.extend(absent_notes(rows, "plan"))
     cpu = [r for r in rows if r["stage"] == "plan" and r["section"] == "cpu"]
     if cpu:
         out.append("\n## plan on the CPU (us per call)\n")
@@ -184,9 +250,13 @@ def print_report(rec: Recorder, smoke: bool) -> None:
             "traffic_both_records also reads the predecessor's record (as SGLang's verify "
             "does)\n"
         )
+        sg = has_sglang(rows, "verify")
         out.append(
             markdown_table(
-                ["case", "entries"] + impls + ["target", "", "launch / traffic", "launch / floor"],
+                ["case", "entries"]
+                + impls
+                + ["target", "", "launch / traffic", "launch / floor"]
+                + ([SGLANG, f"launch / {SGLANG}"] if sg else []),
                 [
                     [k, f"{first[k]['entries']:,}"]
                     + [fmt(table[k].get(i), 2 if i == "bandwidth_floor" else 1) for i in impls]
@@ -199,10 +269,12 @@ def print_report(rec: Recorder, smoke: bool) -> None:
                         ratio(table[k].get("launch_verify"), table[k].get("traffic_only")),
                         ratio(table[k].get("launch_verify"), table[k].get("bandwidth_floor")),
                     ]
+                    + (sglang_cells(rows, "verify", k, table, "launch_verify") if sg else [])
                     for k in order
                 ],
             )
         )
+        out.extend(absent_notes(rows, "verify"))
 
     order, table, first = pivot(rows, "write", "gpu_time")
     if order:
@@ -211,9 +283,13 @@ def print_report(rec: Recorder, smoke: bool) -> None:
             "\n## write: GPU time per call (us); write_reference_eager is the torch "
             "reference's eager wall time with a sync (its chain is a Python loop)\n"
         )
+        sg = has_sglang(rows, "write")
         out.append(
             markdown_table(
-                ["case", "tokens"] + impls + ["target", ""],
+                ["case", "tokens"]
+                + impls
+                + ["target", ""]
+                + ([SGLANG, f"launch_write / {SGLANG}"] if sg else []),
                 [
                     [k, f"{first[k]['tokens']:,}"]
                     + [fmt(table[k].get(i), 2 if i == "bandwidth_floor" else 1) for i in impls]
@@ -224,10 +300,12 @@ def print_report(rec: Recorder, smoke: bool) -> None:
                             target_of(rows, "write", k, "launch_write", "gpu_time"),
                         ),
                     ]
+                    + (sglang_cells(rows, "write", k, table, "launch_write") if sg else [])
                     for k in order
                 ],
             )
         )
+        out.extend(absent_notes(rows, "write"))
 
     order, table, first = pivot(rows, "step", "gpu_time")
     if order:
@@ -309,24 +387,23 @@ def print_report(rec: Recorder, smoke: bool) -> None:
 
     targets = [r for r in rows if r["section"] == "target"]
     if targets:
-        out.append("\n## targets (issue 9)\n")
+        out.append("\n## targets (issues 9 and 28)\n")
         trows = []
         for t in targets:
             measured = find(rows, t["stage"], t["note"], t["impl"], _key(t))
-            what = "GPU time" if t["note"] == "gpu_time" else "host time per eager call"
+            what = TARGET_WHAT.get(t["note"], t["note"])
+            show = (lambda v: "n/a" if v is None else str(int(v))) if t["note"] == "alloc" else fmt
             trows.append(
                 [
                     t["stage"],
                     _key(t),
                     f"{t['impl']} {what}",
-                    f"<= {fmt(t['value'])}",
-                    fmt(measured),
+                    f"<= {show(t['value'])}",
+                    show(measured),
                     met(measured, t["value"]),
                 ]
             )
-        out.append(
-            markdown_table(["stage", "case", "what", "target (us)", "measured (us)", ""], trows)
-        )
+        out.append(markdown_table(["stage", "case", "what", "target", "measured", ""], trows))
         missed = sum(1 for r in trows if r[-1] != "met")
         out.append(f"\n{len(trows) - missed} of {len(trows)} targets met")
     if rec.errors:
@@ -337,6 +414,7 @@ def print_report(rec: Recorder, smoke: bool) -> None:
 
 # --- plots -------------------------------------------------------------------------------
 CANARY_LABELS = {
+    "sglang_cuda": "SGLang 0.5.23's CUDA kernel",
     "launch_verify": "launch_verify (this library)",
     "launch_write": "launch_write (this library)",
     "torch_only": "torch-only",
@@ -383,7 +461,11 @@ def plot_canary(rows: list[dict], out_dir: Path, other_runs: Sequence[list[dict]
             ["launch_write", "write_reference_eager", "traffic_only", "bandwidth_floor"],
         ),
     ]
-    panels = [p for p in panels if pivot(rows, p[0], "gpu_time")[0]]
+    panels = [
+        (stage, main, impls + [SGLANG] if has_sglang(rows, stage) else impls)
+        for stage, main, impls in panels
+        if pivot(rows, stage, "gpu_time")[0]
+    ]
     if panels:
         fig, axes = plt.subplots(len(panels), 1, figsize=(15, 4.5 * len(panels)), squeeze=False)
         for ax, (stage, main, impls) in zip(axes[:, 0], panels):
@@ -533,6 +615,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--no-plots", action="store_true")
     parser.add_argument(
+        "--sglang",
+        choices=["auto", "off", "require"],
+        default="auto",
+        help="SGLang 0.5.23's kv-canary kernels as the sglang_cuda column of the plan, verify "
+        "and write tables: auto (default) where they load (on PYTHONPATH) and the device is "
+        "CUDA; require: fail unless they load (any device); off",
+    )
+    parser.add_argument(
         "--plot-from",
         type=Path,
         nargs="+",
@@ -584,6 +674,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     rec = Recorder(name, results / f"{label}-{device}-{stamp}.csv")
     started = time.perf_counter()
 
+    from benchmarks.sglang_cuda import resolve
+
+    sglang = None
+    sglang_note = ""
+    if any(s in stages for s in ("plan", "verify", "write")) and gpu_like:
+        sglang, sglang_note = resolve(args.sglang, device)
+        print(sglang_note, flush=True)
+
     quick = args.quick
     replays = 2 if args.smoke else (20 if quick else 50)
     host_calls = 1 if args.smoke else (100 if quick else 1000)
@@ -632,13 +730,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         replays=replays if args.smoke else (20 if quick else 100),
                         host_calls=host_calls,
                         bandwidth=bandwidth,
+                        sglang=sglang,
                     )
             elif gpu_like:
                 from benchmarks import canary_cases as cc
 
                 sizes = cc.SMOKE_SIZES if args.smoke else cc.GPU_SIZES
                 if stage == "verify":
-                    cc.bench_verify(rec, sizes, replays, host_calls, bandwidth)
+                    cc.bench_verify(rec, sizes, replays, host_calls, bandwidth, sglang)
                 elif stage == "write":
                     cc.bench_write(
                         rec,
@@ -647,6 +746,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         host_calls,
                         bandwidth,
                         reference_repeats=2 if (quick or args.smoke) else 5,
+                        sglang=sglang,
                     )
                 elif stage == "step":
                     cc.bench_step(rec, sizes, replays, host_calls)
@@ -659,7 +759,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rec.error("run aborted", err)
     finally:
         rec.close()
-    print_report(rec, args.smoke)
+    print_report(rec, args.smoke, sglang_note)
     if (
         not args.no_plots
         and rec.rows

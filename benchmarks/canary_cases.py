@@ -14,12 +14,13 @@ kernel that appends violations would measure the wrong thing).
   SWA mode ALL (K and V, 1 KB a token each, read whole: 2 KB a slot). Beside
   ``launch_verify``: a torch-only verify captured in a graph, the traffic-only kernel, the
   same reading the predecessor's record too (SGLang's verify does), and the bandwidth
-  floor.
+  floor; where they load, SGLang's own verify (``sglang_cuda``, checked against ours first).
 - write: decode (4096 and 256 rows x 1 token), mixed prefill (16 rows x 2048 tokens,
   prefixes as above: a chunked prefill seeded from its prefix), long prefill (1 row x 8192
   tokens, no prefix), real-KV NONE, the chain-position check on. Beside ``launch_write``:
   the torch reference (eager: its serial chain is a Python loop over token steps with
-  syncs), the traffic-only kernel and the bandwidth floor.
+  syncs), the traffic-only kernel and the bandwidth floor; where they load, SGLang's own
+  write (``sglang_cuda``, checked against ours first).
 - step: plan + verify + write of a decode step (64, 256, 4096 rows, SWA off and on, NONE):
   GPU time of the whole step in a graph, host time of each launcher and of the step
   (validated against the bare dispatch) and device allocations over 100 steps.
@@ -322,8 +323,10 @@ def register_target(
 
 # --- verify -------------------------------------------------------------------------------
 def bench_verify(
-    rec: Recorder, sizes: Sizes, replays: int, host_calls: int, bandwidth: float
+    rec: Recorder, sizes: Sizes, replays: int, host_calls: int, bandwidth: float, sglang=None
 ) -> None:
+    """``sglang``: SGLang's ops (``benchmarks.sglang_cuda.SglangOps``) for the
+    ``sglang_cuda`` column, or None."""
     rec.stage = "verify"
     all_bs, all_target = sizes.verify_all
     for bs, target_none, target_partial in sizes.verify:
@@ -354,6 +357,7 @@ def bench_verify(
                         replays,
                         host_calls,
                         bandwidth,
+                        sglang,
                     ),
                 )
                 _free()
@@ -372,6 +376,7 @@ def verify_case(
     replays: int,
     host_calls: int,
     bandwidth: float,
+    sglang=None,
 ) -> None:
     entries = world.entries
     case = dict(
@@ -420,6 +425,12 @@ def verify_case(
             "check", name, "violations_after_timing", expect_clean(store, f"timing {name}"), **case
         )
 
+    if sglang is not None:  # before any timing: SGLang's side starts from the fill, as ours
+        guarded(
+            rec,
+            f"verify sglang_cuda {case['case']}",
+            lambda: sglang_verify_case(rec, sglang, world, store, real_kv, case, replays),
+        )
     guarded(rec, f"verify launch_verify {case['case']}", lambda: timed("launch_verify", verify))
     guarded(rec, f"verify torch_only {case['case']}", lambda: timed("torch_only", torch_verify))
 
@@ -490,6 +501,91 @@ def verify_case(
         expect_clean(store, "the host timing of launch_verify")
 
     guarded(rec, f"verify host {case['case']}", host)
+
+
+def sglang_verify_case(
+    rec: Recorder,
+    sglang,
+    world: World,
+    store: CanaryStore,
+    real_kv: RealKV | None,
+    case: dict,
+    replays: int,
+) -> None:
+    """SGLang's verify of the case beside ``launch_verify``'s (``benchmarks.sglang_cuda``):
+    each side writes the fill from its own plan (records byte for byte) and plans the step
+    (SGLang's plan fields against ``launch_plan``'s); both verify the clean records (nothing
+    reported, the same counters) and a copy with up to 64 verified slots corrupted (the
+    same violation rows); then SGLang's verify is timed as ``launch_verify`` is and must
+    stay clean. Ours runs on a copy of the case's store. Beyond SGLang's limits (real-KV
+    sources), an absent cell."""
+    from benchmarks.sglang_cuda import sources_limit, verify_and_compare
+
+    limit = sources_limit(sglang, len(real_kv.sources) if real_kv is not None else 0)
+    if limit is not None:
+        rec.add("absent", "sglang_cuda", "us_per_call", 0, note=limit, **case)
+        return
+    ours = _our_side(world, copy.deepcopy(store), real_kv, VERIFY_TAG)
+    theirs, bad = _sglang_beside(sglang, ours, world)
+    bad += verify_and_compare(ours, theirs, seed=world.bs + 1)
+    del ours
+    if bad:
+        raise AssertionError(f"sglang_cuda differs from this project: {'; '.join(bad)}")
+    time_sglang(rec, theirs, theirs.verify, "verify", case, replays)
+
+
+def sglang_write_case(
+    rec: Recorder, sglang, world: World, start: CanaryStore, case: dict, replays: int
+) -> None:
+    """SGLang's write of the case beside ``launch_write``'s: from ``start`` (a copy of the
+    case's store after the fill) and a fresh SGLang store, each side writes the fill from its
+    own plan (records byte for byte), plans the step (the plan fields) and writes it (records,
+    counters, no violation); then SGLang's write is timed as ``launch_write`` is."""
+    from benchmarks.sglang_cuda import write_and_compare
+
+    ours = _our_side(world, start, None, WRITE_TAG)
+    theirs, bad = _sglang_beside(sglang, ours, world)
+    bad += write_and_compare(ours, theirs, world.step_inputs)
+    del ours
+    if bad:
+        raise AssertionError(f"sglang_cuda differs from this project: {'; '.join(bad)}")
+    inputs = world.step_inputs
+    time_sglang(rec, theirs, lambda: theirs.write(inputs), "write", case, replays)
+
+
+def _our_side(world: World, store: CanaryStore, real_kv: RealKV | None, tag: int):
+    """This project's side of an SGLang comparison: ``store`` (a copy of the case's, after
+    the fill) and plan buffers of its own."""
+    from benchmarks.sglang_cuda import OurSide
+
+    buffers = PlanBuffers.allocate(
+        write_req_capacity=world.bs, verify_capacity=max(world.entries, 1), device=world.device
+    )
+    return OurSide(store, buffers, real_kv=real_kv, launch_tag=tag)
+
+
+def _sglang_beside(sglang, ours, world: World):
+    from benchmarks.sglang_cuda import sglang_beside
+
+    return sglang_beside(sglang, ours, world, fill=world.prefix_tokens > 0)
+
+
+def time_sglang(rec: Recorder, theirs, fn, what: str, case: dict, replays: int) -> None:
+    """``gpu_time`` of SGLang's call, recorded as ``sglang_cuda``; no violation after."""
+    t = gpu_time(fn, replays)
+    rec.add(
+        "gpu_time",
+        "sglang_cuda",
+        "us_per_call",
+        t.us,
+        replays=t.replays,
+        calls_per_graph=t.calls_per_graph,
+        **case,
+    )
+    found = theirs.counters()[0]
+    if found:
+        raise AssertionError(f"SGLang's {what} appended {found} violations while timed")
+    rec.add("check", "sglang_cuda", "violations_after_timing", found, **case)
 
 
 def record_host(
@@ -564,13 +660,18 @@ def bench_write(
     host_calls: int,
     bandwidth: float,
     reference_repeats: int,
+    sglang=None,
 ) -> None:
+    """``sglang``: SGLang's ops (``benchmarks.sglang_cuda.SglangOps``) for the
+    ``sglang_cuda`` column, or None."""
     rec.stage = "write"
     for wc in sizes.write:
         guarded(
             rec,
             f"write {wc.kind} {wc.rows}x{wc.tokens}",
-            lambda: write_case(rec, wc, sizes, replays, host_calls, bandwidth, reference_repeats),
+            lambda: write_case(
+                rec, wc, sizes, replays, host_calls, bandwidth, reference_repeats, sglang
+            ),
         )
         _free()
 
@@ -583,6 +684,7 @@ def write_case(
     host_calls: int,
     bandwidth: float,
     reference_repeats: int,
+    sglang=None,
 ) -> None:
     world = World(wc.rows, wc.prefix, wc.tokens, 0, ENV.device, seed=wc.rows * 7 + wc.tokens)
     case = dict(
@@ -599,6 +701,14 @@ def write_case(
     buffers = world.plan()
     inputs = world.step_inputs
     before_write = copy.deepcopy(store)
+    if sglang is not None:
+        start = copy.deepcopy(store)
+        guarded(
+            rec,
+            f"write sglang_cuda {case['case']}",
+            lambda: sglang_write_case(rec, sglang, world, start, case, replays),
+        )
+        del start
 
     def write() -> None:
         launch_write(store, buffers, launch_tag=WRITE_TAG, **inputs)
@@ -850,6 +960,8 @@ def step_case(
             note="100 eager steps (plan + verify + write) after warm-up",
             **case,
         )
+    # Issue 28: 0 device allocations over 100 steps (absent off CUDA: the summary says n/a).
+    rec.add("target", "step", "max_allocations_per_100", 0, stage="step", note="alloc", **case)
     expect_clean(store, "100 steps")
 
 

@@ -3,9 +3,10 @@
 CPU: time per ``plan_reference`` call against a plain-Python loop of the same plan
 (median over repeats, ``time.perf_counter``).
 CUDA: GPU time per plan (median over CUDA-graph replays timed with CUDA events) of
-``launch_plan``, a torch-only plan and SGLang's design, next to the bandwidth floor, a
-kernel that makes only the plan's per-entry memory accesses and a memset of the outputs'
-bytes (timed the same way); host time per eager ``launch_plan`` against the bare dispatch
+``launch_plan``, a torch-only plan and SGLang's design (and, where they load, SGLang's own
+kernels: ``sglang_cuda``, up to their 4096 rows), next to the bandwidth floor, a kernel that
+makes only the plan's per-entry memory accesses and a memset of the outputs' bytes (timed
+the same way); host time per eager ``launch_plan`` against the bare dispatch
 of the same kernels; device allocations during 100 launches. ``--tune`` sweeps the launch
 constants; ``--profile-cases`` runs the cases alone for Nsight Compute.
 """
@@ -129,10 +130,14 @@ def memset_time_us(entries: int, replays: int) -> float:
     return graph_time_us(functools.partial(memset_outputs, outputs), replays)
 
 
-def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: float) -> None:
+def bench_gpu(
+    rec: Recorder, batches, replays: int, host_calls: int, bandwidth: float, sglang=None
+) -> None:
     """GPU time per plan of every implementation at every batch (SWA off and on), host
     time per eager ``launch_plan`` against its bare dispatch and device allocations during
-    100 launches at every batch (SWA on). ``bandwidth``: the run's copy bandwidth (B/s)."""
+    100 launches at every batch (SWA on). ``bandwidth``: the run's copy bandwidth (B/s).
+    ``sglang``: SGLang's ops (``benchmarks.sglang_cuda.SglangOps``) for the ``sglang_cuda``
+    column, or None."""
     from benchmarks.baselines import (
         SGLANG_MAX_BS,
         sglang_design_plan,
@@ -144,6 +149,7 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
     from kv_canary_kernels import launch_plan
     from kv_canary_kernels.config import DEFAULT_LAUNCH_CONFIG
     from kv_canary_kernels.plan import dispatch_plan
+    from tests.helpers.plan import poison
 
     device = ENV.device
     mean_prefix = MEAN_PREFIX if on_gpu() else SMOKE_MEAN_PREFIX
@@ -161,8 +167,7 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
             )
             plan_reference(ref, **kwargs)
             impls = {"launch_plan": launch_plan, "torch_only": torch_plan}
-            # SGLang's design reads the CUDA device's properties: not in smoke mode.
-            if bs <= SGLANG_MAX_BS and on_gpu():
+            if bs <= SGLANG_MAX_BS:
                 impls["sglang_design"] = sglang_design_plan
             for name, fn in impls.items():
 
@@ -170,6 +175,7 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
                     buffers = PlanBuffers.allocate(
                         write_req_capacity=bs, verify_capacity=entries, device=device
                     )
+                    poison(buffers)  # an output the implementation does not write shows
                     fn(buffers, **kwargs)
                     if not plans_equal(buffers, ref, bs):
                         raise AssertionError(f"{name} differs from plan_reference at bs={bs}")
@@ -178,6 +184,13 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
 
                 guarded(rec, f"plan {name} bs={bs} swa={window}", measure)
 
+            if sglang is not None:
+                guarded(
+                    rec,
+                    f"plan sglang_cuda bs={bs} swa={window}",
+                    lambda: sglang_plan_case(rec, sglang, ref, kwargs, case, replays),
+                )
+
             if SCAN_BLOCK <= bs < DEFAULT_LAUNCH_CONFIG.one_launch_max_rows:
                 # An eager launch_plan takes one launch here (a captured one, timed above,
                 # three): timed eagerly, queued behind a sleeping kernel.
@@ -185,6 +198,7 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
                     buffers = PlanBuffers.allocate(
                         write_req_capacity=bs, verify_capacity=entries, device=device
                     )
+                    poison(buffers)
                     launch_plan(buffers, **kwargs)
                     if not plans_equal(buffers, ref, bs):
                         raise AssertionError(f"the one-launch plan differs at bs={bs}")
@@ -258,6 +272,28 @@ def bench_gpu(rec: Recorder, batches, replays: int, host_calls: int, bandwidth: 
         guarded(rec, f"plan host bs={bs}", host)
 
 
+def sglang_plan_case(
+    rec: Recorder, sglang, ref: PlanBuffers, kwargs: dict, case: dict, replays: int
+) -> None:
+    """SGLang's plan of the case (its outputs poisoned first), its fields checked equal to
+    ``plan_reference``'s (``benchmarks.sglang_cuda.plan_differences``), then timed as the
+    other implementations are; a batch beyond SGLang's row limit is an absent cell."""
+    from benchmarks.sglang_cuda import SglangSide, plan_differences, plan_limit
+
+    bs = case["bs"]
+    limit = plan_limit(sglang, bs)
+    if limit is not None:
+        rec.add("absent", "sglang_cuda", "us_per_plan", 0, note=limit, **case)
+        return
+    theirs = SglangSide(sglang, bs=bs, verify_capacity=case["entries"], device=ENV.device)
+    theirs.plan(kwargs)
+    bad = plan_differences(ref, theirs, bs)
+    if bad:
+        raise AssertionError(f"sglang_cuda differs from plan_reference at bs={bs}: {bad}")
+    us = graph_time_us(lambda: theirs.plan(kwargs), replays)
+    rec.add("gpu_time", "sglang_cuda", "us_per_plan", us, **case)
+
+
 TUNE_CONFIGS = [
     {},  # the defaults: kv_canary_kernels.config.DEFAULT_LAUNCH_CONFIG
     {"small_entry_block": 128},
@@ -303,7 +339,7 @@ def tune_gpu(rec: Recorder, replays: int) -> None:
 
     # The shape of the stores decides the write rate: the traffic-only reference over
     # (block, warps), next to a memset of the same bytes.
-    import baselines
+    from benchmarks import baselines
 
     saved_traffic = baselines.TRAFFIC_BLOCK, baselines.TRAFFIC_WARPS
     try:
@@ -355,6 +391,7 @@ def profile_cases(case: str) -> None:
 PLOT_LABELS = {
     "launch_plan": "launch_plan (this library)",
     "launch_plan_eager": "launch_plan, eager (one launch from 1024 rows)",
+    "sglang_cuda": "SGLang 0.5.23's CUDA kernels",
     "sglang_design": "SGLang's design (re-implemented here)",
     "torch_only": "torch-only plan",
     "traffic_only": "traffic-only reference",
@@ -363,7 +400,8 @@ PLOT_LABELS = {
     "bare_dispatch": "bare dispatch (same kernels, no checks)",
 }
 """Legend labels. ``sglang_design`` is not SGLang's code: it is SGLang's plan design
-re-implemented in ``benchmarks/baselines.py`` (SGLang's own kernels were not run)."""
+re-implemented in ``benchmarks/baselines.py``; ``sglang_cuda`` is SGLang's own kernels
+(``benchmarks/sglang_cuda.py``, where they load)."""
 
 SGLANG_DESIGN_NOTE = (
     "SGLang's design (re-implemented here, not SGLang's code) has no point above {max_bs} "
@@ -437,6 +475,7 @@ def plot(rows: list[dict], out_dir: Path, other_runs: Sequence[list[dict]] = ())
             for impl in (
                 "launch_plan",
                 "launch_plan_eager",
+                "sglang_cuda",
                 "sglang_design",
                 "torch_only",
                 "traffic_only",
@@ -447,7 +486,11 @@ def plot(rows: list[dict], out_dir: Path, other_runs: Sequence[list[dict]] = ())
                     (r["bs"], r["value"]) for r in gpu if r["swa"] == swa and r["impl"] == impl
                 )
                 if pts:
-                    style = "-o" if impl in ("launch_plan", "sglang_design", "torch_only") else "--"
+                    style = (
+                        "-o"
+                        if impl in ("launch_plan", "sglang_cuda", "sglang_design", "torch_only")
+                        else "--"
+                    )
                     ax.plot(
                         [p[0] for p in pts],
                         [p[1] for p in pts],

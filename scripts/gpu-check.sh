@@ -9,7 +9,8 @@
 # interpreter, where the write's PTX products and unrolled loop are not compiled).
 # PARTS picks sections (default: tests canary memcheck demo compile bench; also suite, the
 # whole suite in one process, and sglang, SGLang's CUDA kernels side by side) so that a device call that must stay under a time limit can
-# run a few of them. Sections select test folders (docs/testing.md has the map).
+# run a few of them. With .whl/sglang-*.whl present (scripts/download-sglang-wheels.sh), bench
+# has SGLang's kernels as a column (--sglang require). Sections select test folders (docs/testing.md has the map).
 # Usage: PYTHONPATH=. OUT=dir [BENCH=0] [CANARY=0] [PARTS="tests canary"] bash scripts/gpu-check.sh
 set -o pipefail
 PARTS=" ${PARTS:-tests canary memcheck demo compile bench} "
@@ -74,6 +75,14 @@ if part suite; then
 fi
 if [ "${BENCH:-1}" = 1 ] && part bench; then
   echo "== bench $(date -u +%T)" >> $L
-  timeout 240 python -m benchmarks --quick --out $OUT >> $L 2>&1; echo "bench rc=$?" >> $L
+  if ls .whl/sglang-*.whl >/dev/null 2>&1; then
+    # SGLang's CUDA kernels as the sglang_cuda column (their nvcc JIT: a minute or two more).
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/sglang-site .whl/*.whl >> $L 2>&1
+    PYTHONPATH=/tmp/sglang-site:. timeout 480 python -m benchmarks --quick --sglang require \
+      --out $OUT >> $L 2>&1; echo "bench rc=$?" >> $L
+  else
+    timeout 240 python -m benchmarks --quick --out $OUT >> $L 2>&1; echo "bench rc=$?" >> $L
+  fi
 fi
 echo "== done $(date -u +%T)" >> $L

@@ -30,8 +30,10 @@ kernel, a minute or two)::
     PYTHONPATH=/tmp/site:. python3 benchmarks/sglang/run_cuda_differential.py --out sglang.csv
 
 It prints a markdown table, writes the CSV to ``--out``, and exits 1 if any case differs.
-SGLang's runtime is not imported: ``load_installed_sglang`` executes only
-``sglang.kernels.ops.kv_canary`` and its JIT loader, with the parent packages stubbed.
+SGLang's runtime is not imported: ``benchmarks.sglang_cuda.load_installed_sglang`` executes
+only ``sglang.kernels.ops.kv_canary`` and its JIT loader, with the parent packages stubbed;
+the calling adapters and the comparisons are that module's too, shared with ``python -m
+benchmarks`` (whose ``sglang_cuda`` column runs them on the benchmark's own cases).
 ``tests/sglang/test_cuda_differential_smoke.py`` runs ``run`` on the CPU with SGLang's
 torch references standing in for its CUDA kernels (same signatures) and this project's
 kernels in Triton's interpreter.
@@ -47,106 +49,29 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib
-import importlib.util
 import statistics
 import sys
 import time
-import types
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
-from kv_canary_buffers import (
-    CanaryStore,
-    PlanBuffers,
-    RealKV,
-    RealKVMode,
+from benchmarks.sglang_cuda import (
+    OurSide,
+    SglangOps,
+    SglangUnavailable,
+    load_installed_sglang,
+    sglang_beside,
+    verify_and_compare,
+    write_and_compare,
 )
-from kv_canary_kernels import launch_plan, launch_verify, launch_write
+from kv_canary_buffers import RealKV, RealKVMode
 
-I64, I32, U8 = torch.int64, torch.int32, torch.uint8
-RING = 1024
+I64 = torch.int64
+I32 = torch.int32
 TAG = 2  # CanaryLaunchTag.TAIL_K_FULL: any tag, the same on both sides
-FLIPPED = 64
-
-
-# --- SGLang's side ----------------------------------------------------------------------
-@dataclass(frozen=True)
-class SglangOps:
-    """What this script uses of SGLang's kv-canary: its classes and three launchers
-    (``launch_canary_plan_kernels``, ``launch_canary_write_kernel``,
-    ``launch_canary_verify_kernel``), or anything with their signatures (the torch
-    references, in the CPU smoke test)."""
-
-    consts: Any
-    VerifyPlan: Any
-    WritePlan: Any
-    VerifyOrWriteContext: Any
-    RealKvSource: Any
-    CanaryLaunchTag: Any
-    plan: Callable[..., None]
-    write: Callable[..., None]
-    verify: Callable[..., None]
-
-
-def _stub(name: str, path: Path | None) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__path__ = [str(path)] if path is not None else []
-    return module
-
-
-def load_installed_sglang() -> SglangOps:
-    """SGLang's CUDA launchers from an installed wheel (``PYTHONPATH``), without running
-    ``sglang/__init__.py`` (SGLang's whole runtime and its dependencies) or the kernel
-    registry: the parent packages are stand-ins whose ``__path__`` is the wheel's, and
-    ``sglang.srt.utils.common`` (imported by the JIT loader for two helpers) is replaced by
-    those two helpers."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit(
-            "run_cuda_differential: no sglang package on the path; install the wheels of "
-            "scripts/download-sglang-wheels.sh with --target DIR and set PYTHONPATH=DIR:."
-        )
-    base = Path(next(iter(spec.submodule_search_locations)))
-    for name, path in {
-        "sglang": base,
-        "sglang.kernels": base / "kernels",
-        "sglang.kernels.ops": base / "kernels" / "ops",
-        "sglang.kernels.ops.kv_canary": base / "kernels" / "ops" / "kv_canary",
-        "sglang.srt": base / "srt",
-        "sglang.srt.utils": base / "srt" / "utils",
-    }.items():
-        sys.modules[name] = _stub(name, path)
-    common = _stub("sglang.srt.utils.common", None)
-    common.is_cuda = torch.cuda.is_available  # type: ignore[attr-defined]
-    common.get_cuda_version = lambda: tuple(  # type: ignore[attr-defined]
-        int(x) for x in (torch.version.cuda or "0.0").split(".")
-    )
-    sys.modules["sglang.srt.utils.common"] = common
-    utils = _stub("sglang.utils", None)
-    utils.is_in_ci = lambda: False  # type: ignore[attr-defined]
-    sys.modules["sglang.utils"] = utils
-    pkg = "sglang.kernels.ops.kv_canary"
-    consts = importlib.import_module(f"{pkg}.consts")
-    verify = importlib.import_module(f"{pkg}.verify")
-    write = importlib.import_module(f"{pkg}.write")
-    plan = importlib.import_module(f"{pkg}.plan.api")
-    return SglangOps(
-        consts=consts,
-        VerifyPlan=verify.VerifyPlan,
-        WritePlan=write.WritePlan,
-        VerifyOrWriteContext=verify.VerifyOrWriteContext,
-        RealKvSource=verify.RealKvSource,
-        CanaryLaunchTag=verify.CanaryLaunchTag,
-        plan=plan.launch_canary_plan_kernels,
-        write=write.launch_canary_write_kernel,
-        verify=verify.launch_canary_verify_kernel,
-    )
 
 
 # --- workloads ----------------------------------------------------------------------------
@@ -288,136 +213,6 @@ class World:
             bytes_per_token=self.bytes_per_token,
         )
 
-    def sglang_sources(self, sg: SglangOps) -> tuple[Any, ...]:
-        return tuple(
-            sg.RealKvSource(
-                tensor=t,
-                page_size=1,
-                num_bytes_per_token=self.bytes_per_token,
-                read_bytes=self.bytes_per_token,
-            )
-            for t in self.kv
-        )
-
-
-# --- one side each ---------------------------------------------------------------------------
-class Ours:
-    def __init__(self, world: World, verify_capacity: int):
-        dev = world.device
-        self.world = world
-        self.plan_buffers = PlanBuffers.allocate(
-            write_req_capacity=world.bs, verify_capacity=verify_capacity, device=dev
-        )
-        self.store = CanaryStore.allocate(
-            num_slots=world.num_slots, violation_capacity=RING, device=dev
-        )
-        self.store.enable_chain_position_check()
-        self.real_kv = world.real_kv()
-
-    def plan(self, kw: dict[str, Any]) -> None:
-        launch_plan(self.plan_buffers, **kw)
-
-    def write(self, tokens: dict[str, torch.Tensor]) -> None:
-        launch_write(self.store, self.plan_buffers, launch_tag=TAG, real_kv=self.real_kv, **tokens)
-
-    def verify(self) -> None:
-        launch_verify(self.store, self.plan_buffers, launch_tag=TAG, real_kv=self.real_kv)
-
-    def counters(self) -> tuple[int, int, int]:
-        s = self.store
-        return int(s.violation_count), int(s.kernel_runs), int(s.slots_processed)
-
-    def rows(self) -> Counter[tuple[int, ...]]:
-        n = min(int(self.store.violation_count), RING)
-        # SGLang's 8 columns (this project may keep more beside them).
-        return Counter(tuple(r) for r in self.store.violations[:n, :8].tolist())
-
-    def clear(self) -> None:
-        self.store.take_violations()
-
-
-class Theirs:
-    def __init__(self, sg: SglangOps, world: World, verify_capacity: int):
-        dev = world.device
-        self.sg, self.world = sg, world
-        self.verify_plan = sg.VerifyPlan.allocate(verify_capacity=verify_capacity, device=dev)
-        self.write_plan = sg.WritePlan.allocate(write_req_capacity=world.bs, device=dev)
-        self.buf = torch.zeros(world.num_slots, 32, dtype=U8, device=dev)
-        self.ring = torch.zeros(RING, 8, dtype=I64, device=dev)
-        self.index = torch.zeros(1, dtype=I32, device=dev)
-        self.slot_runs = torch.zeros(1, dtype=I64, device=dev)
-        self.kernel_runs = torch.zeros(1, dtype=I64, device=dev)
-        self.chain = torch.ones(1, dtype=I32, device=dev)
-        self.context = sg.VerifyOrWriteContext(
-            canary_buf=self.buf,
-            kernel_kind=sg.CanaryLaunchTag(TAG),
-            violation_ring=self.ring,
-            violation_write_index=self.index,
-            slot_run_counter=self.slot_runs,
-            kernel_run_counter=self.kernel_runs,
-            real_kv_sources=world.sglang_sources(sg),
-            real_kv_hash_mode=sg.consts.RealKvHashMode[world.case.mode],
-            enable_chain_position_assert=self.chain,
-        )
-
-    def plan(self, kw: dict[str, Any]) -> None:
-        self.sg.plan(
-            verify_plan_out=self.verify_plan,
-            write_plan_out=self.write_plan,
-            verify_capacity=int(self.verify_plan.verify_slot_indices.shape[0]),
-            **kw,
-        )
-
-    def write(self, tokens: dict[str, torch.Tensor]) -> None:
-        self.sg.write(
-            context=self.context,
-            plan=self.write_plan,
-            enable_write_input_assert=False,
-            expected_input_tokens=None,
-            expected_input_positions=None,
-            **tokens,
-        )
-
-    def verify(self) -> None:
-        self.sg.verify(
-            context=self.context, plan=self.verify_plan, check_verify_expected_token=True
-        )
-
-    def counters(self) -> tuple[int, int, int]:
-        return int(self.index), int(self.kernel_runs), int(self.slot_runs)
-
-    def rows(self) -> Counter[tuple[int, ...]]:
-        n = min(int(self.index), RING)
-        return Counter(tuple(r) for r in self.ring[:n].tolist())
-
-    def clear(self) -> None:
-        self.ring.zero_()
-        self.index.zero_()
-
-
-def plans_differ(ours: Ours, theirs: Theirs, bs: int) -> list[str]:
-    b, vp, wp = ours.plan_buffers, theirs.verify_plan, theirs.write_plan
-    bad = []
-    if not torch.equal(b.write_offsets, wp.write_offsets):
-        bad.append("write_offsets")
-    if not torch.equal(b.write_seed_slot_indices[:bs], wp.write_seed_slot_indices[:bs]):
-        bad.append("write_seed_slot_indices")
-    for mine, name in (
-        (b.write_num_valid_reqs, "write_num_valid_reqs"),
-        (b.verify_num_valid, "verify_num_valid"),
-    ):
-        their = wp.write_num_valid_reqs if name.startswith("write") else vp.verify_num_valid
-        if int(mine) != int(their):
-            bad.append(name)
-    if int(b.verify_enable) != int(vp.enable):
-        bad.append("verify_enable")
-    n = int(vp.verify_num_valid)
-    if int(vp.enable):
-        for f in ("slot_indices", "expected_tokens", "expected_positions", "prev_slot_indices"):
-            if not torch.equal(getattr(b, f"verify_{f}")[:n], getattr(vp, f"verify_{f}")[:n]):
-                bad.append(f"verify_{f}")
-    return bad
-
 
 # --- timing ------------------------------------------------------------------------------------
 Timer = Callable[[Callable[[], None]], float]
@@ -472,23 +267,17 @@ class Row(NamedTuple):
 def run_case(sg: SglangOps, case: Case, sizes: Sizes, device: str, timer: Timer, seed: int) -> Row:
     world = World(case, sizes, device, seed)
     cv = max(world.entries, 1)
-    ours, theirs = Ours(world, cv), Theirs(sg, world, cv)
-    bad: list[str] = []
-
-    # The prefill of every prefix, each side from its own plan.
-    if world.entries:
-        for side in (ours, theirs):
-            side.plan(world.fill_kwargs)
-            side.write(world.fill_inputs)
-        bad += [f"fill plan: {f}" for f in plans_differ(ours, theirs, world.bs)]
-        if not torch.equal(ours.store.records.view(U8), theirs.buf):
-            bad.append("fill records")
-        if ours.counters() != theirs.counters() or ours.counters()[0]:
-            bad.append(f"fill counters {ours.counters()} vs {theirs.counters()}")
-    # The step's plan.
-    for side in (ours, theirs):
-        side.plan(world.plan_kwargs)
-    bad += [f"plan: {f}" for f in plans_differ(ours, theirs, world.bs)]
+    real_kv = world.real_kv()
+    ours = OurSide.allocate(
+        bs=world.bs,
+        verify_capacity=cv,
+        num_slots=world.num_slots,
+        device=device,
+        real_kv=real_kv,
+        launch_tag=TAG,
+    )
+    # The prefill of every prefix, each side from its own plan; the step's plan.
+    theirs, bad = sglang_beside(sg, ours, world, fill=world.entries > 0)
     if int(ours.plan_buffers.verify_num_valid) != world.entries:
         bad.append("plan: not every entry")
 
@@ -496,38 +285,10 @@ def run_case(sg: SglangOps, case: Case, sizes: Sizes, device: str, timer: Timer,
     if case.stage == "plan":
         fns = (lambda: ours.plan(world.plan_kwargs), lambda: theirs.plan(world.plan_kwargs))
     elif case.stage == "write":
-        for side in (ours, theirs):
-            side.write(world.step_inputs)
-        if not torch.equal(ours.store.records.view(U8), theirs.buf):
-            bad.append("write records")
-        if ours.counters() != theirs.counters() or ours.counters()[0]:
-            bad.append(f"write counters {ours.counters()} vs {theirs.counters()}")
+        bad += write_and_compare(ours, theirs, world.step_inputs)
         fns = (lambda: ours.write(world.step_inputs), lambda: theirs.write(world.step_inputs))
     else:
-        for side in (ours, theirs):
-            side.verify()
-        if ours.counters() != theirs.counters() or ours.counters()[0]:
-            bad.append(f"verify counters {ours.counters()} vs {theirs.counters()}")
-        # Corrupted: the same positions flipped in both stores, the same rows reported.
-        clean = ours.store.records.clone()
-        n = int(ours.plan_buffers.verify_num_valid)
-        g = torch.Generator().manual_seed(seed + 1)
-        pick = torch.randperm(n, generator=g)[:FLIPPED].to(device)
-        slots = ours.plan_buffers.verify_slot_indices[pick].unique()
-        flip = torch.zeros_like(clean)
-        flip[slots, 1] = 1 << 20
-        for records in (ours.store.records, theirs.buf.view(I64)):
-            records.copy_(clean ^ flip)
-        for side in (ours, theirs):
-            side.clear()
-            side.verify()
-        rows = ours.rows()
-        if rows != theirs.rows() or ours.counters()[0] != theirs.counters()[0] or not rows:
-            bad.append(f"corrupted verify: {ours.counters()[0]} vs {theirs.counters()[0]} rows")
-        for side in (ours, theirs):
-            side.clear()
-        ours.store.records.copy_(clean)
-        theirs.buf.view(I64).copy_(clean)
+        bad += verify_and_compare(ours, theirs, seed + 1)
         fns = (ours.verify, theirs.verify)
     ours_us = timer(fns[0])
     sglang_us = timer(fns[1])
@@ -589,7 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("run_cuda_differential: needs CUDA (SGLang's kernels are CUDA-only)")
-    sg = load_installed_sglang()
+    try:
+        sg = load_installed_sglang()
+    except SglangUnavailable as err:
+        raise SystemExit(f"run_cuda_differential: {err}") from err
     cases = tuple(c for c in GPU_CASES if args.only in (None, c.stage))
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", file=sys.stderr)
     rows = run(

@@ -106,3 +106,24 @@ def load_references(root: Path) -> SglangRefs:
         plan_offsets=mods["plan.offsets_kernel"].launch_plan_offsets_kernel,
         root=root,
     )
+
+
+def as_ops(refs: SglangRefs) -> Any:
+    """SGLang's torch references in the place of its CUDA launchers (the same signatures):
+    a ``benchmarks.sglang_cuda.SglangOps`` for the CPU smoke tests of the benchmark's
+    ``sglang_cuda`` column and of ``run_cuda_differential``."""
+    from benchmarks.sglang_cuda import SglangOps
+
+    return SglangOps(
+        consts=refs.consts,
+        VerifyPlan=refs.verify.VerifyPlan,
+        WritePlan=refs.write.WritePlan,
+        VerifyOrWriteContext=refs.verify.VerifyOrWriteContext,
+        RealKvSource=refs.verify.RealKvSource,
+        CanaryLaunchTag=refs.verify.CanaryLaunchTag,
+        plan=refs.plan_ref,
+        write=refs.write_ref,
+        verify=refs.verify_ref,
+        plan_max_bs=int(refs.plan_offsets.__globals__["_PLAN_BS_BLOCK_SIZE"]),
+        source="SGLang 0.5.23 torch references (CPU stand-ins for its CUDA kernels)",
+    )

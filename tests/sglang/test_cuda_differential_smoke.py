@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.sglang.sglang_refs import as_ops
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "sglang" / "run_cuda_differential.py"
 
 
@@ -31,23 +33,9 @@ def script():
         del sys.modules[spec.name]
 
 
-def _references_as_cuda_ops(script, refs):
-    return script.SglangOps(
-        consts=refs.consts,
-        VerifyPlan=refs.verify.VerifyPlan,
-        WritePlan=refs.write.WritePlan,
-        VerifyOrWriteContext=refs.verify.VerifyOrWriteContext,
-        RealKvSource=refs.verify.RealKvSource,
-        CanaryLaunchTag=refs.verify.CanaryLaunchTag,
-        plan=refs.plan_ref,
-        write=refs.write_ref,
-        verify=refs.verify_ref,
-    )
-
-
 def test_the_script_finds_every_output_equal_on_the_cpu(script, refs, tmp_path):
     out = tmp_path / "smoke.csv"
-    sg = _references_as_cuda_ops(script, refs)
+    sg = as_ops(refs)
     rows = script.run(sg, script.SMOKE_CASES, script.SMOKE_SIZES, "cpu", script.no_time, out)
     assert [(r.stage, r.mode, r.detail) for r in rows] == [
         (c.stage, c.mode, "") for c in script.SMOKE_CASES
@@ -63,7 +51,7 @@ def test_the_script_finds_every_output_equal_on_the_cpu(script, refs, tmp_path):
 def test_the_script_reports_a_difference(script, refs):
     """A stand-in write that changes one byte of SGLang's buffer after writing: the case
     is reported unequal, naming the records."""
-    sg = _references_as_cuda_ops(script, refs)
+    sg = as_ops(refs)
 
     def write_then_flip(**kw):
         refs.write_ref(**kw)
