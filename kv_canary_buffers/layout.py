@@ -333,3 +333,7 @@ def workspace_specs(
     """``(name, dtype, shape)`` of every field of a :class:`~kv_canary_buffers.WriteWorkspace`,
     in field (and arena) order."""
     return specs_of(WORKSPACE_FIELDS, {"T": token_capacity, "N": slot_capacity})
+
+
+assert (TOKEN, POSITION, PREV_HASH) == (0, 1, 2) and ENTRY_SLOT == REAL_KV_HASH
+"""An entry's first three columns are a record's (the stamp copies them in place)."""
