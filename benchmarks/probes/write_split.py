@@ -25,6 +25,12 @@ alternate, round after round; each GEMM is timed with CUDA events on the main st
 as CUDA graphs (a graph of the GEMM alone; a graph of the fork, the chain, the GEMM and
 the join), median of replays timed from outside. Target: the GEMM at most 1% slower.
 
+Part 3, host time per eager call (``benchmarks.harness.host_time_stats_us``: batches of
+eager calls without a sync, medians): ``launch_write``, ``launch_write_chain`` and a chain
+followed by its stamp (a stamp needs a chain before it; the stamp's own host time is the
+difference). The split's launchers take the full launch path at every call (no cached
+addresses yet), so this is the figure to hold against the 30 us host budget.
+
 Last answer (none yet: to be measured on the H200 by the lead): not yet measured.
 """
 
@@ -43,7 +49,14 @@ if __name__ == "__main__" and "--smoke" in sys.argv:  # before Triton is importe
 import torch
 
 from benchmarks.canary_cases import GPU_SIZES, SMOKE_SIZES, Sizes, World
-from benchmarks.harness import configure, gpu_time, logged, markdown_table, on_gpu
+from benchmarks.harness import (
+    configure,
+    gpu_time,
+    host_time_stats_us,
+    logged,
+    markdown_table,
+    on_gpu,
+)
 from kv_canary_buffers import CanaryStore, PlanBuffers, RealKV, WriteWorkspace
 from kv_canary_kernels import launch_write, launch_write_chain, launch_write_stamp
 
@@ -241,8 +254,21 @@ def gemm_beside(split: Split, rounds: int) -> tuple[float, float, float, float]:
     )
 
 
+def host_times(split: Split, calls: int) -> tuple[float, float, float]:
+    """Host us per eager call: launch_write, the chain, a chain and its stamp."""
+
+    def pair() -> None:
+        split.chain()
+        split.stamp()
+
+    got = host_time_stats_us(
+        {"write": split.write, "chain": split.chain, "pair": pair}, calls=calls
+    )
+    return got["write"].median, got["chain"].median, got["pair"].median
+
+
 def run(sizes: Sizes, device: str, replays: int, rounds: int) -> int:
-    stamp_rows, gemm_rows = [], []
+    stamp_rows, gemm_rows, host_rows = [], [], []
     for name, rows, tokens, prefix in cases(sizes):
         for mode in ("NONE", "PARTIAL"):
             split = Split(sizes, rows, tokens, prefix, mode, device)
@@ -251,6 +277,17 @@ def run(sizes: Sizes, device: str, replays: int, rounds: int) -> int:
             chain_us = time_chains(split, replays)
             stamp_us = time_stamps(split, replays)
             stamp_rows.append((name, mode, f"{write_us:.2f}", f"{chain_us:.2f}", f"{stamp_us:.2f}"))
+            h_write, h_chain, h_pair = host_times(split, calls=50 if on_gpu() else 1)
+            host_rows.append(
+                (
+                    name,
+                    mode,
+                    f"{h_write:.1f}",
+                    f"{h_chain:.1f}",
+                    f"{h_pair:.1f}",
+                    f"{h_pair - h_chain:.1f}",
+                )
+            )
             if mode == "NONE":
                 alone, beside, g_alone, g_beside = gemm_beside(split, rounds)
                 gemm_rows.append(
@@ -295,6 +332,13 @@ def run(sizes: Sizes, device: str, replays: int, rounds: int) -> int:
                 "slowdown",
             ),
             gemm_rows,
+        )
+    )
+    print("Host time per eager call (us, medians of batches without a sync):")
+    print(
+        markdown_table(
+            ("case", "real-KV", "launch_write", "chain", "chain + stamp", "stamp (difference)"),
+            host_rows,
         )
     )
     return 0

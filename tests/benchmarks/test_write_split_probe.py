@@ -1,7 +1,7 @@
 """The split write's probe (``benchmarks.probes.write_split``, the lead's H200 run) at tiny
 sizes under the interpreter: every case's chain + stamp checked equal to ``launch_write``,
 the stamps timed from a replay of fresh fills (each stamp counted its run, none stale),
-the GEMM's code path beside the chain, and both tables printed."""
+the GEMM's code path beside the chain, host times, and the three tables printed."""
 
 import re
 
@@ -16,3 +16,4 @@ def test_the_write_split_probe_runs_its_cases(capsys):
         for mode in ("NONE", "PARTIAL"):
             assert f"| {case} | {mode} |" in out, (case, mode)
     assert "| chain of | chain us | GEMM alone | GEMM beside | slowdown |" in out
+    assert "| case | real-KV | launch_write | chain | chain + stamp | stamp (difference) |" in out
