@@ -36,6 +36,7 @@ from .checks import check_capacity, check_need, nonnegative_field
 from .devices import DeviceLike, normalize_device
 from .layout import MAX_CAPACITY, WORKSPACE_FIELDS, workspace_specs
 from .layout_docs import docstring_with_fields
+from .records import check_store
 
 _FIELD_NAMES = tuple(f.name for f in WORKSPACE_FIELDS)
 _get_fields = operator.attrgetter(*("_" + n for n in _FIELD_NAMES))  # the private views
@@ -142,8 +143,6 @@ class WriteWorkspace:
     @classmethod
     def for_store(cls, store: Any, *, token_capacity: int) -> WriteWorkspace:
         """:meth:`allocate` with ``slot_capacity = store.num_slots`` on the store's device."""
-        from .records import check_store
-
         st = check_store(store)
         return cls.allocate(
             token_capacity=token_capacity, slot_capacity=st.num_slots, device=st.device

@@ -6,6 +6,7 @@ by the torch stamp and the reverse); on hostile data the kernels skip and flag w
 ``launch_write`` does and the references raise and write nothing."""
 
 import copy
+import pickle
 import random
 from typing import Any
 
@@ -209,5 +210,12 @@ def test_the_workspace_is_sized_by_construction():
         copy.copy(ws)
     with pytest.raises(AttributeError):  # frozen, and a FieldAlias
         ws.entries = torch.zeros(10, 4, dtype=torch.int64)
+    ws.entries.fill_(3)
     deep = copy.deepcopy(ws)
     assert deep.token_capacity == 10 and deep.arena.base != ws.arena.base
+    back = pickle.loads(pickle.dumps(ws))
+    for other in (deep, back):  # a copy has no chain to stamp: zeroed, no host record
+        assert (other.token_capacity, other.slot_capacity) == (10, 33)
+        assert int(other.entries.abs().sum()) == 0 and other.last_chain is None
+    with pytest.raises(TypeError, match=r"^kv-canary: store must be a kv_canary_buffers"):
+        WriteWorkspace.for_store(ws, token_capacity=4)
