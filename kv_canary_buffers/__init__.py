@@ -7,13 +7,16 @@ Public names:
 - :class:`RealKV`, :class:`RealKVSource`, :class:`RealKVMode`: KV layers whose bytes the
   records fingerprint, each source with its own geometry.
 - :func:`write_reference`, :func:`verify_reference`: the torch write and verify stages.
+- :class:`WriteWorkspace`, :func:`write_chain_reference`, :func:`write_stamp_reference`:
+  the split write (the chain before the forward, the stamp after it), in torch.
 - :class:`ViolationReport`, :class:`Violation`, :class:`FailBits`: decoded violations.
 - :class:`CanaryStatus`: the bits of a store's status word.
 - :func:`gather_violation_reports`: every rank's report, gathered (tensor parallelism).
 - :class:`GraphInputs`: capacity-sized per-row inputs for a captured (CUDA-graph) plan.
 - :func:`plan_reference`: the torch plan (CPU path and the kernels' oracle).
-- :class:`PlanInputs`, :class:`WriteInputs`, :class:`VerifyInputs`: each stage's keyword
-  arguments (``TypedDict``), shared by its torch reference and its Triton launcher.
+- :class:`PlanInputs`, :class:`WriteInputs`, :class:`VerifyInputs`,
+  :class:`WriteChainInputs`, :class:`WriteStampInputs`: each stage's keyword arguments
+  (``TypedDict``), shared by its torch reference and its Triton launcher.
 - :func:`validate_plan_args`: the host-side checks both plan paths run first.
 - :class:`PlanStatus`: the bits of the device-side status word.
 - :func:`plans_equal`: whether two buffers hold the same plan (for tests and ports).
@@ -36,7 +39,15 @@ from .staging import GraphInputs
 from .status import CanaryStatus, FailBits, PlanStatus
 from .store import CanaryStore
 from .verify import VerifyInputs, verify_reference
-from .write import WriteInputs, write_reference
+from .workspace import WriteWorkspace
+from .write import (
+    WriteChainInputs,
+    WriteInputs,
+    WriteStampInputs,
+    write_chain_reference,
+    write_reference,
+    write_stamp_reference,
+)
 
 __all__ = [
     "CanaryStatus",
@@ -55,7 +66,10 @@ __all__ = [
     "VerifyInputs",
     "Violation",
     "ViolationReport",
+    "WriteChainInputs",
     "WriteInputs",
+    "WriteStampInputs",
+    "WriteWorkspace",
     "__version__",
     "gather_violation_reports",
     "plan_reference",
@@ -63,5 +77,7 @@ __all__ = [
     "validate_plan_args",
     "verify_entries_needed",
     "verify_reference",
+    "write_chain_reference",
     "write_reference",
+    "write_stamp_reference",
 ]

@@ -96,7 +96,8 @@ class Field(NamedTuple):
     shape: tuple[Extent, ...]
     role: str
     """``output`` (what a plan writes), ``scratch``, ``sync`` (words the programs of one
-    launch wait on; 0 in fresh buffers), ``status`` or ``store``."""
+    launch wait on, or that order two launches; 0 in fresh buffers), ``status``, ``store``
+    or ``workspace`` (what the split write's chain leaves for its stamp)."""
     meaning: str
     """Markdown (inline code in single backticks)."""
 
@@ -286,3 +287,53 @@ def store_specs(
     """``(name, dtype, shape)`` of every field of a :class:`~kv_canary_buffers.CanaryStore`,
     in field (and arena) order."""
     return specs_of(STORE_FIELDS, {"N": num_slots, "V": violation_capacity})
+
+
+# --- the split write's workspace (docs/contract-canary.md, "Write, split") -------------
+ENTRY_WIDTH = 4
+"""int64 columns of a workspace entry: the record's ``TOKEN``, ``POSITION`` and
+``PREV_HASH`` (the same columns as a record's) and the slot the stamp writes."""
+ENTRY_SLOT = 3
+"""The entry column holding the slot (where a record holds ``REAL_KV_HASH``)."""
+
+WORKSPACE_FIELDS: tuple[Field, ...] = (
+    Field("entries", RECORD_DTYPE, (Extent("T"), Extent(None, ENTRY_WIDTH)), "workspace",
+          "per token index `i` of the step the chain stamped: `TOKEN`, `POSITION`, "
+          "`PREV_HASH` (the chain hash before the token) and the slot; unspecified where "
+          "`entry_fills[i]` is not `fill`"),
+    Field("entry_owners", RECORD_DTYPE, (Extent("T"),), "workspace",
+          "per token index, the writing row's `row_req_pool_indices` value (the owner the "
+          "stamp stores)"),
+    Field("entry_fills", RECORD_DTYPE, (Extent("T"),), "workspace",
+          "per token index, the fill (`fill`'s value) whose chain wrote the entry; the "
+          "stamp stamps only the entries of the current fill"),
+    Field("last_token", COUNTER_DTYPE, (Extent("N"),), "workspace",
+          "per slot, the token index of its last entry in the fill that wrote it (a slot "
+          "written twice within a row keeps the later record)"),
+    Field("fill", RECORD_DTYPE, _ONE, "sync",
+          "the number of chain launches this workspace has seen (each fill's entries carry "
+          "it); `0` = never filled"),
+    Field("chain_tickets", RECORD_DTYPE, _ONE, "sync",
+          "the chain's programs count themselves here; the last one advances `fill` and "
+          "zeroes it"),
+    Field("stamp_tickets", RECORD_DTYPE, _ONE, "sync",
+          "zeroed by each chain; each stamp program takes a ticket: tickets past the stamp's "
+          "programs mean no fresh chain (a stamp repeated, or a chain skipped)"),
+    Field("chain_launch", RECORD_DTYPE, _ONE, "sync",
+          "the host launch number of the last chain (`WriteWorkspace` numbers them from 1); "
+          "the stamp compares it with its own"),
+)  # fmt: skip
+"""Every tensor a :class:`~kv_canary_buffers.WriteWorkspace` owns, in field (and arena)
+order; ``T`` = ``token_capacity``, ``N`` = ``slot_capacity``."""
+
+
+def workspace_specs(
+    token_capacity: int, slot_capacity: int
+) -> tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]:
+    """``(name, dtype, shape)`` of every field of a :class:`~kv_canary_buffers.WriteWorkspace`,
+    in field (and arena) order."""
+    return specs_of(WORKSPACE_FIELDS, {"T": token_capacity, "N": slot_capacity})
+
+
+assert (TOKEN, POSITION, PREV_HASH) == (0, 1, 2) and ENTRY_SLOT == REAL_KV_HASH
+"""An entry's first three columns are a record's (the stamp copies them in place)."""

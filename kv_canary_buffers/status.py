@@ -111,3 +111,8 @@ class CanaryStatus(enum.IntFlag):
     padding slot (which the verify never checks): a padding bug, or a row the engine
     forgot to mask. Not a skip: the record and its owner are stamped all the same (as
     SGLang does), and the torch reference sets this bit too."""
+    WRITE_CHAIN_STALE = 1 << 8
+    """split write: a stamp found no fresh chain in its ``WriteWorkspace`` (a stamp
+    replayed twice from a CUDA graph, a replay that skipped the chain, or a chain of
+    another launch): it stamped nothing and counted nothing. The host-side check refuses
+    the same in eager calls with a ``ValueError``; only a graph replay reaches this bit."""

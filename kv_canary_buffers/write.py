@@ -23,8 +23,10 @@ from .checks import check_int64, check_length, check_tensor, new_tuple
 from .hashing import mix3
 from .layout import (
     DUMMY_SLOT,
+    ENTRY_SLOT,
     INT64_MAX,
     INT64_MIN,
+    MAX_CAPACITY,
     POSITION,
     RECORD_DTYPE,
     ROW_DTYPE,
@@ -44,6 +46,7 @@ from .records import (
 )
 from .status import CanaryStatus, FailBits
 from .store import CanaryStore
+from .workspace import ChainFill, WriteWorkspace
 
 
 # --- arguments and their checks ---------------------------------------------------------
@@ -59,11 +62,11 @@ class _WriteInputsRequired(TypedDict):
     """int64 ``[n]``, each token's KV slot; negative: skip."""
 
 
-class WriteInputs(_WriteInputsRequired, total=False):
-    """The write's keyword arguments, one definition for every write entry point
-    (``write_reference``, ``kv_canary_kernels.launch_write``, their ``torch.compile``
-    operator): ``**inputs: Unpack[WriteInputs]``. Their defaults are
-    :func:`validate_write_args`'s. Every tensor must be on the store's device."""
+class WriteChainInputs(_WriteInputsRequired, total=False):
+    """The split write's chain keywords (``write_chain_reference``,
+    ``kv_canary_kernels.launch_write_chain``, their ``torch.compile`` operator): the
+    write's (:class:`WriteInputs`) but ``real_kv``, which only the stamp reads. Their
+    defaults are :func:`validate_write_chain_args`'s."""
 
     launch_tag: int
     """int64 written into every violation row of this call (default 0)."""
@@ -72,8 +75,26 @@ class WriteInputs(_WriteInputsRequired, total=False):
     from them appends a ``WRITE_TOKEN`` / ``WRITE_POSITION`` row."""
     expected_positions: torch.Tensor | None
     """optional int64 ``[n]``, given with ``expected_input_ids``."""
+
+
+class WriteInputs(WriteChainInputs, total=False):
+    """The write's keyword arguments, one definition for every write entry point
+    (``write_reference``, ``kv_canary_kernels.launch_write``, their ``torch.compile``
+    operator): ``**inputs: Unpack[WriteInputs]``. Their defaults are
+    :func:`validate_write_args`'s. Every tensor must be on the store's device."""
+
     real_kv: RealKV | None
     """optional :class:`RealKV` whose bytes are hashed into each record."""
+
+
+class WriteStampInputs(TypedDict, total=False):
+    """The split write's stamp keywords (``write_stamp_reference``,
+    ``kv_canary_kernels.launch_write_stamp``, their ``torch.compile`` operator); defaults:
+    :func:`validate_write_stamp_args`'s."""
+
+    real_kv: RealKV | None
+    """optional :class:`RealKV` whose bytes (written by the forward) are hashed into each
+    record, as :class:`WriteInputs`' ``real_kv``."""
 
 
 class WriteArgs(NamedTuple):
@@ -210,7 +231,25 @@ def _rows(*columns: torch.Tensor) -> torch.Tensor:
     return torch.stack([c.to(RECORD_DTYPE) for c in columns], dim=1)
 
 
-def _write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
+class _Chain(NamedTuple):
+    """What the write computes before it needs the KV bytes: per token of the rows (flat
+    order ``k``) its input index, slot, whether it is stamped, token, position, chain hash
+    before it and row's request; and the violation rows with their context."""
+
+    indices: torch.Tensor
+    slots: torch.Tensor
+    written: torch.Tensor
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    chain_at: torch.Tensor
+    requests: torch.Tensor
+    rows: torch.Tensor
+    """int64 ``[m, 8 + 3]``: each violation row and its context, in the contract's order."""
+
+
+def _chain(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> _Chain:
+    """The write's checks of data out of range (``ValueError``, nothing written), its hash
+    chains and its violation rows: everything but the records, computed without writing."""
     num_slots = store.num_slots
     n = args.n
     num_rows = plan_count(buffers, "write_num_valid_reqs", buffers.write_req_capacity)
@@ -249,7 +288,6 @@ def _write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
         j = int(bad.nonzero()[0, 0])
         raise_bad("out_cache_loc", int(index[j]), int(slots[j]), f"< num_slots = {num_slots}")
     written = slots >= 0
-    kv = _real_kv_of(args.real_kv, slots, written, index)
 
     records = store.records
     running = chain_hash_of(records, seeds)
@@ -290,19 +328,6 @@ def _write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
         prev_pos[rows] = torch.where(checking, pos, prev_pos.index_select(0, rows))
         running[rows] = torch.where(w, mix3(run, tok, pos), run)
 
-    # Everything is checked: from here on the store is written.
-    kept = written.nonzero().squeeze(1)
-    # Sequential order: a slot written twice keeps its last record (index_put_ with
-    # accumulate=False applies duplicates in order on the CPU and is unspecified on a GPU,
-    # so a duplicate slot is written in a second, ordered pass).
-    # The owner beside the record, under the same condition (its own column: SGLang's
-    # record stays 32 bytes).
-    kept_slots = slots.index_select(0, kept)
-    new = _rows(tokens, positions, chain_at, kv, requests).index_select(0, kept)
-    _store_in_order((records, store.owners), kept_slots, new)
-    if bool((kept_slots == DUMMY_SLOT).any()):  # the padding slot: stamped all the same
-        store.status.bitwise_or_(int(CanaryStatus.PADDING_SLOT_WRITTEN))
-
     # Each row with its context (the writing row's request, the expected position, the
     # writing row as the owner) as the last three columns, split off after ordering.
     parts = []
@@ -315,9 +340,51 @@ def _write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
     row = (tag, slots, positions, tokens, tokens, chain_at, expected_next, pos_bits)
     parts.append((pos_rule, _rows(*row, requests, expected_next, requests), 1))
     ordered = _in_flat_order(parts)
-    append_rows(store, ordered[:, :VIOLATION_WIDTH], ordered[:, VIOLATION_WIDTH:])
+    return _Chain(index, slots, written, tokens, positions, chain_at, requests, ordered)
+
+
+def _append(store: CanaryStore, rows: torch.Tensor) -> None:
+    append_rows(store, rows[:, :VIOLATION_WIDTH], rows[:, VIOLATION_WIDTH:])
+
+
+def _stamp(
+    store: CanaryStore,
+    slots: torch.Tensor,
+    columns: tuple[torch.Tensor, ...],
+    kv: torch.Tensor,
+    written: int | None = None,
+) -> None:
+    """Store each record ``(token, position, prev_hash, kv)`` and its owner (``columns``:
+    token, position, prev_hash, owner, one row per slot of ``slots``, in order), raise the
+    padding bit, count the records (``written``: the records stored, a slot written twice
+    counted twice; ``slots.numel()`` when None)."""
+    tokens, positions, chain_at, owners = columns
+    # Sequential order: a slot written twice keeps its last record (index_put_ with
+    # accumulate=False applies duplicates in order on the CPU and is unspecified on a GPU,
+    # so a duplicate slot is written in a second, ordered pass).
+    # The owner beside the record, under the same condition (its own column: SGLang's
+    # record stays 32 bytes).
+    new = _rows(tokens, positions, chain_at, kv, owners)
+    _store_in_order((store.records, store.owners), slots, new)
+    if bool((slots == DUMMY_SLOT).any()):  # the padding slot: stamped all the same
+        store.status.bitwise_or_(int(CanaryStatus.PADDING_SLOT_WRITTEN))
     store.kernel_runs.add_(1)
-    store.slots_processed.add_(kept.numel())
+    store.slots_processed.add_(slots.numel() if written is None else written)
+
+
+def _write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
+    chain = _chain(store, buffers, args)
+    kv = _real_kv_of(args.real_kv, chain.slots, chain.written, chain.indices)
+    # Everything is checked: from here on the store is written.
+    kept = chain.written.nonzero().squeeze(1)
+    columns = (chain.tokens, chain.positions, chain.chain_at, chain.requests)
+    _stamp(
+        store,
+        chain.slots.index_select(0, kept),
+        tuple(c.index_select(0, kept) for c in columns),
+        kv.index_select(0, kept),
+    )
+    _append(store, chain.rows)
 
 
 def _real_kv_of(
@@ -395,3 +462,283 @@ def write_reference(
     store.check(views=True)  # torch reads and writes through the views themselves
     plan_buffers.check(views=True)
     _write(store, plan_buffers, args)
+
+
+# --- the split write: chain before the forward, stamp after it ------------------------------
+class WriteChainArgs(NamedTuple):
+    """The validated arguments of one chain call."""
+
+    write: WriteArgs
+    """The write's (``real_kv`` None)."""
+    workspace: WriteWorkspace
+
+
+class WriteStampArgs(NamedTuple):
+    """The validated arguments of one stamp call."""
+
+    n: int
+    """The chain's ``len(out_cache_loc)``: the tokens the stamp looks at."""
+    launch: int
+    """The chain's launch number (``WriteWorkspace.last_chain``)."""
+    real_kv: RealKV | None
+    """None when no real-KV hash is taken (no object, mode NONE or no sources)."""
+
+
+def _check_workspace(workspace: object, store: CanaryStore) -> WriteWorkspace:
+    if type(workspace) is not WriteWorkspace:
+        raise TypeError(
+            "kv-canary: workspace must be a kv_canary_buffers.WriteWorkspace (build one with "
+            f"WriteWorkspace.allocate), got {type(workspace).__name__}"
+        )
+    workspace.check()
+    if workspace.arena.device != store.arena.device:
+        raise ValueError(
+            f"kv-canary: workspace must be on the store's device {store.device}, "
+            f"got {workspace.device}"
+        )
+    if workspace.slot_capacity < store.num_slots:
+        raise ValueError(
+            f"kv-canary: workspace.slot_capacity must be >= store.num_slots = "
+            f"{store.num_slots}, got {workspace.slot_capacity} (grow it before the chain: "
+            "workspace = workspace.ensure_capacity(slots=store.num_slots))"
+        )
+    return workspace
+
+
+def validate_write_chain_args(
+    store: object,
+    plan_buffers: object,
+    workspace: object,
+    *,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    launch_tag: int = 0,
+    expected_input_ids: torch.Tensor | None = None,
+    expected_positions: torch.Tensor | None = None,
+) -> WriteChainArgs:
+    """Every host-side check of one chain call (both chain paths run it first): the
+    write's (:func:`validate_write_args`), and a :class:`WriteWorkspace` on the store's
+    device holding ``n`` tokens and the store's slots, none of the inputs inside it.
+    Reads no tensor data, never syncs, writes nothing (the launch is recorded by
+    :func:`record_chain`, after the checks)."""
+    args = validate_write_args(
+        store,
+        plan_buffers,
+        input_ids=input_ids,
+        positions=positions,
+        out_cache_loc=out_cache_loc,
+        launch_tag=launch_tag,
+        expected_input_ids=expected_input_ids,
+        expected_positions=expected_positions,
+    )
+    st: CanaryStore = store  # type: ignore[assignment]
+    ws = _check_workspace(workspace, st)
+    if args.n > ws.token_capacity:
+        raise ValueError(
+            f"kv-canary: workspace.token_capacity must be >= n = len(out_cache_loc) = "
+            f"{args.n}, got {ws.token_capacity} (grow it before the chain: workspace = "
+            "workspace.ensure_capacity(tokens=n))"
+        )
+    arena = ws.arena
+    start, end = arena.base, arena.base + arena.nbytes
+    n = args.n
+    for name, ptr in zip(_WRITE_INPUT_NAMES, args.addresses):
+        if ptr < end and start < ptr + 8 * n:
+            raise ValueError(
+                f"kv-canary: {name} must not share memory with the WriteWorkspace the chain "
+                "writes, got a tensor inside the workspace's arena (pass the engine's own "
+                "tensors)"
+            )
+    return new_tuple(WriteChainArgs, (args, ws))
+
+
+def record_chain(store: CanaryStore, plan_buffers: PlanBuffers, args: WriteChainArgs) -> int:
+    """Remember on the host the chain about to be launched on ``args.workspace`` (its
+    store, plan buffers, generations and ``n``) and return its launch number (1, 2, ...
+    per workspace: the chain writes it on the device, the stamp compares it)."""
+    ws = args.workspace
+    launch = next(ws.arena.launches)
+    fill = ChainFill(
+        store.arena._key,
+        store.generation,
+        plan_buffers.arena._key,
+        plan_buffers.generation,
+        launch,
+        args.write.n,
+        False,
+    )
+    ws._last_chain[:] = [fill]
+    return launch
+
+
+def validate_write_stamp_args(
+    store: object,
+    plan_buffers: object,
+    workspace: object,
+    *,
+    real_kv: RealKV | None = None,
+) -> WriteStampArgs:
+    """Every host-side check of one stamp call (both stamp paths run it first): the store
+    and plan buffers (as the write's), ``real_kv`` (as the write's), and a workspace whose
+    last chain was launched for this very store and plan buffers, at their current
+    generations, and not yet stamped. Reads no tensor data, never syncs, writes nothing
+    (:func:`record_stamp` marks the chain stamped, after the checks)."""
+    if type(store) is not CanaryStore:
+        check_store(store)  # raises the TypeError
+    st: CanaryStore = store  # type: ignore[assignment]
+    st.check()
+    if type(plan_buffers) is not PlanBuffers:
+        check_plan_buffers(plan_buffers)  # raises the TypeError
+    bufs: PlanBuffers = plan_buffers  # type: ignore[assignment]
+    bufs.check()
+    if st.arena.device != bufs.arena.device:
+        check_same_device(st, bufs)
+    ws = _check_workspace(workspace, st)
+    fill = ws.last_chain
+    if fill is None or fill.stamped:
+        got = (
+            "a workspace no chain ran on"
+            if fill is None
+            else f"a workspace whose last chain (launch {fill.launch}) was already stamped"
+        )
+        raise ValueError(
+            "kv-canary: workspace must hold a chain not yet stamped (launch_write_chain or "
+            f"write_chain_reference on it for this step, before the forward), got {got}"
+        )
+    for name, obj, key, generation in (
+        ("store", st, fill.store, fill.store_generation),
+        ("plan_buffers", bufs, fill.plan, fill.plan_generation),
+    ):
+        if obj.arena._key != key or obj.generation != generation:
+            kind = type(obj).__name__
+            raise ValueError(
+                f"kv-canary: {name} must be the {kind} the workspace's chain (launch "
+                f"{fill.launch}) ran with (generation {generation}), got another {kind} "
+                f"(generation {obj.generation}): run the chain with the stamp's store and "
+                "plan buffers, after any resize"
+            )
+    kv = None if real_kv is None else check_real_kv(real_kv, st)
+    return new_tuple(WriteStampArgs, (fill.n, fill.launch, kv))
+
+
+def record_stamp(workspace: WriteWorkspace) -> None:
+    """Mark the workspace's last chain stamped (a second stamp of it is refused)."""
+    fill = workspace._last_chain[0]
+    workspace._last_chain[:] = [fill._replace(stamped=True)]
+
+
+STAMP_CONSUMED = MAX_CAPACITY
+"""``stamp_tickets`` after a torch stamp: past any stamp grid's program count, so that no
+later stamp, torch or Triton, takes the fill for fresh (the kernel's programs each add 1
+to the word a chain zeroed, and are fresh below their own count)."""
+
+
+def _write_chain(store: CanaryStore, workspace: WriteWorkspace, chain: _Chain) -> None:
+    kept = chain.written.nonzero().squeeze(1)
+    index = chain.indices.index_select(0, kept)
+    slots = chain.slots.index_select(0, kept)
+    fill = workspace.fill
+    number = fill + 1
+    entries = torch.stack(
+        [c.index_select(0, kept) for c in (chain.tokens, chain.positions, chain.chain_at)]
+        + [slots],
+        dim=1,
+    )
+    # Per token index one entry (rows do not share indices on valid data).
+    workspace.entries.index_copy_(0, index, entries)
+    workspace.entry_owners.index_copy_(0, index, chain.requests.index_select(0, kept))
+    workspace.entry_fills.index_fill_(0, index, number[0])
+    # Per slot its last index: rows write in ascending index, and do not share slots.
+    last = workspace.last_token
+    order = torch.full((workspace.slot_capacity,), -1, dtype=torch.int64, device=last.device)
+    order.scatter_reduce_(0, slots, index, reduce="amax")
+    hit = order >= 0
+    last.copy_(torch.where(hit, order.to(last.dtype), last))
+    fill.copy_(number)
+    workspace.chain_tickets.zero_()
+    workspace.stamp_tickets.zero_()
+    _append(store, chain.rows)
+
+
+def _check_fresh(workspace: WriteWorkspace, args: WriteStampArgs) -> int:
+    """The workspace's fill number, refused unless it holds the fresh chain of launch
+    ``args.launch`` (the device-side test the stamp kernel makes; reads the device)."""
+    fill = int(workspace.fill.item())
+    launch = int(workspace.chain_launch.item())
+    tickets = int(workspace.stamp_tickets.item())
+    if fill < 1 or launch != args.launch or tickets != 0:
+        raise ValueError(
+            f"kv-canary: workspace must hold the fresh fill of chain launch {args.launch}, "
+            f"got chain_launch = {launch}, stamp_tickets = {tickets}, fill = {fill} (a "
+            "stamp repeated or a chain skipped on the device: the kernels stamp nothing "
+            "and raise CanaryStatus.WRITE_CHAIN_STALE)"
+        )
+    return fill
+
+
+def _write_stamp(
+    store: CanaryStore, workspace: WriteWorkspace, args: WriteStampArgs, fill: int
+) -> None:
+    n = args.n
+    index = (workspace.entry_fills[:n] == fill).nonzero().squeeze(1)
+    written = index.numel()  # every record stored, a slot's earlier ones included
+    entries = workspace.entries.index_select(0, index)
+    slots = entries[:, ENTRY_SLOT]
+    final = workspace.last_token.index_select(0, slots).to(torch.int64) == index
+    index, entries, slots = index[final], entries[final], slots[final]
+    kv = _real_kv_of(args.real_kv, slots, torch.ones_like(slots, dtype=torch.bool), index)
+    owners = workspace.entry_owners.index_select(0, index)
+    # Checked: from here on the store is written. The entries are in index order, which
+    # is each row's order; a slot's last entry is the only one kept.
+    _stamp(store, slots, (entries[:, 0], entries[:, 1], entries[:, 2], owners), kv, written)
+    workspace.stamp_tickets.fill_(STAMP_CONSUMED)
+
+
+def write_chain_reference(
+    store: CanaryStore,
+    plan_buffers: PlanBuffers,
+    workspace: WriteWorkspace,
+    **inputs: Unpack[WriteChainInputs],
+) -> None:
+    """The split write's first stage, before the forward (docs/contract-canary.md, "Write,
+    split"): each row's hash chain and the write checks that need no KV bytes, their
+    violation rows appended to ``store``'s ring (with their context), and per stamped token
+    its entry in ``workspace`` (token, position, the chain hash before it, slot, owner).
+    Writes no record: :func:`write_stamp_reference` does, after the forward.
+
+    Raises what :func:`write_reference` raises (nothing written then), and for a
+    workspace that is not a :class:`WriteWorkspace`, on another device, or too small
+    (``token_capacity < n`` or ``slot_capacity < store.num_slots``)."""
+    args = validate_write_chain_args(store, plan_buffers, workspace, **inputs)
+    store.check(views=True)
+    plan_buffers.check(views=True)
+    workspace.check(views=True)
+    chain = _chain(store, plan_buffers, args.write)  # data out of range raises here
+    # Everything is checked: from here on the workspace and the ring are written.
+    launch = record_chain(store, plan_buffers, args)
+    workspace.chain_launch.fill_(launch)
+    _write_chain(store, workspace, chain)
+
+
+def write_stamp_reference(
+    store: CanaryStore,
+    plan_buffers: PlanBuffers,
+    workspace: WriteWorkspace,
+    **inputs: Unpack[WriteStampInputs],
+) -> None:
+    """The split write's second stage, after the forward: each record the chain prepared
+    in ``workspace``, with the hash of the KV bytes (``real_kv``), and its owner; the
+    padding bit, ``kernel_runs`` (+1 for the pair) and ``slots_processed``. With
+    :func:`write_chain_reference` before it, equal to one :func:`write_reference` call on
+    the same inputs, byte for byte.
+
+    Raises ``TypeError`` / ``ValueError`` for a wrong argument, a workspace whose last
+    chain ran with another store or plan buffers (or generation) or was already stamped,
+    and what :func:`write_reference` raises for ``real_kv``; nothing is written then."""
+    args = validate_write_stamp_args(store, plan_buffers, workspace, **inputs)
+    store.check(views=True)
+    workspace.check(views=True)
+    fill = _check_fresh(workspace, args)
+    _write_stamp(store, workspace, args, fill)  # a real-KV error raises before it writes
+    record_stamp(workspace)

@@ -6,6 +6,9 @@ keyword arguments as its torch reference in ``kv_canary_buffers``:
 - :func:`launch_plan` (``plan_reference``): fill a :class:`PlanBuffers` from a batch.
 - :func:`launch_write` (``write_reference``): stamp the records of the slots a step wrote.
 - :func:`launch_verify` (``verify_reference``): check the records of a plan's entries.
+- :func:`launch_write_chain` / :func:`launch_write_stamp` (``write_chain_reference`` /
+  ``write_stamp_reference``): the write split in two, the chain before the forward and
+  the stamp after it (docs/user-guide.md, "The split write").
 
 To run the kernels on CPU tensors (tests), set ``TRITON_INTERPRET=1`` before anything
 imports ``triton`` (this package or another, see docs/troubleshooting.md).
@@ -13,6 +16,19 @@ imports ``triton`` (this package or another, see docs/troubleshooting.md).
 
 from kv_canary_buffers._version import __version__
 
-from .launch import launch_plan, launch_verify, launch_write
+from .launch import (
+    launch_plan,
+    launch_verify,
+    launch_write,
+    launch_write_chain,
+    launch_write_stamp,
+)
 
-__all__ = ["__version__", "launch_plan", "launch_verify", "launch_write"]
+__all__ = [
+    "__version__",
+    "launch_plan",
+    "launch_verify",
+    "launch_write",
+    "launch_write_chain",
+    "launch_write_stamp",
+]

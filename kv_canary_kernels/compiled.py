@@ -7,7 +7,9 @@ eager body, so a compiled function that launches them has no graph break:
 
 - ``kv_canary::plan``: writes the ``PlanBuffers``' arena;
 - ``kv_canary::write``, ``kv_canary::verify``: write the ``CanaryStore``'s arena and read
-  the plan's.
+  the plan's;
+- ``kv_canary::write_chain``, ``kv_canary::write_stamp`` (the split write): write the
+  ``CanaryStore``'s and the ``WriteWorkspace``'s arenas and read the plan's.
 
 An operator takes tensors and integers only, so each object is passed as its arena (the
 one ``uint8`` allocation every field is a view of, ``Arena.tensor``: what the kernels
@@ -52,13 +54,26 @@ from kv_canary_buffers.plan import PlanInputs, validate_plan_args
 from kv_canary_buffers.real_kv import RealKV
 from kv_canary_buffers.store import CanaryStore
 from kv_canary_buffers.verify import VerifyArgs, VerifyInputs, validate_verify_args
-from kv_canary_buffers.write import WriteArgs, WriteInputs, validate_write_args
+from kv_canary_buffers.workspace import WriteWorkspace
+from kv_canary_buffers.write import (
+    WriteArgs,
+    WriteChainInputs,
+    WriteInputs,
+    WriteStampArgs,
+    WriteStampInputs,
+    record_chain,
+    record_stamp,
+    validate_write_args,
+    validate_write_chain_args,
+    validate_write_stamp_args,
+)
 
 from .plan import dispatch_plan
 from .verify import dispatch_verify
 from .write import dispatch_write
+from .write_split import dispatch_write_chain, dispatch_write_stamp
 
-_T = TypeVar("_T", PlanBuffers, CanaryStore)
+_T = TypeVar("_T", PlanBuffers, CanaryStore, WriteWorkspace)
 
 CALLS: collections.Counter[str] = collections.Counter()
 """Operator calls when compiled graphs ran, by ``"<op> in place"`` (the kernels wrote the
@@ -120,11 +135,23 @@ _WRITE_DEFAULTS = _defaults(validate_write_args, _WRITE)
 _VERIFY_DEFAULTS = _defaults(validate_verify_args, _VERIFY)
 # The sources are the operators' last argument (_write_impl, _verify_impl read them there).
 assert list(_WRITE)[-1] == list(_VERIFY)[-1] == "real_kv"
+_WRITE_CHAIN = _kinds(WriteChainInputs)
+_WRITE_STAMP = _kinds(WriteStampInputs)
+_WRITE_CHAIN_DEFAULTS = _defaults(validate_write_chain_args, _WRITE_CHAIN)
+_WRITE_STAMP_DEFAULTS = _defaults(validate_write_stamp_args, _WRITE_STAMP)
+assert list(_WRITE_STAMP)[-1] == "real_kv"
 _PAIR = "Tensor(a!) store_arena, Tensor plan_arena, SymInt store_handle, SymInt plan_handle"
+_TRIPLE = (
+    "Tensor(a!) store_arena, Tensor plan_arena, Tensor(b!) workspace_arena, "
+    "SymInt store_handle, SymInt plan_handle, SymInt workspace_handle"
+)
 PLAN_SCHEMA = _schema("Tensor(a!) arena, SymInt handle", _PLAN)
 WRITE_SCHEMA = _schema(_PAIR, _WRITE)
 VERIFY_SCHEMA = _schema(_PAIR, _VERIFY)
-"""The operators' schemas (``torch.ops.kv_canary.plan`` / ``write`` / ``verify``)."""
+WRITE_CHAIN_SCHEMA = _schema(_TRIPLE, _WRITE_CHAIN)
+WRITE_STAMP_SCHEMA = _schema(_TRIPLE, _WRITE_STAMP)
+"""The operators' schemas (``torch.ops.kv_canary.plan`` / ``write`` / ``verify`` /
+``write_chain`` / ``write_stamp``)."""
 
 
 def _as_inputs(kinds: dict[str, _Kind], values: Sequence[Any]) -> dict[str, Any]:
@@ -183,6 +210,55 @@ def _verify_impl(
     )
 
 
+def _write_chain_impl(
+    store_arena: torch.Tensor,
+    plan_arena: torch.Tensor,
+    workspace_arena: torch.Tensor,
+    store_handle: int,
+    plan_handle: int,
+    workspace_handle: int,
+    *values: Any,
+) -> None:
+    store = _owner(store_handle, CanaryStore, "store")
+    plan_buffers = _owner(plan_handle, PlanBuffers, "plan_buffers")
+    workspace = _owner(workspace_handle, WriteWorkspace, "workspace")
+    args = validate_write_chain_args(
+        store, plan_buffers, workspace, **_as_inputs(_WRITE_CHAIN, values)
+    )
+    launch = record_chain(store, plan_buffers, args)
+    dispatch_write_chain(
+        _laid_over("write_chain", store, store_arena, "store"),
+        _laid_over(None, plan_buffers, plan_arena, "plan_buffers"),
+        _laid_over(None, workspace, workspace_arena, "workspace"),
+        args.write,
+        launch,
+    )
+
+
+def _write_stamp_impl(
+    store_arena: torch.Tensor,
+    plan_arena: torch.Tensor,
+    workspace_arena: torch.Tensor,
+    store_handle: int,
+    plan_handle: int,
+    workspace_handle: int,
+    *values: Any,
+) -> None:
+    store = _owner(store_handle, CanaryStore, "store")
+    plan_buffers = _owner(plan_handle, PlanBuffers, "plan_buffers")
+    workspace = _owner(workspace_handle, WriteWorkspace, "workspace")
+    args = validate_write_stamp_args(
+        store, plan_buffers, workspace, **_as_inputs(_WRITE_STAMP, values)
+    )
+    args = cast(WriteStampArgs, _with_sources(args, values[-1]))
+    record_stamp(workspace)
+    dispatch_write_stamp(
+        _laid_over("write_stamp", store, store_arena, "store"),
+        _laid_over(None, workspace, workspace_arena, "workspace"),
+        args,
+    )
+
+
 def _no_output(*_args: Any, **_kwargs: Any) -> None:
     """The fake (meta) implementation of every operator: they return nothing."""
     return None
@@ -206,6 +282,8 @@ def _define(name: str, schema: str, impl: Any) -> Any:
 plan_op = _define("plan", PLAN_SCHEMA, _plan_impl)
 write_op = _define("write", WRITE_SCHEMA, _write_impl)
 verify_op = _define("verify", VERIFY_SCHEMA, _verify_impl)
+write_chain_op = _define("write_chain", WRITE_CHAIN_SCHEMA, _write_chain_impl)
+write_stamp_op = _define("write_stamp", WRITE_STAMP_SCHEMA, _write_stamp_impl)
 
 
 # --- what the launchers call while dynamo traces them ---------------------------------
@@ -288,6 +366,56 @@ def verify(store: CanaryStore, plan_buffers: PlanBuffers, **inputs: Unpack[Verif
     return True
 
 
+def write_chain(
+    store: CanaryStore,
+    plan_buffers: PlanBuffers,
+    workspace: WriteWorkspace,
+    **inputs: Unpack[WriteChainInputs],
+) -> bool:
+    """``launch_write_chain`` traced: the ``kv_canary::write_chain`` operator (False: see
+    :func:`plan`)."""
+    values = _op_values(_WRITE_CHAIN, _WRITE_CHAIN_DEFAULTS, dict(inputs))
+    if not _objects_ok(store, plan_buffers) or type(workspace) is not WriteWorkspace:
+        return False
+    if values is None:
+        return False
+    write_chain_op(
+        store.arena.tensor,
+        plan_buffers.arena.tensor,
+        workspace.arena.tensor,
+        store.arena.handle,
+        plan_buffers.arena.handle,
+        workspace.arena.handle,
+        *values,
+    )
+    return True
+
+
+def write_stamp(
+    store: CanaryStore,
+    plan_buffers: PlanBuffers,
+    workspace: WriteWorkspace,
+    **inputs: Unpack[WriteStampInputs],
+) -> bool:
+    """``launch_write_stamp`` traced: the ``kv_canary::write_stamp`` operator (False: see
+    :func:`plan`)."""
+    values = _op_values(_WRITE_STAMP, _WRITE_STAMP_DEFAULTS, dict(inputs))
+    if not _objects_ok(store, plan_buffers) or type(workspace) is not WriteWorkspace:
+        return False
+    if values is None:
+        return False
+    write_stamp_op(
+        store.arena.tensor,
+        plan_buffers.arena.tensor,
+        workspace.arena.tensor,
+        store.arena.handle,
+        plan_buffers.arena.handle,
+        workspace.arena.handle,
+        *values,
+    )
+    return True
+
+
 def _objects_ok(store: object, plan_buffers: object) -> bool:
     return type(store) is CanaryStore and type(plan_buffers) is PlanBuffers
 
@@ -298,7 +426,7 @@ def _real_kv_args(real_kv: RealKV | None) -> tuple[int, list[torch.Tensor]]:
     return real_kv._handle, list(real_kv.tensors)
 
 
-def field(obj: PlanBuffers | CanaryStore, name: str) -> torch.Tensor:
+def field(obj: PlanBuffers | CanaryStore | WriteWorkspace, name: str) -> torch.Tensor:
     """Field ``name`` of ``obj`` as a view of its arena tensor (``obj.arena.tensor``).
 
     Inside a compiled function that launches on ``obj``, read its fields this way: the
@@ -400,7 +528,7 @@ class _Fields:
     """The attributes the ``dispatch_*`` functions read, with every field a view of
     another tensor of the arena's layout."""
 
-    def __init__(self, obj: PlanBuffers | CanaryStore, tensor: torch.Tensor):
+    def __init__(self, obj: PlanBuffers | CanaryStore | WriteWorkspace, tensor: torch.Tensor):
         self.device = obj.device
         # The object's own arena, for its launch numbers (Arena.launches: the plan's eager
         # one-launch path): the copy holds the object's bytes and is copied back to it,
@@ -409,6 +537,9 @@ class _Fields:
         if isinstance(obj, PlanBuffers):
             self.write_req_capacity = obj.write_req_capacity
             self.verify_capacity = obj.verify_capacity
+        elif isinstance(obj, WriteWorkspace):
+            self.token_capacity = obj.token_capacity
+            self.slot_capacity = obj.slot_capacity
         else:
             self.num_slots = obj.num_slots
             self.violation_capacity = obj.violation_capacity
@@ -417,7 +548,9 @@ class _Fields:
             setattr(self, f.name, view)
 
 
-def _with_sources(args: WriteArgs | VerifyArgs, given: Sequence[torch.Tensor]) -> Any:
+def _with_sources(
+    args: WriteArgs | VerifyArgs | WriteStampArgs, given: Sequence[torch.Tensor]
+) -> Any:
     """``args`` whose real-KV sources are the tensors the operator was given: the
     validated ones, or copies of them made by functionalization (same shapes, dtypes and
     strides but perhaps the row stride), which must meet the kernels' layout rules too;

@@ -104,6 +104,10 @@ class LaunchConfig:
         "write: at least this many chain programs (one warp each, rows strided across them), "
         "so that as many long rows each walk in a warp of their own",
     )
+    write_stamp_block: int = _constant(
+        128, "split write: tokens per stamp program, one per lane (a power of two)"
+    )
+    write_stamp_warps: int = _constant(4, "warps per stamp program")
     verify_block: int = _constant(128, "verify entries per block, one per lane (a multiple of 32)")
     verify_warps: int = _constant(4, "warps per verify program")
     verify_programs_per_sm: int = _constant(
@@ -139,14 +143,14 @@ class LaunchConfig:
         # 32-lane groups; a grid cap of 0 would launch nothing (verify skipped silently).
         arange = (*self.small_row_tiles, self.small_entry_block, self.entry_block)
         arange += (self.lut_entry_block, self.row_window, self.sum_chunk, self.write_rows)
-        arange += (self.verify_block,)
+        arange += (self.verify_block, self.write_stamp_block)
         warps: tuple[int, ...] = (
             self.small_entry_warps,
             self.entry_warps,
             self.lut_entry_warps,
             self.scan_warps,
         )
-        warps += (self.write_warps, self.verify_warps)
+        warps += (self.write_warps, self.verify_warps, self.write_stamp_warps)
         caps: tuple[int, ...] = (
             self.small_programs_per_sm,
             self.entry_programs_per_sm,

@@ -13,6 +13,11 @@ launch_plan    ``plan_reference``          :mod:`.plan` (``dispatch_plan``)
 launch_write   ``write_reference``         :mod:`.write` (``dispatch_write``)
 launch_verify  ``verify_reference``        :mod:`.verify` (``dispatch_verify``)
 =============  ==========================  =====================================
+
+The split write (the write as two launches: the chain before the forward, the stamp after
+it) has two more, over a :class:`~kv_canary_buffers.WriteWorkspace`:
+``launch_write_chain`` (``write_chain_reference``) and ``launch_write_stamp``
+(``write_stamp_reference``), both in :mod:`.write_split`.
 """
 
 from __future__ import annotations
@@ -24,12 +29,23 @@ from kv_canary_buffers.buffers import PlanBuffers
 from kv_canary_buffers.plan import PlanInputs, validate_plan_args
 from kv_canary_buffers.store import CanaryStore
 from kv_canary_buffers.verify import VerifyInputs, validate_verify_args
-from kv_canary_buffers.write import WriteInputs, validate_write_args
+from kv_canary_buffers.workspace import WriteWorkspace
+from kv_canary_buffers.write import (
+    WriteChainInputs,
+    WriteInputs,
+    WriteStampInputs,
+    record_chain,
+    record_stamp,
+    validate_write_args,
+    validate_write_chain_args,
+    validate_write_stamp_args,
+)
 
 from . import compiled
 from .plan import dispatch_plan
 from .verify import dispatch_verify
 from .write import dispatch_write
+from .write_split import dispatch_write_chain, dispatch_write_stamp
 
 
 def launch_plan(buffers: PlanBuffers, **inputs: Unpack[PlanInputs]) -> None:
@@ -96,3 +112,56 @@ def launch_verify(
         return
     args = validate_verify_args(store, plan_buffers, **inputs)
     dispatch_verify(store, plan_buffers, args)
+
+
+def launch_write_chain(
+    store: CanaryStore,
+    plan_buffers: PlanBuffers,
+    workspace: WriteWorkspace,
+    **inputs: Unpack[WriteChainInputs],
+) -> None:
+    """The split write's first stage, before the forward, equal to
+    :func:`kv_canary_buffers.write_chain_reference` (violation rows of one call in
+    unspecified order): each row's hash chain and the write checks that need no KV bytes,
+    their violation rows appended to ``store``'s ring, and per stamped token its entry in
+    ``workspace``. Writes no record: :func:`launch_write_stamp` does, after the forward.
+
+    Launch it on a side stream that waits for an event the main stream recorded after the
+    step's plan (and the previous step's stamp), so that it runs beside the forward; the
+    stamp's stream waits for an event recorded after it (docs/user-guide.md, "The split
+    write"). Runs the shared validation first (a rejected call writes nothing), then one
+    kernel launch on the current stream. Never allocates, never syncs, never recompiles for
+    a new ``n`` or capacity, and is safe to capture in a CUDA graph. Data outside the store
+    or the inputs is skipped with a :class:`CanaryStatus` bit in ``store.status``.
+    """
+    if is_compiling() and compiled.write_chain(store, plan_buffers, workspace, **inputs):
+        return
+    args = validate_write_chain_args(store, plan_buffers, workspace, **inputs)
+    launch = record_chain(store, plan_buffers, args)
+    dispatch_write_chain(store, plan_buffers, args.workspace, args.write, launch)
+
+
+def launch_write_stamp(
+    store: CanaryStore,
+    plan_buffers: PlanBuffers,
+    workspace: WriteWorkspace,
+    **inputs: Unpack[WriteStampInputs],
+) -> None:
+    """The split write's second stage, after the forward, equal to
+    :func:`kv_canary_buffers.write_stamp_reference`: each record the chain prepared in
+    ``workspace`` with the hash of the KV bytes the forward wrote (``real_kv``), and its
+    owner, one lane a token (its time does not depend on row length). After
+    :func:`launch_write_chain` on the same inputs, the store holds exactly what one
+    :func:`launch_write` leaves.
+
+    The host-side check refuses a workspace whose last chain ran with another store, plan
+    buffers or generation, or was already stamped (``ValueError``, nothing written). On
+    the device, a stamp that finds no fresh chain (a CUDA-graph replay of the stamp
+    without its chain) stamps nothing and raises ``CanaryStatus.WRITE_CHAIN_STALE``.
+    Never allocates, never syncs, safe to capture in a CUDA graph.
+    """
+    if is_compiling() and compiled.write_stamp(store, plan_buffers, workspace, **inputs):
+        return
+    args = validate_write_stamp_args(store, plan_buffers, workspace, **inputs)
+    record_stamp(workspace)
+    dispatch_write_stamp(store, workspace, args)

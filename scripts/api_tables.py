@@ -1,6 +1,6 @@
 """Regenerate the tables of docs/api.md that are rendered from code: the fields of
-``PlanBuffers`` and ``CanaryStore`` (``kv_canary_buffers.layout``) and the kernels'
-launch constants (``kv_canary_kernels.config.LaunchConfig``). Each lies between
+``PlanBuffers``, ``CanaryStore`` and ``WriteWorkspace`` (``kv_canary_buffers.layout``)
+and the kernels' launch constants (``kv_canary_kernels.config.LaunchConfig``). Each lies between
 ``<!-- generated: NAME ... -->`` and ``<!-- end generated: NAME -->``; edit the code, then
 
     .venv/bin/python scripts/api_tables.py          # rewrite docs/api.md
@@ -27,13 +27,14 @@ _BLOCK = re.compile(
 def blocks() -> dict[str, Callable[[], str]]:
     """Each generated block's name and renderer."""
     sys.path.insert(0, str(ROOT))
-    from kv_canary_buffers.layout import PLAN_FIELDS, STORE_FIELDS
+    from kv_canary_buffers.layout import PLAN_FIELDS, STORE_FIELDS, WORKSPACE_FIELDS
     from kv_canary_buffers.layout_docs import markdown_field_table
     from kv_canary_kernels.config import launch_config_table
 
     return {
         "plan-fields": lambda: markdown_field_table(PLAN_FIELDS, "after a plan of `bs` rows"),
         "store-fields": lambda: markdown_field_table(STORE_FIELDS, "contents"),
+        "workspace-fields": lambda: markdown_field_table(WORKSPACE_FIELDS, "contents"),
         "launch-config": launch_config_table,
     }
 

@@ -1,5 +1,5 @@
-"""Run the write and verify kernels on data outside the store and the inputs, for
-compute-sanitizer:
+"""Run the write and verify kernels, and the split write's chain and stamp, on data outside
+the store and the inputs, for compute-sanitizer:
 
     PYTHONPATH=. compute-sanitizer --tool memcheck python scripts/memcheck/canary.py
 
@@ -7,8 +7,10 @@ Each case raises its CanaryStatus bit (checked) and must not read or write outsi
 tensor (memcheck reports any). Then hostile plans: every plan field drawn from the whole
 int64 range, with real-KV sources of several geometries. Sources that do not cover the
 store are refused by the launchers; their cases go to the stages' dispatch past that
-check (as the bounds check behind it). Runs on the CPU too (``TRITON_INTERPRET=1``),
-without the sanitizer.
+check (as the bounds check behind it). Every write case runs as the split write too
+(stage ``split``: the chain, then the stamp), and a stamp replayed without its chain
+(``WRITE_CHAIN_STALE``). Runs on the CPU too (``TRITON_INTERPRET=1``), without the
+sanitizer.
 """
 
 import os
@@ -26,12 +28,14 @@ from kv_canary_buffers import (
     RealKV,
     RealKVMode,
     RealKVSource,
+    WriteWorkspace,
 )
 from kv_canary_buffers.verify import validate_verify_args
-from kv_canary_buffers.write import validate_write_args
-from kv_canary_kernels import launch_verify, launch_write
+from kv_canary_buffers.write import WriteStampArgs, validate_write_args
+from kv_canary_kernels import launch_verify, launch_write, launch_write_chain, launch_write_stamp
 from kv_canary_kernels.verify import dispatch_verify
 from kv_canary_kernels.write import dispatch_write
+from kv_canary_kernels.write_split import dispatch_write_stamp
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 N_SLOTS = 64
@@ -69,8 +73,14 @@ def case(name, mutate, expected, stage):
     for _ in range(2):
         launch(stage, store, plan, step, kw["real_kv"])
     flags = store.take_status()
+    if stage == "split":  # each chain's stamp is replayed once without it: stale
+        expected |= CanaryStatus.WRITE_CHAIN_STALE
     assert flags == expected, (name, flags, expected)
     print(f"{stage:6s} {name:34s} status={flags!r}")
+
+
+WORKSPACES: dict[int, WriteWorkspace] = {}
+"""A workspace per store (by the store's id: the cases' stores live until their case ends)."""
 
 
 def launch(stage, store, plan, step, real_kv):
@@ -79,6 +89,18 @@ def launch(stage, store, plan, step, real_kv):
     covers = real_kv is None or all(
         s.rows * s.page_size >= store.num_slots for s in real_kv.sources
     )
+    if stage == "split":
+        ws = WORKSPACES.get(id(store))
+        if ws is None or ws.slot_capacity < store.num_slots:
+            ws = WORKSPACES[id(store)] = WriteWorkspace.for_store(store, token_capacity=64)
+        launch_write_chain(store, plan, ws, **step)
+        stamp = WriteStampArgs(step["out_cache_loc"].shape[0], ws.last_chain.launch, real_kv)
+        if covers:
+            launch_write_stamp(store, plan, ws, real_kv=real_kv)
+        else:
+            dispatch_write_stamp(store, ws, stamp)  # past the door's coverage check
+        dispatch_write_stamp(store, ws, stamp)  # replayed without its chain: stale
+        return
     if covers:
         if stage == "write":
             launch_write(store, plan, **step, real_kv=real_kv)
@@ -229,6 +251,7 @@ def hostile(seed, rows, entries):
         short = RealKV(mode=mode, sources=(kv, kv[:5], *others), page_size=4, bytes_per_token=64)
         for real_kv in (covering, short):
             launch("write", store, plan, step, real_kv)
+            launch("split", store, plan, step, real_kv)
             launch("verify", store, plan, {}, real_kv)
     if DEV == "cuda":
         torch.cuda.synchronize()
@@ -242,6 +265,9 @@ def hostile(seed, rows, entries):
 def main() -> int:
     for name, mutate, expected, stage in CASES:
         case(name, mutate, expected, stage)
+        if stage == "write":
+            case(name, mutate, expected, "split")
+            WORKSPACES.clear()
     for seed in range(3):
         hostile(seed, rows=40 if DEV == "cpu" else 3000, entries=300 if DEV == "cpu" else 200_000)
     print("gpu_memcheck_canary: every case raised its status bit; hostile plans finished")

@@ -11,15 +11,30 @@ import pytest
 from kv_canary_buffers import (
     PlanInputs,
     VerifyInputs,
+    WriteChainInputs,
     WriteInputs,
+    WriteStampInputs,
     plan_reference,
     validate_plan_args,
     verify_reference,
+    write_chain_reference,
     write_reference,
+    write_stamp_reference,
 )
 from kv_canary_buffers.verify import validate_verify_args
-from kv_canary_buffers.write import validate_write_args
-from kv_canary_kernels import compiled, launch_plan, launch_verify, launch_write
+from kv_canary_buffers.write import (
+    validate_write_args,
+    validate_write_chain_args,
+    validate_write_stamp_args,
+)
+from kv_canary_kernels import (
+    compiled,
+    launch_plan,
+    launch_verify,
+    launch_write,
+    launch_write_chain,
+    launch_write_stamp,
+)
 
 STAGES = {
     "plan": (PlanInputs, validate_plan_args, plan_reference, launch_plan, compiled.plan),
@@ -30,6 +45,20 @@ STAGES = {
         verify_reference,
         launch_verify,
         compiled.verify,
+    ),
+    "write_chain": (
+        WriteChainInputs,
+        validate_write_chain_args,
+        write_chain_reference,
+        launch_write_chain,
+        compiled.write_chain,
+    ),
+    "write_stamp": (
+        WriteStampInputs,
+        validate_write_stamp_args,
+        write_stamp_reference,
+        launch_write_stamp,
+        compiled.write_stamp,
     ),
 }
 
@@ -79,6 +108,15 @@ def test_the_operator_schemas_follow_the_typeddicts():
         "SymInt launch_tag, bool check_expected_tokens, SymInt real_kv_handle, "
         "Tensor[] sources) -> ()"
     )
+    triple = (
+        "(Tensor(a!) store_arena, Tensor plan_arena, Tensor(b!) workspace_arena, "
+        "SymInt store_handle, SymInt plan_handle, SymInt workspace_handle, "
+    )
+    assert compiled.WRITE_CHAIN_SCHEMA == triple + (
+        "Tensor input_ids, Tensor positions, Tensor out_cache_loc, SymInt launch_tag, "
+        "Tensor? expected_input_ids, Tensor? expected_positions) -> ()"
+    )
+    assert compiled.WRITE_STAMP_SCHEMA == triple + "SymInt real_kv_handle, Tensor[] sources) -> ()"
 
 
 def test_an_unknown_keyword_is_refused_by_every_entry_point():

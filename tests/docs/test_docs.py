@@ -43,10 +43,19 @@ def test_generated_api_tables_are_current():
 
 
 def test_docstring_field_tables_come_from_the_layout():
-    from kv_canary_buffers import CanaryStore, PlanBuffers
-    from kv_canary_buffers.layout import PLAN_FIELDS, ROW_HINT_STRIDE, STORE_FIELDS
+    from kv_canary_buffers import CanaryStore, PlanBuffers, WriteWorkspace
+    from kv_canary_buffers.layout import (
+        PLAN_FIELDS,
+        ROW_HINT_STRIDE,
+        STORE_FIELDS,
+        WORKSPACE_FIELDS,
+    )
 
-    for cls, fields in ((PlanBuffers, PLAN_FIELDS), (CanaryStore, STORE_FIELDS)):
+    for cls, fields in (
+        (PlanBuffers, PLAN_FIELDS),
+        (CanaryStore, STORE_FIELDS),
+        (WriteWorkspace, WORKSPACE_FIELDS),
+    ):
         doc = cls.__doc__
         assert "{fields}" not in doc
         assert all(re.search(rf"^ +{f.name} ", doc, re.M) for f in fields), cls

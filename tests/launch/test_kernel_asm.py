@@ -33,6 +33,7 @@ import json, sys
 from benchmarks.sass import compile_sm90
 from kv_canary_kernels.verify import canary_verify_kernel
 from kv_canary_kernels.write import canary_write_kernel
+from kv_canary_kernels.write_split import canary_write_stamp_kernel
 
 def ptx(fn, constexprs, warps):
     return compile_sm90(fn, constexprs, warps).asm["ptx"]
@@ -43,6 +44,9 @@ for expected in (False, True):
     out[f"write expected={expected}"] = ptx(canary_write_kernel, c, 1)
 c = {"CHECK_TOKENS": True, "MODE": 1, "BLOCK": 128, "CHUNK": 16}
 out["verify PARTIAL"] = ptx(canary_verify_kernel, c, 4)
+for mode in (0, 1):
+    c = {"MODE": mode, "BLOCK": 128, "CHUNK": 16}
+    out[f"write stamp MODE={mode}"] = ptx(canary_write_stamp_kernel, c, 4)
 json.dump(out, sys.stdout)
 """
 
@@ -59,7 +63,13 @@ def ptx_of() -> dict[str, str]:
 
 
 def test_the_kernels_atomics_are_relaxed_with_no_fence(ptx_of):
-    assert set(ptx_of) == {"write expected=False", "write expected=True", "verify PARTIAL"}
+    assert set(ptx_of) == {
+        "write expected=False",
+        "write expected=True",
+        "verify PARTIAL",
+        "write stamp MODE=0",
+        "write stamp MODE=1",
+    }
     for name, ptx in ptx_of.items():
         atomics = [line for line in ptx.splitlines() if re.search(r"\b(atom|red)\.", line)]
         assert atomics, f"{name}: no atomic found: the check would see nothing"
@@ -71,8 +81,11 @@ def test_the_kernels_atomics_are_relaxed_with_no_fence(ptx_of):
 
 def test_every_atomic_in_the_kernel_sources_names_relaxed():
     """The plan's kernels too; acquire and release only in large_batch.py, whose programs
-    wait for each other through its sync words."""
+    wait for each other through its sync words, and one acq_rel in write_split.py: the
+    split write's chain (off the step's critical path) publishes its fill number from the
+    last of its programs, after every program read the old one."""
     calls = 0
+    acq_rel = 0
     for path in sorted((ROOT / "kv_canary_kernels").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if (
@@ -87,13 +100,14 @@ def test_every_atomic_in_the_kernel_sources_names_relaxed():
                 )
                 # The one-launch plan's workers wait for its scanner: that one word is
                 # published (release) and polled (acquire).
-                allowed = (
-                    {"relaxed", "acquire", "release"}
-                    if path.name == "large_batch.py"
-                    else {"relaxed"}
-                )
+                allowed = {
+                    "large_batch.py": {"relaxed", "acquire", "release"},
+                    "write_split.py": {"relaxed", "acq_rel"},
+                }.get(path.name, {"relaxed"})
                 assert sem[0].value in allowed, f"{path.name}:{node.lineno}: sem={sem[0].value}"
+                acq_rel += sem[0].value == "acq_rel"
     assert calls >= 8
+    assert acq_rel == 1
 
 
 # A string of ``constants``' PTX_HIGH1/2: the high 32 bits of ``x * M`` from the halves of
@@ -145,12 +159,19 @@ def test_ptx_products_immediates_are_the_multipliers_halves():
 def test_gpu_hash_uses_the_ptx_products_in_the_write_chain_only(ptx_of):
     """The GPU compile takes the PTX path (PTX_PRODUCTS on without the interpreter) in the
     write's serial chain: both multipliers' ``mul.hi`` with their low halves as immediates.
-    The verify's hashes are independent of each other and keep Triton's products (the PTX
-    would cost compile time for no measured gain)."""
-    assert set(ptx_of) == {"write expected=False", "write expected=True", "verify PARTIAL"}
+    The verify's hashes, and the split write's stamp's, are independent of each other and
+    keep Triton's products (the PTX would cost compile time for no measured gain)."""
+    assert set(ptx_of) == {
+        "write expected=False",
+        "write expected=True",
+        "verify PARTIAL",
+        "write stamp MODE=0",
+        "write stamp MODE=1",
+    }
     for name, ptx in ptx_of.items():
         for mul in (SM_MUL1, SM_MUL2):
             imm = f"0x{mul & 0xFFFFFFFF:08X}"
             pattern = rf"mul\.hi\.u32\s[^;]*,\s*{imm};"
             found = re.search(pattern, ptx, re.IGNORECASE) is not None
-            assert found == name.startswith("write"), f"{name}: mul.hi.u32 by {imm}: {found}"
+            chain = name.startswith("write expected")  # the stamp hashes no chain
+            assert found == chain, f"{name}: mul.hi.u32 by {imm}: {found}"

@@ -1,0 +1,372 @@
+"""What does the split write's post-forward stamp cost against today's one-launch write,
+and does its chain, on a side stream, slow a concurrent bf16 GEMM of realistic size?
+
+    python -m benchmarks.probes.write_split            # needs CUDA (the H200)
+    python -m benchmarks.probes.write_split --quick    # fewer replays
+    python -m benchmarks.probes.write_split --smoke    # the code path on the CPU (interpreter)
+
+Part 1, the stamp (issue 28 targets: at most 30 us for 1 x 8192 and 16 x 2048 in real-KV
+NONE and PARTIAL, at most the write's time for decode 4096 x 1). The cases are the
+benchmark's write cases (``benchmarks.canary_cases``: a store holding every prefix, a plan
+by ``launch_plan``, one layer's K and V as the PARTIAL sources, 256 bytes a token). Per
+case: ``launch_write`` (a CUDA graph of 10 calls, median of replays, as the benchmark
+times it), the chain alone (a graph of 10 chains, each on its own workspace) and the
+stamp alone (a graph of 10 stamps, one per workspace, each replay after a replay of the
+chains' graph, which makes every stamp fresh: only the stamps' graph is timed). Before
+timing, one chain + stamp is checked equal to one ``launch_write`` (records, owners,
+counters, status, rows) on copies of the store.
+
+Part 2, the chain beside a GEMM: ``torch.matmul`` of two bf16 8192 x 8192 matrices into a
+preallocated output, with and without a chain (each case's) launched on a side stream
+just before it (the split write's pattern: the side stream waits for an event the main
+stream recorded, and the main stream joins it after the GEMM). The two variants
+alternate, round after round; each GEMM is timed with CUDA events on the main stream
+(its own duration, whatever the side stream does), the median over rounds; and the same
+as CUDA graphs (a graph of the GEMM alone; a graph of the fork, the chain, the GEMM and
+the join), median of replays timed from outside. Target: the GEMM at most 1% slower.
+
+Part 3, host time per eager call (``benchmarks.harness.host_time_stats_us``: batches of
+eager calls without a sync, medians): ``launch_write``, ``launch_write_chain`` and a chain
+followed by its stamp (a stamp needs a chain before it; the stamp's own host time is the
+difference). The stamp takes the write's host fast path (cached addresses), the chain
+the full launch path at every call: the figures to hold against the 30 us host budget.
+
+Last answer (none yet: to be measured on the H200 by the lead): not yet measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import sys
+from pathlib import Path
+
+if __name__ == "__main__" and "--smoke" in sys.argv:  # before Triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch
+
+from benchmarks.canary_cases import GPU_SIZES, SMOKE_SIZES, Sizes, World
+from benchmarks.harness import (
+    configure,
+    gpu_time,
+    host_time_stats_us,
+    logged,
+    markdown_table,
+    on_gpu,
+)
+from kv_canary_buffers import CanaryStore, PlanBuffers, RealKV, WriteWorkspace
+from kv_canary_kernels import launch_write, launch_write_chain, launch_write_stamp
+
+CALLS = 10
+"""Launches a timed replay holds (stamps, chains or writes)."""
+GEMM = 8192
+
+
+def cases(sizes: Sizes) -> list[tuple[str, int, int, tuple[int, int]]]:
+    """(name, rows, tokens a row, prefix range) of the write cases the issue names."""
+    by_kind = {(c.rows, c.tokens): c for c in sizes.write}
+    wanted = [(4096, 1), (16, 2048), (1, 8192)] if sizes is GPU_SIZES else list(by_kind)
+    out = []
+    for rows, tokens in wanted:
+        case = by_kind[rows, tokens]
+        out.append((f"{case.kind} {rows} x {tokens}", rows, tokens, case.prefix))
+    return out
+
+
+class Split:
+    """One case's world, store, plan and ``CALLS`` workspaces, for one real-KV mode."""
+
+    def __init__(self, sizes: Sizes, rows: int, tokens: int, prefix, mode: str, device: str):
+        self.world = World(rows, prefix, tokens, 0, device, seed=rows * 131 + tokens)
+        self.real_kv: RealKV | None = self.world.sources(mode, sizes, seed=7)
+        self.store: CanaryStore = self.world.new_store(self.real_kv)
+        self.plan: PlanBuffers = self.world.plan()
+        self.inputs = self.world.step_inputs
+        self.workspaces = [
+            WriteWorkspace.for_store(self.store, token_capacity=max(self.world.n, 1))
+            for _ in range(CALLS)
+        ]
+
+    def chain(self, k: int = 0) -> None:
+        launch_write_chain(self.store, self.plan, self.workspaces[k], **self.inputs)
+
+    def stamp(self, k: int = 0) -> None:
+        launch_write_stamp(self.store, self.plan, self.workspaces[k], real_kv=self.real_kv)
+
+    def write(self) -> None:
+        launch_write(self.store, self.plan, real_kv=self.real_kv, **self.inputs)
+
+    def check_equal(self) -> None:
+        """One chain + stamp against one launch_write, on copies of the store."""
+        split, whole = copy.deepcopy(self.store), copy.deepcopy(self.store)
+        ws = WriteWorkspace.for_store(split, token_capacity=max(self.world.n, 1))
+        launch_write_chain(split, self.plan, ws, **self.inputs)
+        launch_write_stamp(split, self.plan, ws, real_kv=self.real_kv)
+        launch_write(whole, self.plan, real_kv=self.real_kv, **self.inputs)
+        for name in ("records", "owners", "kernel_runs", "slots_processed", "status"):
+            if not torch.equal(getattr(split, name), getattr(whole, name)):
+                raise AssertionError(f"the split write's {name} differ from launch_write's")
+        count = int(whole.violation_count)
+        if int(split.violation_count) != count or sorted(
+            split.violations[:count].tolist()
+        ) != sorted(whole.violations[:count].tolist()):
+            raise AssertionError("the split write's violation rows differ from launch_write's")
+
+
+def time_stamps(split: Split, replays: int) -> float:
+    """GPU time of one stamp: a graph of ``CALLS`` stamps (one per workspace), each replay
+    after an untimed replay of the ``CALLS`` chains' graph (so each stamp is fresh)."""
+    if not on_gpu():
+        times = []
+        for _ in range(replays):
+            for k in range(CALLS):
+                split.chain(k)
+            t0 = _now()
+            for k in range(CALLS):
+                split.stamp(k)
+            times.append((_now() - t0) / CALLS)
+        return statistics.median(times)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for k in range(CALLS):  # compiles and warms up outside the capture
+            split.chain(k)
+            split.stamp(k)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    chains, stamps = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(chains):
+        for k in range(CALLS):
+            split.chain(k)
+    with torch.cuda.graph(stamps):
+        for k in range(CALLS):
+            split.stamp(k)
+    before = int(split.store.kernel_runs)
+    times = []
+    for _ in range(replays):
+        chains.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        stamps.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / CALLS)
+    torch.cuda.synchronize()
+    # every replayed stamp was fresh: each counted its run, none raised the stale bit
+    if int(split.store.kernel_runs) - before != replays * CALLS or int(split.store.status):
+        raise AssertionError("a replayed stamp was not fresh (or raised a status bit)")
+    return statistics.median(times)
+
+
+def time_chains(split: Split, replays: int) -> float:
+    """GPU time of one chain: a graph of ``CALLS`` chains (one per workspace)."""
+
+    def chains() -> None:
+        for k in range(CALLS):
+            split.chain(k)
+
+    return gpu_time(chains, replays, 1).us / CALLS
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter() * 1e6
+
+
+def gemm_beside(split: Split, rounds: int) -> tuple[float, float, float, float]:
+    """The GEMM's time alone and beside the case's chain on a side stream: (eager alone,
+    eager beside, graph alone, graph beside), medians in us."""
+    device = split.store.device
+    n = GEMM if on_gpu() else 64
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, generator=g).to(device=device, dtype=torch.bfloat16)
+    c = torch.empty(n, n, device=device, dtype=torch.bfloat16)
+
+    def gemm() -> None:
+        torch.matmul(a, b, out=c)
+
+    if not on_gpu():
+        gemm()
+        split.chain()
+        return (0.0, 0.0, 0.0, 0.0)
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    forked = torch.cuda.Event()
+
+    def beside() -> None:
+        # The current stream at the call: the capture's stream inside torch.cuda.graph.
+        here = torch.cuda.current_stream()
+        forked.record(here)
+        side.wait_event(forked)
+        with torch.cuda.stream(side):
+            split.chain()
+        gemm()
+        here.wait_stream(side)
+
+    for _ in range(3):  # warm-up (cuBLAS's heuristics, the chain's compile)
+        gemm()
+        beside()
+    torch.cuda.synchronize()
+    alone_t, beside_t = [], []
+    for _ in range(rounds):
+        for fn, out in ((gemm, alone_t), (beside, beside_t)):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if fn is gemm:
+                start.record(main)
+                gemm()
+                end.record(main)
+            else:
+                forked.record(main)
+                side.wait_event(forked)
+                with torch.cuda.stream(side):
+                    split.chain()
+                start.record(main)
+                gemm()
+                end.record(main)
+                main.wait_stream(side)
+            torch.cuda.synchronize()
+            out.append(start.elapsed_time(end) * 1e3)
+    graphs = {}
+    for name, fn in (("alone", gemm), ("beside", beside)):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        graphs[name] = graph
+    replay_t: dict[str, list[float]] = {"alone": [], "beside": []}
+    for _ in range(rounds):
+        for name, graph in graphs.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            replay_t[name].append(start.elapsed_time(end) * 1e3)
+    return (
+        statistics.median(alone_t),
+        statistics.median(beside_t),
+        statistics.median(replay_t["alone"]),
+        statistics.median(replay_t["beside"]),
+    )
+
+
+def host_times(split: Split, calls: int) -> tuple[float, float, float]:
+    """Host us per eager call: launch_write, the chain, a chain and its stamp."""
+
+    def pair() -> None:
+        split.chain()
+        split.stamp()
+
+    got = host_time_stats_us(
+        {"write": split.write, "chain": split.chain, "pair": pair}, calls=calls
+    )
+    return got["write"].median, got["chain"].median, got["pair"].median
+
+
+def run(sizes: Sizes, device: str, replays: int, rounds: int) -> int:
+    stamp_rows, gemm_rows, host_rows = [], [], []
+    for name, rows, tokens, prefix in cases(sizes):
+        for mode in ("NONE", "PARTIAL"):
+            split = Split(sizes, rows, tokens, prefix, mode, device)
+            split.check_equal()
+            write_us = gpu_time(split.write, replays, CALLS).us
+            chain_us = time_chains(split, replays)
+            stamp_us = time_stamps(split, replays)
+            stamp_rows.append((name, mode, f"{write_us:.2f}", f"{chain_us:.2f}", f"{stamp_us:.2f}"))
+            h_write, h_chain, h_pair = host_times(split, calls=50 if on_gpu() else 1)
+            host_rows.append(
+                (
+                    name,
+                    mode,
+                    f"{h_write:.1f}",
+                    f"{h_chain:.1f}",
+                    f"{h_pair:.1f}",
+                    f"{h_pair - h_chain:.1f}",
+                )
+            )
+            if mode == "NONE":
+                alone, beside, g_alone, g_beside = gemm_beside(split, rounds)
+                gemm_rows.append(
+                    (
+                        name,
+                        f"{chain_us:.1f}",
+                        f"{alone:.1f}",
+                        f"{beside:.1f}",
+                        f"{100 * (beside / alone - 1):+.2f}%" if alone else "-",
+                        f"{g_alone:.1f}",
+                        f"{g_beside:.1f}",
+                        f"{100 * (g_beside / g_alone - 1):+.2f}%" if g_alone else "-",
+                    )
+                )
+            del split
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    print(
+        f"Stamp against launch_write (GPU us per call; a CUDA graph of {CALLS} launches a "
+        "replay, median of replays; the stamps' replays each after a replay of the chains'):"
+    )
+    print(
+        markdown_table(
+            ("case", "real-KV", "launch_write", "chain alone", "stamp alone"), stamp_rows
+        )
+    )
+    print(
+        f"bf16 GEMM {GEMM} x {GEMM} x {GEMM} beside the case's chain on a side stream (us, "
+        "medians; eager: the GEMM timed on the main stream; graph: one replay of the GEMM "
+        "alone (1 launch) or of fork + chain + GEMM + join (2 launches), timed from outside):"
+    )
+    print(
+        markdown_table(
+            (
+                "chain of",
+                "chain us",
+                "GEMM alone",
+                "GEMM beside",
+                "slowdown",
+                "graph alone",
+                "graph beside",
+                "slowdown",
+            ),
+            gemm_rows,
+        )
+    )
+    print("Host time per eager call (us, medians of batches without a sync):")
+    print(
+        markdown_table(
+            ("case", "real-KV", "launch_write", "chain", "chain + stamp", "stamp (difference)"),
+            host_rows,
+        )
+    )
+    return 0
+
+
+def smoke() -> int:
+    """The probe's code path at tiny sizes on the CPU (interpreter), with its checks."""
+    global CALLS
+    configure("cpu", smoke=True)
+    CALLS = 2  # each program costs the interpreter milliseconds
+    return run(SMOKE_SIZES, "cpu", replays=1, rounds=1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
+    parser.add_argument("--quick", action="store_true", help="fewer replays and rounds")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        return smoke()
+    if not torch.cuda.is_available():
+        print("write_split: needs CUDA (or --smoke under TRITON_INTERPRET=1)")
+        return 1
+    configure("cuda", smoke=False)
+    replays, rounds = (20, 10) if args.quick else (100, 30)
+    return run(GPU_SIZES, "cuda", replays, rounds)
+
+
+if __name__ == "__main__":
+    with logged(Path(__file__).stem):
+        raise SystemExit(main())
