@@ -9,6 +9,8 @@ poll maps to the request that held its plan row in the step that launched it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from .reports import RequestId
@@ -101,8 +103,9 @@ class RowTable:
                 out.append((row, rid))
         return out
 
-    def stamped(self, row: int, length: int) -> None:
-        self._length[row] = length
+    def stamped(self, rows: Sequence[int], lengths: Sequence[int]) -> None:
+        """Positions ``0 .. lengths[i] - 1`` of each of ``rows`` are now stamped."""
+        self._length.update(zip(rows, lengths))
 
     def length(self, row: int) -> int:
         """Positions ``0 .. length - 1`` of the row were stamped by the canary."""
