@@ -114,6 +114,21 @@ class RowTable:
     def fill(self, row: int, end: int) -> None:
         self._filled[row] = end
 
+    def refill(
+        self, rows: Sequence[int], prefix: Sequence[int], ends: Sequence[int]
+    ) -> list[tuple[int, int, int]]:
+        """A step's pool bookkeeping: ``(i, lo, hi)`` for each batch row ``i`` whose pool
+        lacks positions ``lo .. hi - 1`` below its prefix (``hi = prefix[i]``), then every
+        row filled to ``ends[i]``."""
+        filled = self._filled
+        gaps = []
+        for i, (row, p) in enumerate(zip(rows, prefix)):
+            lo = filled.get(row, 0)
+            if lo < p:
+                gaps.append((i, lo, p))
+        filled.update(zip(rows, ends))
+        return gaps
+
     def filled(self, row: int) -> int:
         """Pool positions ``0 .. filled - 1`` of the row hold the scheduler's tokens."""
         return self._filled.get(row, 0)

@@ -342,6 +342,12 @@ class CanaryRuntime:
     ``device``: where every canary buffer lives (the engine's KV device).
     ``sweep_source``: called every ``sweep_every`` steps after the step; returns the
     running requests to re-verify, or None to skip.
+    ``expected_requests``: how many requests the engine runs at once (its batch limit;
+    0: unknown), the first size of the row tables and of the plans' rows. Every buffer
+    grows past its first size when a step needs it, but a growth allocates on the device
+    within a step: the plans' verify entries start at one per slot of the group (32
+    bytes a slot, at most 2**20 slots' worth), enough for every step that shares no
+    prefix, so that a normal run grows nothing after its first steps.
     """
 
     def __init__(
@@ -351,6 +357,7 @@ class CanaryRuntime:
         *,
         device: torch.device | str,
         sweep_source: Callable[[], SweepBatch | None] | None = None,
+        expected_requests: int = 0,
     ) -> None:
         if not isinstance(config, CanaryConfig):
             raise TypeError(
@@ -366,8 +373,14 @@ class CanaryRuntime:
         self.device = torch.device(device)
         self.sweep_source = sweep_source
         self.stages = _stages(config.stages, self.device)
+        if type(expected_requests) is not int or expected_requests < 0:
+            raise ValueError(
+                f"kv-canary: expected_requests must be an integer >= 0, got {expected_requests!r}"
+            )
+        self._expected_rows = expected_requests
         self.rows = RowTable()
-        self.pool = torch.full((2, 16), -1, dtype=torch.int32, device=self.device)
+        shape = (max(2, expected_requests + 1), 16)  # + row 0, the padding row
+        self.pool = torch.full(shape, -1, dtype=torch.int32, device=self.device)
         self._groups = [self._make_group(spec, i) for i, spec in enumerate(groups)]
         self._step = 0
         self._pending: _Pending | None = None
@@ -381,7 +394,11 @@ class CanaryRuntime:
     def _make_group(self, spec: KVGroup, index: int) -> _Group:
         if spec.window and spec.lut is None:
             raise ValueError(f"kv-canary: group {spec.name!r} has a window and no lut")
-        plan = PlanBuffers.allocate(write_req_capacity=8, verify_capacity=64, device=self.device)
+        plan = PlanBuffers.allocate(
+            write_req_capacity=max(8, self._expected_rows),
+            verify_capacity=max(64, min(spec.num_slots, _FIRST_VERIFY_CAPACITY)),
+            device=self.device,
+        )
         tail = self._store(spec) if self.config.tail else None
         return _Group(
             spec=spec,
@@ -477,12 +494,14 @@ class CanaryRuntime:
         prefix: list[int] = []
         extend: list[int] = []
         tokens: list[int] = []
+        row_of, assign = table_rows.row_of, table_rows.assign
+        hits = chunked = 0
         for r in batch.rows:
             p, e = r.prefix_len, r.extend_len
             if p > 0:
-                st.prefix_hits += not table_rows.row_of(r.request_id)
-                st.chunked_rows += e > 1
-            rows.append(table_rows.assign(r.request_id, step))
+                hits += not row_of(r.request_id)
+                chunked += e > 1
+            rows.append(assign(r.request_id, step))
             prefix.append(p)
             extend.append(e)
             step_tokens = r.tokens[p : p + e]
@@ -501,7 +520,9 @@ class CanaryRuntime:
             if name not in batch.tables or name not in batch.out_cache_loc:
                 raise ValueError(f"kv-canary: the batch has no table or out_cache_loc for {name!r}")
         by_token = self._check_tables(batch.tables, self._groups, len(rows), ends)
-        gaps = self._pool_gaps(batch.rows, rows)
+        gaps = self._pool_gaps(batch.rows, rows, prefix)
+        st.prefix_hits += hits
+        st.chunked_rows += chunked
         st.steps += 1
         st.verify_steps += int(verify)
         st.rows += len(rows)
@@ -732,23 +753,21 @@ class CanaryRuntime:
                 g.block_table = _grown(g.block_table, _blocks_shape(shape, g.spec.page_size), 0)
 
     def _pool_gaps(
-        self, batch: Sequence[Row], rows: Sequence[int]
+        self, batch: Sequence[Row], rows: Sequence[int], prefix: Sequence[int]
     ) -> tuple[list[int], list[int], list[int]] | None:
         """``(rows, positions, tokens)`` of the positions a row's pool lacks below its
         prefix (a prefix-cache hit, a row first seen mid-sequence), which the scheduler's
-        tokens fill (None: none); and each row's pool filled to its step's end."""
-        gaps: tuple[list[int], list[int], list[int]] | None = None
-        table = self.rows
-        for r, row in zip(batch, rows):
-            p = r.prefix_len
-            filled = min(table.filled(row), p)
-            if filled < p:
-                if gaps is None:
-                    gaps = ([], [], [])
-                gaps[0].extend([row] * (p - filled))
-                gaps[1].extend(range(filled, p))
-                gaps[2].extend(r.tokens[filled:p])
-            table.fill(row, p + r.extend_len - r.draft_len)  # drafts: refilled once accepted
+        tokens fill (None: none); every row's pool is then filled to its step's end, its
+        drafts left out (the next step refills them, by then accepted or replaced)."""
+        ends = [p + r.extend_len - r.draft_len for r, p in zip(batch, prefix)]
+        missing = self.rows.refill(rows, prefix, ends)
+        if not missing:
+            return None
+        gaps: tuple[list[int], list[int], list[int]] = ([], [], [])
+        for i, lo, hi in missing:
+            gaps[0].extend([rows[i]] * (hi - lo))
+            gaps[1].extend(range(lo, hi))
+            gaps[2].extend(batch[i].tokens[lo:hi])
         return gaps
 
     # --- the slot tables ---------------------------------------------------------------
@@ -1041,6 +1060,9 @@ def _blocks_shape(shape: Sequence[int], page_size: int) -> tuple[int, int]:
 
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+_FIRST_VERIFY_CAPACITY = 1 << 20
+"""The most verify entries a group's plan starts with (32 MiB of plan buffers)."""
 
 
 def _int32(t: torch.Tensor) -> torch.Tensor:

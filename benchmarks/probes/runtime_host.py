@@ -52,6 +52,7 @@ from typing import Any
 import attrs
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.harness import fmt, markdown_table
 
@@ -171,6 +172,28 @@ class OpCounter(TorchFunctionMode):
         return sum(self.calls.values())
 
 
+class KernelCounter(TorchDispatchMode):
+    """Counts the ATen ops that ran inside it: those that would launch a kernel on a GPU
+    (neither a view nor an allocation), the allocations, and the reads of a value back to
+    the host (``_local_scalar_dense``: ``.item()``, ``int(t)``, ``bool(t)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels: Counter[str] = Counter()
+        self.allocations = 0
+        self.scalars = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = str(func.overloadpacket.__name__)
+        if name == "_local_scalar_dense":
+            self.scalars += 1
+        elif name.startswith("empty"):
+            self.allocations += 1
+        elif not func.is_view:
+            self.kernels[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
 def _target(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.device | None:
     for a in (*args, kwargs.get("device")):
         if isinstance(a, torch.device):
@@ -233,12 +256,21 @@ class StepTimes:
     from_python: int = 0
     moves: int = 0
     reads: int = 0
+    kernels: int = 0
+    allocations: int = 0
 
 
 def run(
-    module: str, steps: list[StepInputs], args: argparse.Namespace, device: torch.device
-) -> tuple[list[StepTimes], Stages, Any]:
-    """The workload through ``module``'s runtime; per step its times and counts."""
+    module: str,
+    steps: list[StepInputs],
+    args: argparse.Namespace,
+    device: torch.device,
+    *,
+    count: bool = False,
+    profile: bool = False,
+) -> tuple[list[StepTimes], Stages, cProfile.Profile | None]:
+    """The workload through ``module``'s runtime; per step its times and, with ``count``,
+    its counts (the counting modes slow a step down: time without them)."""
     eng = importlib.import_module(module)
     tx = importlib.import_module(f"{module}.transformers")
     from kv_canary_buffers import RealKVMode
@@ -265,9 +297,10 @@ def run(
     stages = Stages(args.stages)
     stages.install(runtime)
     out: list[StepTimes] = []
-    profiler = cProfile.Profile() if args.profile else None
+    profiler = cProfile.Profile() if profile else None
     for step in steps:
-        counter = OpCounter() if args.count else None
+        counter = OpCounter() if count else None
+        aten = KernelCounter() if count else None
         rows = [
             eng.Row(request_id=rid, prefix_len=p, extend_len=e, tokens=tx._Tokens(a, b))
             for rid, p, e, a, b in step.rows
@@ -282,14 +315,16 @@ def run(
         polled = runtime.step % args.poll_every == args.poll_every - 1
         if profiler is not None:
             profiler.enable()
-        if counter is not None:
+        if counter is not None and aten is not None:
             counter.__enter__()
+            aten.__enter__()
         t0 = time.perf_counter()
         runtime.begin_step(batch)
         t1 = time.perf_counter()
         runtime.end_step()
         t2 = time.perf_counter()
-        if counter is not None:
+        if counter is not None and aten is not None:
+            aten.__exit__(None, None, None)
             counter.__exit__(None, None, None)
         if profiler is not None:
             profiler.disable()
@@ -305,9 +340,10 @@ def run(
             1e6 * (t2 - t1),
             polled,
         )
-        if counter is not None:
+        if counter is not None and aten is not None:
             times.ops, times.from_python = counter.total, counter.from_python
-            times.moves, times.reads = counter.moves, counter.reads
+            times.moves, times.reads = counter.moves, counter.reads + aten.scalars
+            times.kernels, times.allocations = sum(aten.kernels.values()), aten.allocations
         out.append(times)
     return out, stages, profiler
 
@@ -334,6 +370,8 @@ def summarize(module: str, times: list[StepTimes], warm: int) -> list[list[str]]
                     fmt(med([t.end_us for t in sel])),
                     fmt(med([t.begin_us + t.end_us for t in sel])),
                     f"{med([t.ops for t in sel]):g}",
+                    f"{med([t.kernels for t in sel]):g}",
+                    f"{med([t.allocations for t in sel]):g}",
                     f"{max(t.from_python for t in sel)}",
                     f"{max(t.moves for t in sel)}",
                     f"{max(t.reads for t in sel)}",
@@ -352,6 +390,8 @@ HEADERS = [
     "end_step us",
     "total us",
     "torch calls",
+    "kernel ops",
+    "allocations",
     "from lists (max)",
     "device moves (max)",
     "host reads (max)",
@@ -402,17 +442,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, list[StepTimes]] = {m: [] for m in modules}
     for _ in range(args.repeat):  # interleaved: both versions see the same machine state
         for m in modules:
-            times, stages, profiler = run(m, steps, args, device)
+            times, stages, _ = run(m, steps, args, device)
             results[m] += times[1:]  # the first step builds the runtime's buffers
-            counted = dict(stages.calls)
     for m in modules:
+        if args.count:  # one more run, counted: the same steps, in the same order
+            counted, stages, _ = run(m, steps, args, device, count=True)
+            for t, c in zip(results[m], counted[1:] * args.repeat):
+                t.ops, t.from_python, t.moves, t.reads = c.ops, c.from_python, c.moves, c.reads
+                t.kernels, t.allocations = c.kernels, c.allocations
         table += summarize(m, results[m], 0)
     print(markdown_table(HEADERS, table))
     if args.stages in ("noop", "validate"):
-        print(f"stage calls over the last run: {counted}")
-    if profiler is not None:
+        print(f"stage calls over one run: {dict(stages.calls)}")
+    if args.profile:
+        _, _, profiler = run(modules[0], steps, args, device, profile=True)
+        assert profiler is not None
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.profile)
+        print(f"cProfile of {modules[0]}'s begin_step + end_step, by own time:")
         print(text.getvalue())
     return 0
 

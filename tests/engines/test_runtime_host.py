@@ -39,7 +39,9 @@ def _args(**changes: object) -> argparse.Namespace:
 
 def _steps_of(args: argparse.Namespace) -> list[runtime_host.StepTimes]:
     steps = runtime_host.workload(args, torch.device("cpu"))
-    times, stages, _ = runtime_host.run("kv_canary_engines", steps, args, torch.device("cpu"))
+    times, stages, _ = runtime_host.run(
+        "kv_canary_engines", steps, args, torch.device("cpu"), count=True
+    )
     assert stages.calls["plan"] == len(steps)  # the counters stood in for every launch
     assert stages.calls["write"] == 2 * len(steps)
     return times
