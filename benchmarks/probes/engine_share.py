@@ -3,6 +3,7 @@ Llama-shaped model, beside what the engine's own step costs?
 
     python -m benchmarks.probes.engine_share                    # CUDA: the 1B and 8B shapes
     python -m benchmarks.probes.engine_share --shapes 8b --pairs 2 --requests 64
+    python -m benchmarks.probes.engine_share --profile 20       # + where the canary's host goes
     python -m benchmarks.probes.engine_share --smoke            # CPU: a tiny Llama, interpreter
 
 For each shape, in one process: a Llama of that shape with random weights (no hub: a
@@ -29,11 +30,22 @@ mode, the first step of each run left out (the runtime is built there):
 - ``canary host us`` and ``canary GPU us``: ``begin_step`` plus ``end_step`` from
   ``runtime.timing`` (``kv_canary_engines.timing.StepTiming``: host seconds, and CUDA
   events at their start and end: the canary's launches and any gap the GPU waits for the
-  host); ``share``: the canary's GPU time over the step's (before + forward + after), per
-  step as ``StepTiming.summary()`` computes it;
+  host), and each of the two apart (``begin host us``, ``end host us``, ``begin GPU us``,
+  ``end GPU us``: before the forward the GPU waits for the host's launches, so there the
+  GPU time follows the host's; after it the launches queue behind the forward);
+  ``share``: the canary's GPU time over the step's (before + forward + after), per step
+  as ``StepTiming.summary()`` computes it;
 - ``step ms with``, ``delta``: the engine's step with the canary against without, end to
   end (the adapter's own hook work around ``begin_step`` included; the poll, a sync every
   ``--poll-every`` steps, falls mostly outside a median: each run's wall time is printed).
+
+``--profile N``: after a shape's measured runs, one more run with the canary (at most 16
+generated tokens) whose ``begin_step`` and ``end_step`` run under cProfile and a
+``torch.profiler`` each: cProfile's top N functions by own time, and per method the torch
+ops and CUDA runtime calls made inside it (calls and self host us per step), with every
+call that waits for the device or the driver named (``cudaStreamSynchronize``,
+``cudaMemcpy``, ``aten::_local_scalar_dense``, ``cudaMalloc``, ...; ``end_step``'s polls
+read back by design). The table's figures come from the runs before it, unprofiled.
 
 Target (issue 25): the share at most 1% of decode steps and of prefill steps. Also
 printed: whether every request generated the same tokens with and without the canary (and

@@ -32,7 +32,28 @@ data to another device, how many read a value back to the host (``.item()``,
 revision's ``kv_canary_engines`` copied under another name on ``sys.path``) so that two
 versions are measured in one run: ``--module kv_canary_engines,old_engines``.
 
-Last answer: docs/engines/runtime.md, "Host time per step".
+Last answer (CPU, this project's 2-core development machine shared with other jobs,
+2026-12-01 21:15 UTC, torch 2.13.0+cpu, one thread; medians of 5 interleaved runs each,
+against a copy of the runtime before the one-copy staging (4e5a91e) loaded with
+``--module kv_canary_engines,old_engines``). Host us of ``begin_step + end_step``, the
+launches as counters (``noop``):
+
+=======================  ===========  ===========  ===============  ================
+step                     before (us)  now (us)     kernel ops       torch calls
+=======================  ===========  ===========  ===============  ================
+prefill 22 rows / 2048   631          220          14 -> 4          239 -> 42
+decode 32 rows           299          165          13 -> 4          48 -> 42
+decode 13 rows           170          125          13 -> 4          48 -> 42
+=======================  ===========  ===========  ===============  ================
+
+(decode 13 rows: ``--requests 13``, where the prefill steps have 12 rows: 911 -> 216.)
+With the launchers' validation and ``timing=True`` (``--stages validate --timing``):
+prefill 757 -> 276, decode 341 -> 206. "kernel ops" are the ATen ops that launch a kernel
+on a GPU besides the launches; before, three more were pageable host-to-device copies of
+``torch.tensor(list)``, now one pinned copy. The rest of a step on this CPU is the row
+pass in Python, numpy over the step's tokens, and the scatters' own CPU compute (about a
+third of a decode step here; on a GPU a kernel each). docs/engines/runtime.md, "Host time
+per step", says what a step does.
 """
 
 from __future__ import annotations
@@ -40,6 +61,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import importlib
+import inspect
 import io
 import pstats
 import statistics
@@ -293,7 +315,9 @@ def run(
         real_kv_sources=tuple(kv),
         real_kv_bytes_per_token=128,
     )
-    runtime = eng.CanaryRuntime(config, [group], device=device)
+    sized = "expected_requests" in inspect.signature(eng.CanaryRuntime).parameters
+    extra = {"expected_requests": args.requests} if sized else {}  # as the adapter passes it
+    runtime = eng.CanaryRuntime(config, [group], device=device, **extra)
     stages = Stages(args.stages)
     stages.install(runtime)
     out: list[StepTimes] = []
