@@ -510,7 +510,7 @@ class CanaryRuntime:
                     f"kv-canary: request {r.request_id!r}: tokens holds {len(r.tokens)} "
                     f"positions, the step needs [0, {p + e})"
                 )
-            tokens += step_tokens
+            tokens.extend(step_tokens)
         if len(set(rows)) != len(rows):
             raise ValueError("kv-canary: a request appears twice in one batch")
         ends = [p + e for p, e in zip(prefix, extend)]

@@ -16,7 +16,7 @@ import torch
 
 import kv_canary_engines.runtime as runtime_module
 from benchmarks.probes import runtime_host
-from kv_canary_buffers import verify_entries_needed
+from kv_canary_buffers import RealKVMode, verify_entries_needed
 from kv_canary_engines import BlockTable, CanaryConfig, Row, StepBatch, TokenSlots
 from kv_canary_engines.host import to_device
 from tests.engines.fake_engine import FakeEngine, default_config
@@ -176,3 +176,29 @@ def test_config_is_unchanged_by_the_host_work():
         engine.add("a", list(range(1, 12)), 4)
         engine.run(6)
         assert not any(v for r in engine.reports for v in r.violations)
+
+
+@pytest.mark.parametrize("kind", [list, tuple, np.array, torch.tensor])
+def test_row_tokens_may_be_any_sequence(kind):
+    # Row.tokens is any sequence: lists, tuples, numpy arrays, tensors all stage the same
+    from kv_canary_engines import CanaryRuntime, KVGroup
+
+    runtime = CanaryRuntime(
+        CanaryConfig(stages="reference", real_kv=RealKVMode.NONE, poll_every=1),
+        [KVGroup(name="full", num_slots=64, page_size=4)],
+        device="cpu",
+    )
+    tokens = kind([11, 12, 13, 14, 15])
+    for p, e in ((0, 4), (4, 1)):
+        slots = torch.arange(4, 4 + p + e, dtype=torch.int64)
+        runtime.begin_step(
+            StepBatch(
+                rows=[Row(request_id="a", prefix_len=p, extend_len=e, tokens=tokens)],
+                tables={"full": TokenSlots(slots=slots)},
+                out_cache_loc={"full": slots[p:]},
+                input_ids=torch.tensor([11, 12, 13, 14, 15][p : p + e]),
+                positions=torch.arange(p, p + e),
+            )
+        )
+        report = runtime.end_step()
+        assert report is not None and not report and not report.flags
