@@ -202,3 +202,21 @@ def test_row_tokens_may_be_any_sequence(kind):
         )
         report = runtime.end_step()
         assert report is not None and not report and not report.flags
+
+
+@pytest.mark.parametrize("kind", ["block", "token"])
+def test_the_fallback_attribution_reads_the_table_each_row_last_filled(kind):
+    # block-table steps fill the runtime's block table, token steps req_to_token: the
+    # holders of a slot come from the table of each row's last step
+    engine = FakeEngine(tables=kind)
+    runtime = engine.attach(default_config(poll_every=1000))
+    engine.add("a", list(range(1, 12)), 3)
+    engine.add("b", list(range(20, 30)), 3)
+    engine.run(3)
+    holders = runtime_module._SlotHolders(runtime)
+    group = runtime._groups[0]
+    assert group.by_blocks and set(group.by_blocks.values()) == {kind == "block"}
+    for req in engine.running:
+        slot = req.blocks[1] * 4 + 1
+        assert holders.of(group, runtime.step - 1, slot) == (req.id,)
+    assert holders.of(group, runtime.step - 1, 0) == ()
