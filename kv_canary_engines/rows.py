@@ -9,6 +9,8 @@ poll maps to the request that held its plan row in the step that launched it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from .reports import RequestId
@@ -101,8 +103,9 @@ class RowTable:
                 out.append((row, rid))
         return out
 
-    def stamped(self, row: int, length: int) -> None:
-        self._length[row] = length
+    def stamped(self, rows: Sequence[int], lengths: Sequence[int]) -> None:
+        """Positions ``0 .. lengths[i] - 1`` of each of ``rows`` are now stamped."""
+        self._length.update(zip(rows, lengths))
 
     def length(self, row: int) -> int:
         """Positions ``0 .. length - 1`` of the row were stamped by the canary."""
@@ -110,6 +113,21 @@ class RowTable:
 
     def fill(self, row: int, end: int) -> None:
         self._filled[row] = end
+
+    def refill(
+        self, rows: Sequence[int], prefix: Sequence[int], ends: Sequence[int]
+    ) -> list[tuple[int, int, int]]:
+        """A step's pool bookkeeping: ``(i, lo, hi)`` for each batch row ``i`` whose pool
+        lacks positions ``lo .. hi - 1`` below its prefix (``hi = prefix[i]``), then every
+        row filled to ``ends[i]``."""
+        filled = self._filled
+        gaps = []
+        for i, (row, p) in enumerate(zip(rows, prefix)):
+            lo = filled.get(row, 0)
+            if lo < p:
+                gaps.append((i, lo, p))
+        filled.update(zip(rows, ends))
+        return gaps
 
     def filled(self, row: int) -> int:
         """Pool positions ``0 .. filled - 1`` of the row hold the scheduler's tokens."""

@@ -66,6 +66,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TypeAlias
 
 import attrs
+import numpy as np
 import torch
 
 from kv_canary_buffers import (
@@ -82,6 +83,7 @@ from kv_canary_buffers import (
     write_reference,
 )
 
+from .host import to_device
 from .reports import (
     MAX_GROUPS,
     CanaryReport,
@@ -95,7 +97,7 @@ from .reports import (
     launch_tag,
 )
 from .rows import RowTable
-from .tables import SlotTable, expand_into_req_to_token
+from .tables import BlockTable, SlotTable, TokenSlots
 from .timing import StepTiming
 
 logger = logging.getLogger("kv_canary")
@@ -305,6 +307,13 @@ class _Group:
     tail: CanaryStore | None
     real_kv: RealKV | None
     req_to_token: torch.Tensor
+    """int32 ``[rows, positions]``: the slots of :class:`TokenSlots` steps."""
+    block_table: torch.Tensor
+    """int32 ``[rows, blocks]``: the blocks of :class:`BlockTable` steps, planned from
+    directly (``launch_plan(block_table=..., page_size=...)``: no per-token expansion)."""
+    by_blocks: dict[int, bool] = attrs.Factory(dict)
+    """Per row, whether its last step (or sweep) filled ``block_table`` (else
+    ``req_to_token``): which table the fallback attribution reads."""
     sweep_plan: PlanBuffers | None = None
 
     def stores(self) -> list[tuple[str, CanaryStore]]:
@@ -338,6 +347,12 @@ class CanaryRuntime:
     ``device``: where every canary buffer lives (the engine's KV device).
     ``sweep_source``: called every ``sweep_every`` steps after the step; returns the
     running requests to re-verify, or None to skip.
+    ``expected_requests``: how many requests the engine runs at once (its batch limit;
+    0: unknown), the first size of the row tables and of the plans' rows. Every buffer
+    grows past its first size when a step needs it, but a growth allocates on the device
+    within a step: the plans' verify entries start at one per slot of the group (32
+    bytes a slot, at most 2**20 slots' worth), enough for every step that shares no
+    prefix, so that a normal run grows nothing after its first steps.
     """
 
     def __init__(
@@ -347,6 +362,7 @@ class CanaryRuntime:
         *,
         device: torch.device | str,
         sweep_source: Callable[[], SweepBatch | None] | None = None,
+        expected_requests: int = 0,
     ) -> None:
         if not isinstance(config, CanaryConfig):
             raise TypeError(
@@ -362,8 +378,14 @@ class CanaryRuntime:
         self.device = torch.device(device)
         self.sweep_source = sweep_source
         self.stages = _stages(config.stages, self.device)
+        if type(expected_requests) is not int or expected_requests < 0:
+            raise ValueError(
+                f"kv-canary: expected_requests must be an integer >= 0, got {expected_requests!r}"
+            )
+        self._expected_rows = expected_requests
         self.rows = RowTable()
-        self.pool = torch.full((2, 16), -1, dtype=torch.int32, device=self.device)
+        shape = (max(2, expected_requests + 1), 16)  # + row 0, the padding row
+        self.pool = torch.full(shape, -1, dtype=torch.int32, device=self.device)
         self._groups = [self._make_group(spec, i) for i, spec in enumerate(groups)]
         self._step = 0
         self._pending: _Pending | None = None
@@ -377,7 +399,11 @@ class CanaryRuntime:
     def _make_group(self, spec: KVGroup, index: int) -> _Group:
         if spec.window and spec.lut is None:
             raise ValueError(f"kv-canary: group {spec.name!r} has a window and no lut")
-        plan = PlanBuffers.allocate(write_req_capacity=8, verify_capacity=64, device=self.device)
+        plan = PlanBuffers.allocate(
+            write_req_capacity=max(8, self._expected_rows),
+            verify_capacity=max(64, min(spec.num_slots, _FIRST_VERIFY_CAPACITY)),
+            device=self.device,
+        )
         tail = self._store(spec) if self.config.tail else None
         return _Group(
             spec=spec,
@@ -387,6 +413,11 @@ class CanaryRuntime:
             tail=tail,
             real_kv=self._real_kv(spec),
             req_to_token=torch.zeros(self.pool.shape, dtype=torch.int32, device=self.device),
+            block_table=torch.zeros(
+                _blocks_shape(self.pool.shape, spec.page_size),
+                dtype=torch.int32,
+                device=self.device,
+            ),
         )
 
     def _store(self, spec: KVGroup) -> CanaryStore:
@@ -446,10 +477,11 @@ class CanaryRuntime:
 
     # --- the step ----------------------------------------------------------------
     def begin_step(self, batch: StepBatch) -> None:
-        """Before the forward: assign rows, grow every buffer from host numbers, expand
-        the slot tables, fill the expected-token pool, plan, and (on a verify step) run
-        the HEAD verify. Nothing syncs."""
-        _refuse_capture("begin_step")
+        """Before the forward: assign rows, grow every buffer from host numbers, load the
+        slot tables, fill the expected-token pool, plan, and (on a verify step) run the
+        HEAD verify. Nothing syncs: the step's host arrays reach the device in one
+        ``non_blocking`` copy (:mod:`kv_canary_engines.host`)."""
+        _refuse_capture(self.device, "begin_step")
         if self._pending is not None:
             raise RuntimeError("kv-canary: begin_step called twice without end_step")
         if not isinstance(batch, StepBatch):
@@ -459,46 +491,75 @@ class CanaryRuntime:
         step = self._step
         verify = step % self.config.verify_every == 0
         st = self.stats
+        table_rows = self.rows
+        # one pass over the rows (host numbers only): rows, lengths, this step's tokens in
+        # batch order (the pool's updates at the step's positions and the HEAD write's
+        # expected inputs)
+        rows: list[int] = []
+        prefix: list[int] = []
+        extend: list[int] = []
+        tokens: list[int] = []
+        row_of, assign = table_rows.row_of, table_rows.assign
+        hits = chunked = 0
         for r in batch.rows:
-            st.prefix_hits += int(r.prefix_len > 0 and not self.rows.row_of(r.request_id))
-            st.chunked_rows += int(r.prefix_len > 0 and r.extend_len > 1)
-        rows = [self.rows.assign(r.request_id, step) for r in batch.rows]
+            p, e = r.prefix_len, r.extend_len
+            if p > 0:
+                hits += not row_of(r.request_id)
+                chunked += e > 1
+            rows.append(assign(r.request_id, step))
+            prefix.append(p)
+            extend.append(e)
+            step_tokens = r.tokens[p : p + e]
+            if len(step_tokens) != e:
+                raise ValueError(
+                    f"kv-canary: request {r.request_id!r}: tokens holds {len(r.tokens)} "
+                    f"positions, the step needs [0, {p + e})"
+                )
+            tokens.extend(step_tokens)
         if len(set(rows)) != len(rows):
             raise ValueError("kv-canary: a request appears twice in one batch")
-        prefix = [r.prefix_len for r in batch.rows]
-        extend = [r.extend_len for r in batch.rows]
         ends = [p + e for p, e in zip(prefix, extend)]
-        n = sum(extend)
-        st.steps += 1
-        st.verify_steps += int(verify)
-        st.rows += len(rows)
-        st.tokens += n
-        self._grow_tables(rows, ends)
-        for g in self._groups:  # grow before the plan, from the host's prefix lengths
-            need = verify_entries_needed(prefix, swa_window_size=g.spec.window)
-            g.plan = g.plan.ensure_capacity(write_reqs=len(rows), verify_entries=need)
-
-        pool_rows, pool_pos, pool_tok = self._pool_updates(batch.rows, rows)
-        host = torch.tensor([rows, prefix, extend] if rows else [[], [], []], dtype=torch.int64).to(
-            self.device, non_blocking=True
-        )
-        updates = torch.tensor([pool_rows, pool_pos, pool_tok], dtype=torch.int64).to(
-            self.device, non_blocking=True
-        )
-        rows_t, prefix_t, extend_t = host[0], host[1], host[2]
-        if self.config.check_tokens and updates.shape[1]:
-            self.pool[updates[0], updates[1]] = updates[2].to(torch.int32)
+        n = len(tokens)
         for g in self._groups:
             name = g.spec.name
             if name not in batch.tables or name not in batch.out_cache_loc:
                 raise ValueError(f"kv-canary: the batch has no table or out_cache_loc for {name!r}")
-            expand_into_req_to_token(
-                g.req_to_token,
-                batch.tables[name],
-                rows=rows_t,
-                lengths=ends,
-                page_size=g.spec.page_size,
-            )
+        by_token = self._check_tables(batch.tables, self._groups, len(rows), ends)
+        gaps = self._pool_gaps(batch.rows, rows, prefix)
+        st.prefix_hits += hits
+        st.chunked_rows += chunked
+        st.steps += 1
+        st.verify_steps += int(verify)
+        st.rows += len(rows)
+        st.tokens += n
+
+        # the step's host arrays (then one copy)
+        r_np, p_np, e_np = np.array([rows, prefix, extend], dtype=np.int64)
+        tok = np.array(tokens, dtype=np.int64)
+        self._grow_tables(rows, ends)
+        for g in self._groups:  # grow before the plan, from the host's prefix lengths
+            need = _verify_entries(p_np, g.spec.window) if verify else 0
+            g.plan = g.plan.ensure_capacity(write_reqs=len(rows), verify_entries=need)
+        pos = np.arange(n, dtype=np.int64) + np.repeat(p_np - (np.cumsum(e_np) - e_np), e_np)
+        arrays = [r_np, p_np, e_np, tok, pos]
+        if self.config.check_tokens:
+            pool_rows, pool_pos, pool_tok = np.repeat(r_np, e_np), pos, tok
+            if gaps:
+                pool_rows = np.concatenate([pool_rows, np.array(gaps[0], dtype=np.int64)])
+                pool_pos = np.concatenate([pool_pos, np.array(gaps[1], dtype=np.int64)])
+                pool_tok = np.concatenate([pool_tok, np.array(gaps[2], dtype=np.int64)])
+            arrays += [pool_rows * self.pool.shape[1] + pool_pos, pool_tok.astype(np.int32)]
+        if by_token:
+            arrays.append(_token_index(r_np, p_np + e_np, self.pool.shape[1]))
+        staged = to_device(arrays, self.device)
+        rows_t, prefix_t, extend_t, tok_t, pos_t = staged[:5]
+        if self.config.check_tokens and staged[5].shape[0]:
+            self.pool.view(-1).index_put_((staged[5],), staged[6])
+        token_index = staged[-1] if by_token else None
+        tables = [
+            self._load_table(g, batch.tables[g.spec.name], rows, rows_t, ends, token_index)
+            for g in self._groups
+        ]
         pending = _Pending(
             step=step,
             verify=verify,
@@ -507,15 +568,16 @@ class CanaryRuntime:
             ends=ends,
             input_ids=_flat("input_ids", batch.input_ids, n),
             positions=_flat("positions", batch.positions, n),
-            expected_ids=updates[2, :n],
-            expected_positions=updates[1, :n],
+            expected_ids=tok_t,
+            expected_positions=pos_t,
             out_cache_loc={
                 name: _flat(f"out_cache_loc[{name!r}]", t, n)
                 for name, t in batch.out_cache_loc.items()
             },
         )
-        for g in self._groups:
-            self.stages.plan(g.plan, **self._plan_kwargs(g, rows_t, prefix_t, extend_t))
+        for g, table in zip(self._groups, tables):
+            kwargs = self._plan_kwargs(g, table, rows_t, prefix_t, extend_t)
+            self.stages.plan(g.plan, verify=verify, **kwargs)
             if verify:
                 self._verify(g, "HEAD", g.head, g.plan, Endpoint.HEAD_VERIFY, step, True)
         self._pending = pending
@@ -528,7 +590,7 @@ class CanaryRuntime:
         the expected ones) and the TAIL write, every step; the TAIL verify on a verify
         step; the sweep every ``sweep_every`` steps; and every ``poll_every`` steps the
         poll, whose report it returns (None on other steps)."""
-        _refuse_capture("end_step")
+        _refuse_capture(self.device, "end_step")
         p = self._pending
         if p is None:
             raise RuntimeError("kv-canary: end_step called without begin_step")
@@ -557,8 +619,7 @@ class CanaryRuntime:
                     self._verify(g, "TAIL", g.tail, g.plan, Endpoint.TAIL_VERIFY, p.step, True)
         if self.timing is not None:
             self.timing.mark(self.device, 3)
-        for row, end in zip(p.rows, p.ends):
-            self.rows.stamped(row, end)
+        self.rows.stamped(p.rows, p.ends)
         every = self.config.sweep_every
         if every and self._step % every == 0 and self.sweep_source is not None:
             sweep = self.sweep_source()
@@ -578,7 +639,7 @@ class CanaryRuntime:
         """Re-verify the whole stamped prefix of each running request in ``batch`` against
         the HEAD store (no token check: docs/contract-canary.md, "Sweep"). Between steps,
         outside graphs; its rows carry the SWEEP endpoint and the last step's number."""
-        _refuse_capture("sweep")
+        _refuse_capture(self.device, "sweep")
         if self._pending is not None:
             raise RuntimeError("kv-canary: sweep called between begin_step and end_step")
         known = [(rid, length) for rid, length in batch.requests if self.rows.row_of(rid)]
@@ -588,19 +649,19 @@ class CanaryRuntime:
         rows = [self.rows.row_of(rid) for rid, _ in known]
         given = [length for _, length in known]
         verified = [min(length, self.rows.length(row)) for row, length in zip(rows, given)]
+        groups = [g for g in self._groups if g.spec.name in batch.tables]
+        by_token = self._check_tables(batch.tables, groups, len(rows), given)
         self._grow_tables(rows, given)
-        host = torch.tensor([rows, verified, [0] * len(rows)], dtype=torch.int64)
-        host = host.to(self.device, non_blocking=True)
+        r_np = np.array(rows, dtype=np.int64)
+        arrays = [r_np, np.array(verified, dtype=np.int64), np.zeros(len(rows), dtype=np.int64)]
+        if by_token:
+            arrays.append(_token_index(r_np, np.array(given, dtype=np.int64), self.pool.shape[1]))
+        staged = to_device(arrays, self.device)
+        token_index = staged[3] if by_token else None
         step = self._step - 1
-        for g in self._groups:
-            if g.spec.name not in batch.tables:
-                continue
-            expand_into_req_to_token(
-                g.req_to_token,
-                batch.tables[g.spec.name],
-                rows=host[0],
-                lengths=given,
-                page_size=g.spec.page_size,
+        for g in groups:
+            table = self._load_table(
+                g, batch.tables[g.spec.name], rows, staged[0], given, token_index
             )
             need = verify_entries_needed(verified, swa_window_size=g.spec.window)
             if g.sweep_plan is None:
@@ -610,7 +671,7 @@ class CanaryRuntime:
                     device=self.device,
                 )
             g.sweep_plan = g.sweep_plan.ensure_capacity(write_reqs=len(rows), verify_entries=need)
-            kwargs = self._plan_kwargs(g, host[0], host[1], host[2], pool=False)
+            kwargs = self._plan_kwargs(g, table, staged[0], staged[1], staged[2], pool=False)
             self.stages.plan(g.sweep_plan, **kwargs)
             self._verify(g, "HEAD", g.head, g.sweep_plan, Endpoint.SWEEP, step, False)
 
@@ -618,6 +679,7 @@ class CanaryRuntime:
     def _plan_kwargs(
         self,
         g: _Group,
+        table: dict[str, object],
         rows: torch.Tensor,
         prefix: torch.Tensor,
         extend: torch.Tensor,
@@ -628,7 +690,7 @@ class CanaryRuntime:
             req_pool_indices=rows,
             prefix_lens=prefix,
             extend_seq_lens=extend,
-            req_to_token=g.req_to_token,
+            **table,
         )
         if g.spec.window:
             kwargs.update(swa_window_size=g.spec.window, full_to_swa_index_mapping=g.spec.lut)
@@ -682,7 +744,7 @@ class CanaryRuntime:
 
     # --- growth and the pool -------------------------------------------------------
     def _grow_tables(self, rows: Sequence[int], ends: Sequence[int]) -> None:
-        """Grow the ``req_to_token`` tables and the pool for ``rows`` reaching positions
+        """Grow the pool and the token and block tables for ``rows`` reaching positions
         ``ends``, from host numbers only (a new tensor copies the old one on the stream:
         no sync)."""
         need_rows = max(rows, default=0) + 1
@@ -693,45 +755,102 @@ class CanaryRuntime:
             self.pool = _grown(self.pool, shape, -1)
             for g in self._groups:
                 g.req_to_token = _grown(g.req_to_token, shape, 0)
+                g.block_table = _grown(g.block_table, _blocks_shape(shape, g.spec.page_size), 0)
 
-    def _pool_updates(
-        self, batch: Sequence[Row], rows: Sequence[int]
-    ) -> tuple[list[int], list[int], list[int]]:
-        """``(row, position, token)`` for the pool: first this step's tokens in batch
-        order (``n`` of them: also the HEAD write's expected inputs), then the positions a
-        row's pool lacks below its prefix (a prefix-cache hit, a row first seen
-        mid-sequence), which the scheduler's tokens fill."""
-        out_rows: list[int] = []
-        out_pos: list[int] = []
-        out_tok: list[int] = []
-        gaps: list[tuple[int, int, int, Sequence[int]]] = []
-        for r, row in zip(batch, rows):
-            p, end = r.prefix_len, r.prefix_len + r.extend_len
-            step_tokens = list(r.tokens[p:end])
-            if len(step_tokens) != r.extend_len:
-                raise ValueError(
-                    f"kv-canary: request {r.request_id!r}: tokens holds {len(r.tokens)} "
-                    f"positions, the step needs [0, {end})"
+    def _pool_gaps(
+        self, batch: Sequence[Row], rows: Sequence[int], prefix: Sequence[int]
+    ) -> tuple[list[int], list[int], list[int]] | None:
+        """``(rows, positions, tokens)`` of the positions a row's pool lacks below its
+        prefix (a prefix-cache hit, a row first seen mid-sequence), which the scheduler's
+        tokens fill (None: none); every row's pool is then filled to its step's end, its
+        drafts left out (the next step refills them, by then accepted or replaced)."""
+        ends = [p + r.extend_len - r.draft_len for r, p in zip(batch, prefix)]
+        missing = self.rows.refill(rows, prefix, ends)
+        if not missing:
+            return None
+        gaps: tuple[list[int], list[int], list[int]] = ([], [], [])
+        for i, lo, hi in missing:
+            gaps[0].extend([rows[i]] * (hi - lo))
+            gaps[1].extend(range(lo, hi))
+            gaps[2].extend(batch[i].tokens[lo:hi])
+        return gaps
+
+    # --- the slot tables ---------------------------------------------------------------
+    def _check_tables(
+        self,
+        tables: Mapping[str, SlotTable],
+        groups: Sequence[_Group],
+        bs: int,
+        ends: Sequence[int],
+    ) -> bool:
+        """Check each group's table against the batch (before anything is written);
+        whether any is a :class:`TokenSlots` (the step then stages its scatter index)."""
+        by_token = False
+        width = max(ends, default=0)
+        for g in groups:
+            table = tables[g.spec.name]
+            if isinstance(table, TokenSlots):
+                by_token = True
+                total = sum(ends)
+                if table.slots.shape[0] < total:
+                    raise ValueError(
+                        f"kv-canary: TokenSlots.slots has {table.slots.shape[0]} slots, the "
+                        f"rows' lengths need {total}"
+                    )
+            elif isinstance(table, BlockTable):
+                blocks = table.table
+                if blocks.shape[0] < bs:
+                    raise ValueError(
+                        f"kv-canary: the block table has {blocks.shape[0]} rows for a batch of {bs}"
+                    )
+                need = -(-width // g.spec.page_size)
+                if blocks.shape[1] < need:
+                    raise ValueError(
+                        f"kv-canary: the block table has {blocks.shape[1]} blocks a row, a row "
+                        f"of {width} positions needs {need} (page_size {g.spec.page_size})"
+                    )
+            else:
+                raise TypeError(
+                    f"kv-canary: tables[{g.spec.name!r}] must be a BlockTable or TokenSlots, "
+                    f"got {type(table).__name__}"
                 )
-            out_rows += [row] * r.extend_len
-            out_pos += range(p, end)
-            out_tok += step_tokens
-            filled = min(self.rows.filled(row), p)
-            if filled < p:
-                gaps.append((row, filled, p, r.tokens))
-            self.rows.fill(row, end - r.draft_len)  # drafts: refilled once accepted
-        for row, lo, hi, tokens in gaps:
-            out_rows += [row] * (hi - lo)
-            out_pos += range(lo, hi)
-            out_tok += list(tokens[lo:hi])
-        return out_rows, out_pos, out_tok
+        return by_token
+
+    def _load_table(
+        self,
+        g: _Group,
+        table: SlotTable,
+        rows: Sequence[int],
+        rows_t: torch.Tensor,
+        ends: Sequence[int],
+        token_index: torch.Tensor | None,
+    ) -> dict[str, object]:
+        """Write the batch's rows of ``table`` into the group's own table (rows indexed by
+        the runtime's rows, positions ``0 .. ends[b] - 1``): a block table's rows with one
+        ``index_copy_`` (the plan then reads blocks: ``launch_plan(block_table=...)``),
+        per-token slots with one ``index_put_`` at the staged ``token_index``; the plan's
+        table arguments. One or two ops on the current stream, no sync."""
+        if isinstance(table, BlockTable):
+            ps = g.spec.page_size
+            blocks = -(-max(ends, default=0) // ps)
+            if blocks:
+                src = _int32(table.table[: len(rows), :blocks])
+                g.block_table[:, :blocks].index_copy_(0, rows_t, src)
+            g.by_blocks.update(dict.fromkeys(rows, True))
+            return {"block_table": g.block_table, "page_size": ps}
+        assert token_index is not None  # staged for every TokenSlots step
+        total = token_index.shape[0]
+        if total:
+            g.req_to_token.view(-1).index_put_((token_index,), _int32(table.slots[:total]))
+        g.by_blocks.update(dict.fromkeys(rows, False))
+        return {"req_to_token": g.req_to_token}
 
     # --- polling ----------------------------------------------------------------------
     def poll(self) -> CanaryReport:
         """Read every store and status word back (a sync with the device), attribute each
         violation row, run the health check, apply the policy, and free the rows released
         since the previous poll. Between steps, never inside capture."""
-        _refuse_capture("poll")
+        _refuse_capture(self.device, "poll")
         if self._pending is not None:
             raise RuntimeError("kv-canary: poll called between begin_step and end_step")
         self.stats.polls += 1
@@ -848,20 +967,32 @@ class CanaryRuntime:
 
 
 class _SlotHolders:
-    """The fallback attribution: which requests' ``req_to_token`` rows held a slot in a
-    step (read once per group and poll: the poll syncs anyway)."""
+    """The fallback attribution: which requests' table rows held a slot in a step (read
+    once per group and poll: the poll syncs anyway). A row's slots come from the table
+    its last step filled (``_Group.by_blocks``)."""
 
     def __init__(self, runtime: CanaryRuntime) -> None:
         self._runtime = runtime
         self._tables: dict[int, torch.Tensor] = {}
 
+    def _table(self, g: _Group) -> torch.Tensor:
+        """Per row and position, the group's slot, int64 on the host."""
+        table = g.req_to_token.to("cpu", torch.int64)
+        ps = g.spec.page_size
+        pos = torch.arange(table.shape[1])
+        blocks = g.block_table.to("cpu", torch.int64)[:, pos // ps] * ps + pos % ps
+        by_blocks = torch.tensor([g.by_blocks.get(r, False) for r in range(table.shape[0])])
+        table = torch.where(by_blocks[:, None], blocks, table)
+        if g.spec.lut is not None:
+            lut = g.spec.lut.to("cpu", torch.int64)
+            inside = (table >= 0) & (table < lut.numel())
+            table = torch.where(inside, lut[table.clamp(0, max(lut.numel() - 1, 0))], -1)
+        return table
+
     def of(self, g: _Group, step: int, slot: int) -> tuple[RequestId, ...]:
         table = self._tables.get(g.index)
         if table is None:
-            table = g.req_to_token.to("cpu", torch.int64)
-            if g.spec.lut is not None:
-                table = g.spec.lut.to("cpu")[table]
-            self._tables[g.index] = table
+            table = self._tables[g.index] = self._table(g)
         found = []
         for row, request_id in self._runtime.rows.held_at(step):
             length = self._runtime.rows.length(row)
@@ -890,8 +1021,8 @@ class _StageSet:
     name: str
 
 
-def _refuse_capture(what: str) -> None:
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+def _refuse_capture(device: torch.device, what: str) -> None:
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
             f"kv-canary: CanaryRuntime.{what} was called while the current CUDA stream is "
             "being captured; the runtime launches eagerly (its host work does not replay): "
@@ -900,14 +1031,55 @@ def _refuse_capture(what: str) -> None:
 
 
 def _flat(name: str, t: torch.Tensor, n: int) -> torch.Tensor:
-    """The first ``n`` values of a per-token tensor as contiguous int64 (a view when it
-    already is)."""
+    """The first ``n`` values of a per-token tensor as contiguous int64 (the tensor itself
+    or a view when it already is: no op then, as for an engine's own int64 buffers)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"kv-canary: {name} must be a torch.Tensor, got {type(t).__name__}")
-    flat = t.reshape(-1)
+    flat = t if t.dim() == 1 else t.reshape(-1)
     if flat.shape[0] < n:
         raise ValueError(f"kv-canary: {name} has {flat.shape[0]} values, the batch writes {n}")
-    return flat[:n].to(torch.int64).contiguous()
+    if flat.shape[0] != n:
+        flat = flat[:n]
+    if flat.dtype != torch.int64:
+        flat = flat.to(torch.int64)
+    return flat if flat.is_contiguous() else flat.contiguous()
+
+
+def _verify_entries(prefix: np.ndarray, window: int) -> int:
+    """``verify_entries_needed(prefix, swa_window_size=window)`` for the runtime's rows
+    (never padding, ``P >= 0``: ``Row`` checks it), on the array the step already holds:
+    ``sum(min(P, W))`` under a window, ``sum(P)`` otherwise."""
+    if window:
+        prefix = np.minimum(prefix, window)
+    return int(prefix.sum())
+
+
+def _token_index(rows: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
+    """Flat indices into a ``[*, width]`` table of positions ``0 .. lengths[b] - 1`` of
+    each row ``rows[b]``, rows concatenated (the order of :class:`TokenSlots`)."""
+    starts = np.cumsum(lengths) - lengths
+    total = int(lengths.sum())
+    return np.repeat(rows * width - starts, lengths) + np.arange(total, dtype=np.int64)
+
+
+def _blocks_shape(shape: Sequence[int], page_size: int) -> tuple[int, int]:
+    """The block table covering a ``[rows, positions]`` token table."""
+    return shape[0], -(-shape[1] // page_size)
+
+
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+_FIRST_VERIFY_CAPACITY = 1 << 20
+"""The most verify entries a group's plan starts with (32 MiB of plan buffers)."""
+
+
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    """An engine's int32 or int64 slots or blocks as the int32 the tables hold: int64
+    values outside int32 saturate (out of range for every store, so the kernels flag
+    them) instead of wrapping onto a real slot."""
+    if t.dtype == torch.int32:
+        return t
+    return t.clamp(_INT32_MIN, _INT32_MAX).to(torch.int32)
 
 
 def _doubled(current: int, need: int) -> int:

@@ -70,11 +70,18 @@ class _Tokens(Sequence[int]):
     @overload
     def __getitem__(self, i: slice) -> list[int]: ...
     def __getitem__(self, i: int | slice) -> int | list[int]:
-        if isinstance(i, slice):
-            lo, hi, _ = i.indices(len(self))
-            na = len(self._a)
-            return self._a[lo : min(hi, na)] + self._b[max(lo - na, 0) : max(hi - na, 0)]
-        return self._a[i] if i < len(self._a) else self._b[i - len(self._a)]
+        a, b = self._a, self._b
+        na = len(a)
+        if isinstance(i, slice):  # the runtime's reads: one side's slice, no copy of both
+            lo, hi, step = i.indices(na + len(b))
+            if step != 1:
+                return list(self)[i]
+            if lo >= na:
+                return b[lo - na : hi - na]
+            if hi <= na:
+                return a[lo:hi]
+            return a[lo:] + b[: hi - na]
+        return a[i] if i < na else b[i - na]
 
     def __iter__(self) -> Iterator[int]:
         yield from self._a
@@ -128,8 +135,9 @@ class _SectorLayout(_Layout):
             raise ValueError("kv-canary: transformers' read trash is not in sector 0")
 
     def slots(self, physical: torch.Tensor) -> torch.Tensor:
-        p = physical.to(torch.int64)
-        return torch.div(p, self._stride, rounding_mode="floor") * self.page_size + p % self._stride
+        # block * page + offset = p - block * (stride - page): two ops on the step's tokens
+        block = torch.div(physical, self._stride, rounding_mode="floor")
+        return torch.sub(physical, block, alpha=self._stride - self.page_size)
 
     def kernel_blocks(self, table: torch.Tensor) -> torch.Tensor:
         return torch.div(table.to(torch.int64), self._pages_stride, rounding_mode="floor")
@@ -171,11 +179,16 @@ class _BlockLayout(_Layout):
         return physical.to(torch.int64)
 
     def kernel_blocks(self, table: torch.Tensor) -> torch.Tensor:
-        return table.to(torch.int64)
+        return table  # int32 or int64: the runtime takes either
 
     def host_blocks(self, request_id: RequestId) -> list[int] | None:
         blocks = self._manager.block_table.get(request_id)
         return None if blocks is None else list(blocks)
+
+    def holds_block0(self, request_ids: Sequence[RequestId]) -> bool:
+        """Whether any of the requests holds block 0 (no copy of their block lists)."""
+        tables = self._manager.block_table
+        return any(0 in tables.get(rid, ()) for rid in request_ids)
 
     def sources(self, layers: Sequence[int]) -> tuple[tuple[torch.Tensor, ...], int]:
         out = []
@@ -356,8 +369,13 @@ class TransformersCanary:
         )
         self._layout, self._cache = layout, cache
         device = sources[0].device
+        limit = getattr(self.manager.continuous_batching_config, "max_requests_per_batch", None)
         self.runtime = CanaryRuntime(
-            self.config, [group], device=device, sweep_source=self._sweep_batch
+            self.config,
+            [group],
+            device=device,
+            sweep_source=self._sweep_batch,
+            expected_requests=limit if type(limit) is int and limit > 0 else 0,
         )
         return self.runtime
 
@@ -411,9 +429,7 @@ class TransformersCanary:
                 table = TokenSlots(slots=out)
             else:
                 table = TokenSlots(slots=layout.slots(read))
-        if isinstance(layout, _BlockLayout) and any(
-            0 in (layout.host_blocks(r.request_id) or ()) for r in rows
-        ):
+        if isinstance(layout, _BlockLayout) and layout.holds_block0([r.request_id for r in rows]):
             self.slot0_steps += 1  # 5.17: block 0 is real, its slot 0 goes unchecked
         runtime.begin_step(
             StepBatch(

@@ -3,6 +3,7 @@ Llama-shaped model, beside what the engine's own step costs?
 
     python -m benchmarks.probes.engine_share                    # CUDA: the 1B and 8B shapes
     python -m benchmarks.probes.engine_share --shapes 8b --pairs 2 --requests 64
+    python -m benchmarks.probes.engine_share --profile 20       # + where the canary's host goes
     python -m benchmarks.probes.engine_share --smoke            # CPU: a tiny Llama, interpreter
 
 For each shape, in one process: a Llama of that shape with random weights (no hub: a
@@ -29,11 +30,22 @@ mode, the first step of each run left out (the runtime is built there):
 - ``canary host us`` and ``canary GPU us``: ``begin_step`` plus ``end_step`` from
   ``runtime.timing`` (``kv_canary_engines.timing.StepTiming``: host seconds, and CUDA
   events at their start and end: the canary's launches and any gap the GPU waits for the
-  host); ``share``: the canary's GPU time over the step's (before + forward + after), per
-  step as ``StepTiming.summary()`` computes it;
+  host), and each of the two apart (``begin host us``, ``end host us``, ``begin GPU us``,
+  ``end GPU us``: before the forward the GPU waits for the host's launches, so there the
+  GPU time follows the host's; after it the launches queue behind the forward);
+  ``share``: the canary's GPU time over the step's (before + forward + after), per step
+  as ``StepTiming.summary()`` computes it;
 - ``step ms with``, ``delta``: the engine's step with the canary against without, end to
   end (the adapter's own hook work around ``begin_step`` included; the poll, a sync every
   ``--poll-every`` steps, falls mostly outside a median: each run's wall time is printed).
+
+``--profile N``: after a shape's measured runs, one more run with the canary (at most 16
+generated tokens) whose ``begin_step`` and ``end_step`` run under cProfile and a
+``torch.profiler`` each: cProfile's top N functions by own time, and per method the torch
+ops and CUDA runtime calls made inside it (calls and self host us per step), with every
+call that waits for the device or the driver named (``cudaStreamSynchronize``,
+``cudaMemcpy``, ``aten::_local_scalar_dense``, ``cudaMalloc``, ...; ``end_step``'s polls
+read back by design). The table's figures come from the runs before it, unprofiled.
 
 Target (issue 25): the share at most 1% of decode steps and of prefill steps. Also
 printed: whether every request generated the same tokens with and without the canary (and
@@ -60,17 +72,20 @@ the canary, 0 violations. The table is in docs/performance.md ("Inside an engine
 from __future__ import annotations
 
 import argparse
+import cProfile
 import csv
 import gc
 import inspect
+import io
 import math
 import os
+import pstats
 import statistics
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 if __name__ == "__main__" and "--smoke" in sys.argv:  # before Triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -127,7 +142,11 @@ COLUMNS = (
     ("engine_step_ms", "engine step ms"),
     ("forward_gpu_ms", "forward GPU ms"),
     ("canary_host_us", "canary host us"),
+    ("begin_host_us", "begin host us"),
+    ("end_host_us", "end host us"),
     ("canary_gpu_us", "canary GPU us"),
+    ("begin_gpu_us", "begin GPU us"),
+    ("end_gpu_us", "end GPU us"),
     ("share", "share"),
     ("step_with_ms", "step ms with"),
     ("delta_ms", "delta ms"),
@@ -216,6 +235,19 @@ class StepProbe:
         self.steps.append(step)
 
 
+class StepCost(NamedTuple):
+    """The canary's cost in one step (``runtime.timing``): host and GPU microseconds of
+    ``begin_step`` + ``end_step`` and of each, and its share of the step's GPU time."""
+
+    host_us: float
+    gpu_us: float | None
+    share: float | None
+    begin_host_us: float
+    end_host_us: float
+    begin_gpu_us: float | None = None
+    end_gpu_us: float | None = None
+
+
 @attrs.define
 class Run:
     """What one generation gave: the tokens per prompt, the steps, and with the canary its
@@ -226,8 +258,8 @@ class Run:
     steps: list[Step]
     wall_s: float
     attn: str
-    timing: list[tuple[float, float, float | None]] = attrs.Factory(list)
-    """Per step: canary host us, canary GPU us (None off CUDA), share (None off CUDA)."""
+    timing: list[StepCost] = attrs.Factory(list)
+    """Per step: the canary's host and GPU (None off CUDA) us, and its share."""
     violations: int = 0
     flags: bool = False
     executing: bool = True
@@ -371,20 +403,24 @@ def _canary_results(run: Run, canary: Any) -> None:
         raise RuntimeError("kv-canary: engine_share: the canary never ran (no forward seen)")
     reports = list(canary.reports) + [runtime.poll()]
     timing = runtime.timing
-    host = [1e6 * (a + b) for a, b in zip(timing.host_pre_s, timing.host_post_s)]
+    pre_post = list(zip(timing.host_pre_s, timing.host_post_s))
+    host = [1e6 * (a + b) for a, b in pre_post]
     gpu = timing.gpu_ms()
     if len(host) != len(run.steps) or (gpu and len(gpu) != len(run.steps)):
         raise RuntimeError(
             f"kv-canary: engine_share: the canary timed {len(host)} steps (GPU {len(gpu)}), "
             f"the probe saw {len(run.steps)}"
         )
-    for i, h in enumerate(host):
+    for i, (h, (a, b)) in enumerate(zip(host, pre_post)):
         if gpu:
             pre, fwd, post = gpu[i]
             total = pre + fwd + post
-            run.timing.append((h, 1e3 * (pre + post), (pre + post) / total if total else None))
+            share = (pre + post) / total if total else None
+            run.timing.append(
+                StepCost(h, 1e3 * (pre + post), share, 1e6 * a, 1e6 * b, 1e3 * pre, 1e3 * post)
+            )
         else:
-            run.timing.append((h, None, None))
+            run.timing.append(StepCost(h, None, None, 1e6 * a, 1e6 * b))
     run.violations = sum(len(r.violations) + r.dropped for r in reports)
     run.flags = any(r.flags for r in reports)
     run.executing = all(r.health.executing for r in reports)
@@ -449,9 +485,13 @@ def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any
                 "tokens": _median([r.steps[i].tokens for r, i in off + on]),
                 "engine_step_ms": step_off,
                 "forward_gpu_ms": _median([r.forward_gpu_ms(i) for r, i in off]),
-                "canary_host_us": _median([r.timing[i][0] for r, i in on]),
-                "canary_gpu_us": _median([r.timing[i][1] for r, i in on]),
-                "share": _median([r.timing[i][2] for r, i in on]),
+                "canary_host_us": _median([r.timing[i].host_us for r, i in on]),
+                "begin_host_us": _median([r.timing[i].begin_host_us for r, i in on]),
+                "end_host_us": _median([r.timing[i].end_host_us for r, i in on]),
+                "canary_gpu_us": _median([r.timing[i].gpu_us for r, i in on]),
+                "begin_gpu_us": _median([r.timing[i].begin_gpu_us for r, i in on]),
+                "end_gpu_us": _median([r.timing[i].end_gpu_us for r, i in on]),
+                "share": _median([r.timing[i].share for r, i in on]),
                 "step_with_ms": step_on,
                 "delta_ms": delta,
                 "delta": None if delta is None or not step_off else delta / step_off,
@@ -553,11 +593,97 @@ def run_shape(
         ons.append(generate(model, prompts, args, canary=True, max_new=args.generate))
         offs.append(generate(model, prompts, args, canary=False, max_new=args.generate))
     print(f"{shape}: {1 + 2 * args.pairs} measured runs {time.perf_counter() - t0:.1f} s")
+    if args.profile:
+        for line in profile_canary(shape, model, prompts, args):
+            print(line)
     del model
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return summarize(shape, offs, ons), check(shape, offs, ons)
+
+
+# --- where the canary's host time goes (--profile) -------------------------------------------
+_SYNCING = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",  # the synchronous one (cudaMemcpyAsync is not)
+    "aten::_local_scalar_dense",
+    "cudaMalloc",
+    "cudaHostAlloc",
+)
+"""Calls that wait for the device (or allocate from the driver: ``cudaMalloc`` may
+synchronize) inside a step of the canary: each is named in the profile's lines."""
+
+
+def profile_canary(
+    shape: str, model: Any, prompts: list[list[int]], args: argparse.Namespace
+) -> list[str]:
+    """One more run with the canary (``min(--generate, 16)`` tokens, after the measured
+    runs: their figures are not touched), each ``CanaryRuntime.begin_step`` and
+    ``end_step`` under cProfile and a ``torch.profiler`` of its own (CPU, and CUDA's
+    runtime calls on CUDA; started in the engine's loop thread, where the hooks run);
+    lines: cProfile's top ``--profile`` functions by own time, then per method the torch
+    and CUDA runtime calls it made (calls and self host us per step), every syncing call
+    named."""
+    from torch.profiler import ProfilerActivity
+
+    from kv_canary_engines.runtime import CanaryRuntime
+
+    prof = cProfile.Profile()
+    names = ("begin_step", "end_step")
+    originals = {name: getattr(CanaryRuntime, name) for name in names}
+    calls: dict[str, dict[str, tuple[int, float]]] = {name: {} for name in names}
+    activities = [ProfilerActivity.CPU]
+    if next(model.parameters()).device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+
+    def wrapped(name: str, fn: Any) -> Any:
+        def call(self: Any, *a: Any, **k: Any) -> Any:
+            with torch.profiler.profile(activities=activities) as tp:
+                prof.enable()
+                try:
+                    out = fn(self, *a, **k)
+                finally:
+                    prof.disable()
+            seen = calls[name]
+            for e in tp.events():
+                if e.device_type == torch.autograd.DeviceType.CPU:
+                    n, us = seen.get(e.name, (0, 0.0))
+                    seen[e.name] = (n + 1, us + e.self_cpu_time_total)
+            return out
+
+        return call
+
+    for name, fn in originals.items():
+        setattr(CanaryRuntime, name, wrapped(name, fn))
+    try:
+        run = generate(model, prompts, args, canary=True, max_new=min(args.generate, 16))
+    finally:
+        for name, fn in originals.items():
+            setattr(CanaryRuntime, name, fn)
+    steps = max(len(run.steps), 1)
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(args.profile)
+    lines = [
+        f"{shape}: profile of the canary over {len(run.steps)} steps (one more run, "
+        f"{min(args.generate, 16)} tokens; profiled, so slower than the table's figures)",
+        f"{shape}: cProfile, begin_step + end_step, top {args.profile} by own time:",
+        *text.getvalue().rstrip().splitlines(),
+    ]
+    for name, seen in calls.items():
+        lines.append(
+            f"{shape}: inside {name}: torch and CUDA runtime calls per step (self host us per step)"
+        )
+        for op, (n, us) in sorted(seen.items(), key=lambda kv: -kv[1][1])[: args.profile]:
+            lines.append(f"    {op:48s} {n / steps:7.2f} calls {us / steps:9.1f} us")
+        waits = {k: n for k, (n, _) in seen.items() if k.startswith(_SYNCING)}
+        lines.append(
+            f"{shape}: {name} syncing calls: "
+            + (", ".join(f"{k} x{n}" for k, n in sorted(waits.items())) or "none")
+        )
+    return lines
 
 
 # --- main ------------------------------------------------------------------------------------
@@ -578,6 +704,14 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sweep-every", type=int, default=0)
     parser.add_argument("--stages", default="kernels", choices=("kernels", "reference"))
     parser.add_argument("--attn", default="sdpa", choices=("sdpa", "flash"))
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the measured runs, one more canary run profiled: cProfile's top N of\n"
+        "begin_step/end_step and the torch / CUDA runtime calls inside them",
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--out", type=Path, default=OUT, help="folder of the CSV")
     parser.add_argument(

@@ -30,7 +30,7 @@ if importlib.util.find_spec("transformers") is None:
 import torch
 
 from benchmarks.probes import engine_share
-from benchmarks.probes.engine_share import COLUMNS, Run, Step, check, summarize
+from benchmarks.probes.engine_share import COLUMNS, Run, Step, StepCost, check, summarize
 
 pytestmark = pytest.mark.engines
 
@@ -41,7 +41,10 @@ def test_the_smoke_runs_the_probe_end_to_end(tmp_path):
     # in a process of its own, as a user runs it: the flag sets TRITON_INTERPRET itself
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.probes.engine_share", "--smoke", "--out", str(tmp_path)],
+        [
+            *(sys.executable, "-m", "benchmarks.probes.engine_share"),
+            *("--smoke", "--profile", "5", "--out", str(tmp_path)),
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -58,6 +61,11 @@ def test_the_smoke_runs_the_probe_end_to_end(tmp_path):
     assert "between the runs without it: yes (3/3)" in out
     assert "tiny: canary violations: 0 over " in out
     assert "health executing" in out
+    # --profile: where the canary's host time went, and no read back before the forward
+    assert "tiny: cProfile, begin_step + end_step, top 5 by own time:" in out
+    assert "tiny: inside begin_step: torch and CUDA runtime calls per step" in out
+    assert "tiny: begin_step syncing calls: none" in out
+    assert "tiny: end_step syncing calls: aten::_local_scalar_dense" in out  # its polls
     assert "output kept in " in done.stderr  # the copy in benchmarks/out/
     (path,) = tmp_path.glob("engine_share-cpu-*.csv")
     with path.open(newline="") as f:
@@ -66,6 +74,7 @@ def test_the_smoke_runs_the_probe_end_to_end(tmp_path):
     for r in rows:
         assert r["tokens_identical"] == "True" and r["violations"] == "0"
         assert float(r["canary_host_us"]) > 0 and float(r["engine_step_ms"]) > 0
+        assert float(r["begin_host_us"]) > 0 and float(r["end_host_us"]) > 0
         assert r["canary_gpu_us"] == r["share"] == ""  # no CUDA events on the CPU
         assert r["stages"] == "kernels" and r["transformers"]
 
@@ -77,7 +86,7 @@ def _run(canary: bool, tokens: list[list[int]], kinds: str, **found: object) -> 
         Step(rows=2, tokens=64 if k == "p" else 2, prefill=k == "p", start=0.01 * i)
         for i, k in enumerate(kinds)
     ]
-    timing = [(100.0, None, 0.01)] * len(steps) if canary else []
+    timing = [StepCost(100.0, None, 0.01, 70.0, 30.0)] * len(steps) if canary else []
     return Run(
         canary=canary,
         tokens=tokens,
@@ -115,6 +124,8 @@ def test_the_summary_splits_prefill_from_decode_and_leaves_each_first_step_out()
     assert rows["prefill"]["engine_step_ms"] == pytest.approx(10.0)
     assert rows["decode"]["step_with_ms"] == pytest.approx(10.0)  # the median of 10, 10, 20
     assert rows["decode"]["canary_host_us"] == 100.0 and rows["decode"]["share"] == 0.01
+    assert (rows["decode"]["begin_host_us"], rows["decode"]["end_host_us"]) == (70.0, 30.0)
+    assert rows["decode"]["begin_gpu_us"] is None  # no CUDA events
     assert rows["decode"]["tokens"] == 2 and rows["prefill"]["tokens"] == 64
     assert rows["decode"]["forward_gpu_ms"] is None  # no CUDA events
 
