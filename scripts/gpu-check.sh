@@ -84,5 +84,7 @@ if [ "${BENCH:-1}" = 1 ] && part bench; then
   else
     timeout 240 python -m benchmarks --quick --out $OUT >> $L 2>&1; echo "bench rc=$?" >> $L
   fi
+  # the split write: its stamp against launch_write, and its chain beside a GEMM (~30 s)
+  timeout 120 python -m benchmarks.probes.write_split --quick >> $L 2>&1; echo "write_split rc=$?" >> $L
 fi
 echo "== done $(date -u +%T)" >> $L

@@ -5,8 +5,10 @@ by stage (bf15e2c), and run an older revision's kernels on this tree's owners.""
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -122,3 +124,21 @@ def test_a_revision_of_the_old_layout_writes_this_trees_records(tmp_path, isolat
         assert torch.equal(stores[0].records, store.records)
         assert int(store.slots_processed) == 6
         assert int(store.violation_count) == int(store.status) == 0
+
+
+@pytest.mark.skipif(not _history_has(PRE_LAYOUT), reason="needs the repository's history")
+def test_a_copy_is_found_from_the_folder_above_it(tmp_path, isolated_imports):
+    """A revision given as the folder that ``git archive REV kv_canary_kernels | tar -x -C
+    DIR`` fills (``DIR``, not ``DIR/kv_canary_kernels``) is the same copy as a git
+    revision: the path a device call carries works either way."""
+    data = subprocess.run(
+        ["git", "archive", PRE_LAYOUT, "kv_canary_kernels"],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(copy, filter="data")
+    package = revisions.export_kernels(str(copy), tmp_path / "into")
+    assert Path(revisions.stage_module(package, "write").__file__).is_relative_to(tmp_path)
+    assert hasattr(revisions.stage_module(package, "verify"), "dispatch_verify")
