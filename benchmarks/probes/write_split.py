@@ -28,8 +28,9 @@ the join), median of replays timed from outside. Target: the GEMM at most 1% slo
 Part 3, host time per eager call (``benchmarks.harness.host_time_stats_us``: batches of
 eager calls without a sync, medians): ``launch_write``, ``launch_write_chain`` and a chain
 followed by its stamp (a stamp needs a chain before it; the stamp's own host time is the
-difference). The stamp takes the write's host fast path (cached addresses), the chain
-the full launch path at every call: the figures to hold against the 30 us host budget.
+difference). Both take the write's host fast path (cached addresses) after their first
+call: the figures to hold against the 30 us host budget. The same on the CPU, the launch
+stubbed: ``python -m benchmarks.probes.write_split_host``.
 
 Last answer (none yet: to be measured on the H200 by the lead): not yet measured.
 """

@@ -23,8 +23,11 @@ revision ``REV`` (``git archive``), each tree in processes of its own (a package
 validation together), the trees alternating process by process so that drift of a noisy
 CPU hits both alike; medians over every batch of every process.
 
-Last answer (this project's 2-core CPU machine, 2026-12-01, ``--baseline main`` against
-the chain's fast path, medians in us): see docs/performance.md ("Host time per call").
+Last answer (this project's 2-core CPU machine, 2026-12-01 21:53 UTC, ``--baseline
+d3d2464``, defaults, medians in us, the three cases alike within 0.1 us): the chain
+26.5 to 26.9 -> 6.0 to 6.1 (its fast path), the stamp 4.2 to 4.7 -> 3.6 to 3.7 (NONE) and
+6.1 to 6.2 -> 5.2 (PARTIAL), ``launch_write`` 4.5 and 6.1 (unchanged). Not yet measured
+on the H200 (``benchmarks.probes.write_split`` times it there, unstubbed).
 """
 
 from __future__ import annotations
