@@ -543,8 +543,9 @@ def validate_write_chain_args(
     arena = ws.arena
     start, end = arena.base, arena.base + arena.nbytes
     n = args.n
-    for name, ptr in zip(_WRITE_INPUT_NAMES, args.addresses):
+    for ptr in args.addresses:
         if ptr < end and start < ptr + 8 * n:
+            name = _WRITE_INPUT_NAMES[args.addresses.index(ptr)]
             raise ValueError(
                 f"kv-canary: {name} must not share memory with the WriteWorkspace the chain "
                 "writes, got a tensor inside the workspace's arena (pass the engine's own "
@@ -559,16 +560,20 @@ def record_chain(store: CanaryStore, plan_buffers: PlanBuffers, args: WriteChain
     per workspace: the chain writes it on the device, the stamp compares it)."""
     ws = args.workspace
     launch = next(ws.arena.launches)
-    fill = ChainFill(
-        store.arena._key,
-        store.generation,
-        plan_buffers.arena._key,
-        plan_buffers.generation,
-        launch,
-        args.write.n,
-        False,
+    ws._last_chain[:] = (
+        new_tuple(
+            ChainFill,
+            (
+                store.arena._key,
+                store.generation,
+                plan_buffers.arena._key,
+                plan_buffers.generation,
+                launch,
+                args.write.n,
+                False,
+            ),
+        ),
     )
-    ws._last_chain[:] = [fill]
     return launch
 
 
@@ -606,9 +611,26 @@ def validate_write_stamp_args(
             "kv-canary: workspace must hold a chain not yet stamped (launch_write_chain or "
             f"write_chain_reference on it for this step, before the forward), got {got}"
         )
+    # (its common case in one test; _raise_not_the_chains words the failing object)
+    store_key, store_generation, plan_key, plan_generation, launch, n, _ = fill
+    if (
+        st.arena._key != store_key
+        or st.generation != store_generation
+        or bufs.arena._key != plan_key
+        or bufs.generation != plan_generation
+    ):
+        _raise_not_the_chains(st, bufs, fill)
+    kv = None if real_kv is None else check_real_kv(real_kv, st)
+    return new_tuple(WriteStampArgs, (n, launch, kv))
+
+
+def _raise_not_the_chains(
+    store: CanaryStore, plan_buffers: PlanBuffers, fill: ChainFill
+) -> NoReturn:
+    """Word the stamp's refusal of a store or plan buffers other than its chain's."""
     for name, obj, key, generation in (
-        ("store", st, fill.store, fill.store_generation),
-        ("plan_buffers", bufs, fill.plan, fill.plan_generation),
+        ("store", store, fill.store, fill.store_generation),
+        ("plan_buffers", plan_buffers, fill.plan, fill.plan_generation),
     ):
         if obj.arena._key != key or obj.generation != generation:
             kind = type(obj).__name__
@@ -618,14 +640,13 @@ def validate_write_stamp_args(
                 f"(generation {obj.generation}): run the chain with the stamp's store and "
                 "plan buffers, after any resize"
             )
-    kv = None if real_kv is None else check_real_kv(real_kv, st)
-    return new_tuple(WriteStampArgs, (fill.n, fill.launch, kv))
+    raise AssertionError("kv-canary: internal error: the stamp's identity check failed alone")
 
 
 def record_stamp(workspace: WriteWorkspace) -> None:
     """Mark the workspace's last chain stamped (a second stamp of it is refused)."""
     fill = workspace._last_chain[0]
-    workspace._last_chain[:] = [fill._replace(stamped=True)]
+    workspace._last_chain[:] = (new_tuple(ChainFill, (*fill[:-1], True)),)
 
 
 STAMP_CONSUMED = MAX_CAPACITY

@@ -389,6 +389,35 @@ def stamp_programs(n: int) -> int:
     return max(1, cdiv(n, config.active.launch.write_stamp_block))
 
 
+def _chain_key(
+    store: object,
+    buffers: object,
+    workspace: object,
+    variant: int,
+    has_expected: bool,
+    aligned: bool | tuple[bool, ...],
+) -> tuple[object, ...] | None:
+    """The chain's :class:`~.fast_launch.FastPath` key (as ``fast_launch.stage_key``: the
+    three arenas' construction-time keys, the config's number and the compiled variant's
+    flags), or None where the full path must run (the interpreter; a ``torch.compile``
+    copy of an arena)."""
+    if (
+        not fast_launch.FAST_PATH
+        or type(store) is not CanaryStore
+        or type(buffers) is not PlanBuffers
+        or type(workspace) is not WriteWorkspace
+    ):
+        return None
+    return (
+        store.arena._key,
+        buffers.arena._key,
+        workspace.arena._key,
+        variant,
+        has_expected,
+        aligned,
+    )
+
+
 def dispatch_write_chain(
     store: CanaryStore,
     buffers: PlanBuffers,
@@ -396,20 +425,59 @@ def dispatch_write_chain(
     args: WriteArgs,
     launch: int,
 ) -> None:
-    """Launch the chain kernel on validated arguments (no check at all)."""
+    """Launch the chain kernel on validated arguments (no check at all).
+
+    The chain keeps the write's host fast path, as the stamp does: after the first launch
+    of a (store, plan buffers, workspace, config, variant), the fixed tensors' addresses,
+    the grid and the sizes are kept, and later launches pass them with the inputs'
+    addresses (read by the validation), ``n``, the tag and the launch number (the
+    validation's ``check()`` of the three objects proves those arenas still in place and
+    the objects')."""
     variant, cfg = config.active
     has_expected = args.expected_input_ids is not None
-    check_views(store, buffers)
+    # Triton assumes what it saw of the inputs' 16-byte alignment at a variant's compile;
+    # the workspace's, the plan's and the store's fields are aligned by construction.
+    aligned = True if args.aligned else tuple(p % 16 == 0 for p in args.addresses)
+    fast_key = _chain_key(store, buffers, workspace, variant, has_expected, aligned)
+    if fast_key is not None:
+        hit = _FAST_CHAIN.get(fast_key)
+        if hit is not None:
+            index, programs, go, fixed, sizes = hit
+            if index == current_device():
+                go(
+                    programs, stream_of(index), *args.addresses, *fixed, args.n, *sizes,
+                    args.launch_tag, launch, programs,
+                )  # fmt: skip
+                return
+    check_views(store, buffers)  # their views go to Triton as tensors below
     if type(workspace) is WriteWorkspace:
         workspace.check(views=True)
     exp_ids = args.input_ids if args.expected_input_ids is None else args.expected_input_ids
     exp_pos = args.positions if args.expected_positions is None else args.expected_positions
     capacity = buffers.write_req_capacity
     programs = chain_programs(capacity)
-    # Triton assumes what it saw of the inputs' 16-byte alignment at a variant's compile;
-    # the workspace's, the plan's and the store's fields are aligned by construction.
-    aligned = True if args.aligned else tuple(p % 16 == 0 for p in args.addresses)
-    _CHAIN.launch(
+    fixed = (
+        buffers.write_offsets,
+        buffers.write_seed_slot_indices,
+        buffers.write_num_valid_reqs,
+        buffers.row_req_pool_indices,
+        store.records,
+        store.violations,
+        store.violation_count,
+        store.chain_position_check,
+        store.status,
+        store.violation_context,
+        workspace.entries,
+        workspace.entry_owners,
+        workspace.entry_fills,
+        workspace.last_token,
+        workspace.fill,
+        workspace.chain_tickets,
+        workspace.stamp_tickets,
+        workspace.chain_launch,
+    )
+    sizes = (capacity, store.num_slots, store.violation_capacity)
+    go = _CHAIN.launch(
         store.device,
         (programs, 1, 1),
         (variant, has_expected, aligned),
@@ -419,28 +487,9 @@ def dispatch_write_chain(
             args.out_cache_loc,
             exp_ids,
             exp_pos,
-            buffers.write_offsets,
-            buffers.write_seed_slot_indices,
-            buffers.write_num_valid_reqs,
-            buffers.row_req_pool_indices,
-            store.records,
-            store.violations,
-            store.violation_count,
-            store.chain_position_check,
-            store.status,
-            store.violation_context,
-            workspace.entries,
-            workspace.entry_owners,
-            workspace.entry_fills,
-            workspace.last_token,
-            workspace.fill,
-            workspace.chain_tickets,
-            workspace.stamp_tickets,
-            workspace.chain_launch,
+            *fixed,
             args.n,
-            capacity,
-            store.num_slots,
-            store.violation_capacity,
+            *sizes,
             args.launch_tag,
             launch,
             programs,
@@ -452,6 +501,8 @@ def dispatch_write_chain(
         },
         {"num_warps": cfg.write_warps},
     )
+    if go is not None and fast_key is not None:
+        _FAST_CHAIN.remember(fast_key, (store.device.index, programs, go, addresses(fixed), sizes))
 
 
 def _stamp_key(
@@ -530,4 +581,5 @@ def dispatch_write_stamp(
 
 _CHAIN = Launcher(canary_write_chain_kernel)
 _STAMP = Launcher(canary_write_stamp_kernel)
+_FAST_CHAIN = FastPath()
 _FAST_STAMP = FastPath()

@@ -28,8 +28,9 @@ the join), median of replays timed from outside. Target: the GEMM at most 1% slo
 Part 3, host time per eager call (``benchmarks.harness.host_time_stats_us``: batches of
 eager calls without a sync, medians): ``launch_write``, ``launch_write_chain`` and a chain
 followed by its stamp (a stamp needs a chain before it; the stamp's own host time is the
-difference). The stamp takes the write's host fast path (cached addresses), the chain
-the full launch path at every call: the figures to hold against the 30 us host budget.
+difference). Both take the write's host fast path (cached addresses) after their first
+call: the figures to hold against the 30 us host budget. The same on the CPU, the launch
+stubbed: ``python -m benchmarks.probes.write_split_host``.
 
 Last answer (H200, ``--quick``, d3d2464): the stamp 3.2 to 5.6 us on 16 x 2048 and 1 x 8192
 (NONE and PARTIAL; ``launch_write`` 238 to 6,161 us), 3.09 us for decode 4096 x 1

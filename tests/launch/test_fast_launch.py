@@ -13,7 +13,7 @@ import inspect
 import pytest
 import torch
 
-from kv_canary_buffers import CanaryStore, PlanBuffers
+from kv_canary_buffers import CanaryStore, PlanBuffers, WriteWorkspace
 from kv_canary_buffers.devices import normalize_device
 from kv_canary_kernels import launch_verify, launch_write
 from kv_canary_kernels import verify as verify_module
@@ -384,9 +384,14 @@ def _within(addrs, arena):
     return sum(type(a) is int and arena.base <= a < arena.base + arena.nbytes for a in addrs)
 
 
+def _a_field(obj):
+    """A public field of ``obj`` (a tensor alias sharing the arena's storage)."""
+    return obj.fill if type(obj) is WriteWorkspace else obj.status
+
+
 def _moved_and_base_rebound(obj):
     arena = obj.arena
-    obj.status.resize_(1 << 20)  # through an alias: the shared storage moves
+    _a_field(obj).resize_(1 << 20)  # through an alias: the shared storage moves
     object.__setattr__(arena, "base", arena.storage.data_ptr())
     object.__setattr__(arena, "nbytes", arena.storage.nbytes())
 
@@ -402,7 +407,7 @@ def _freed_and_storage_faked(obj):
         def nbytes(self):
             return nbytes
 
-    obj.status.untyped_storage().resize_(0)
+    _a_field(obj).untyped_storage().resize_(0)
     object.__setattr__(arena, "storage", Storage())
 
 
@@ -410,9 +415,13 @@ def _larger_fields(obj):
     """Arena.fields rebound to the layout of a larger object of the same kind (issue 26
     §7: the kernel path then stored entries past their fields into the neighbours)."""
     from kv_canary_buffers.arena import layout
-    from kv_canary_buffers.layout import plan_specs, store_specs
+    from kv_canary_buffers.layout import plan_specs, store_specs, workspace_specs
 
-    specs = store_specs(4096, 64) if type(obj) is CanaryStore else plan_specs(64, 4096)
+    specs = {
+        CanaryStore: lambda: store_specs(4096, 64),
+        PlanBuffers: lambda: plan_specs(64, 4096),
+        WriteWorkspace: lambda: workspace_specs(4096, 4096),
+    }[type(obj)]()
     object.__setattr__(obj.arena, "fields", layout(specs)[0])
 
 
