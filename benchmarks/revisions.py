@@ -71,9 +71,10 @@ def export_kernels(rev: str, into: Path) -> ModuleType:
 
     ``rev`` is a git revision of this repository or a directory holding a copy of a
     revision's ``kv_canary_kernels``, or the folder above that copy (where the history is
-    not at hand: ``git archive REV kv_canary_kernels | tar -x -C DIR`` gives ``DIR``). The copy's ``compiled.py``, which
-    registers the ``kv_canary::*`` operators at import (once a process), is replaced by a
-    stand-in: only ``torch.compile``'s tracing reaches it, never these probes."""
+    not at hand: ``git archive REV kv_canary_kernels | tar -x -C DIR`` gives ``DIR``). The
+    copy's ``compiled.py``, which registers the ``kv_canary::*`` operators at import (once
+    a process), is replaced by a stand-in: only ``torch.compile``'s tracing reaches it,
+    never these probes."""
     name = package_name(rev)
     if Path(rev, "kv_canary_kernels", "write.py").is_file():
         rev = str(Path(rev, "kv_canary_kernels"))  # the folder above the copy, as exported
