@@ -4,6 +4,8 @@ Llama-shaped model, beside what the engine's own step costs?
     python -m benchmarks.probes.engine_share                    # CUDA: the 1B and 8B shapes
     python -m benchmarks.probes.engine_share --shapes 8b --pairs 2 --requests 64
     python -m benchmarks.probes.engine_share --profile 20       # + where the canary's host goes
+    python -m benchmarks.probes.engine_share --compare-split    # split write against one write
+    python -m benchmarks.probes.engine_share --split-write off  # the write in one call only
     python -m benchmarks.probes.engine_share --smoke            # CPU: a tiny Llama, interpreter
 
 For each shape, in one process: a Llama of that shape with random weights (no hub: a
@@ -15,9 +17,10 @@ flash attention where it is installed, and with it to its decode fast path, whos
 ``block_table`` the adapter's tests have not exercised), driven as
 ``tests/engines/test_transformers.py`` drives it, first without the canary, then with it
 (``kv_canary_engines.transformers.install``: ``CanaryConfig(timing=True,
-real_kv=PARTIAL, tail=True, stages="kernels", verify_every=1, poll_every=...)``: HEAD and
-TAIL, layers 0 and the last hashed), then without again (``--pairs N``: N such pairs after
-the first run), so that both see the same machine state. A short warm-up run of each
+real_kv=PARTIAL, tail=True, stages="kernels", verify_every=1, poll_every=...,
+split_write=...)``: HEAD and TAIL, layers 0 and the last hashed), then without again
+(``--pairs N``: N such pairs after the first run), so that both see the same machine
+state. A short warm-up run of each
 (``--warmup-generate`` tokens) comes first: the Triton kernels compile there.
 
 Per step kind (``prefill``: a step where some row writes more than one token, mixed steps
@@ -38,6 +41,14 @@ mode, the first step of each run left out (the runtime is built there):
 - ``step ms with``, ``delta``: the engine's step with the canary against without, end to
   end (the adapter's own hook work around ``begin_step`` included; the poll, a sync every
   ``--poll-every`` steps, falls mostly outside a median: each run's wall time is printed).
+
+``--split-write {auto,on,off}``: ``CanaryConfig(split_write=None, True, False)``; ``auto``
+(the default) is the runtime's default, the split write on CUDA with the kernels (each
+store's chain in ``begin_step`` on the runtime's side stream, beside the forward; its stamp
+in ``end_step``). ``--compare-split``: both in one process, each pair of runs becoming
+(split, off, one write, off), so the table has a row per step kind and write (the
+``write`` column: ``split`` or ``one``) against the same runs without the canary: the
+end-to-end effect of the split write on prefill steps (``end GPU us``, ``step ms with``).
 
 ``--profile N``: after a shape's measured runs, one more run with the canary (at most 16
 generated tokens) whose ``begin_step`` and ``end_step`` run under cProfile and a
@@ -133,9 +144,13 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 KINDS = ("prefill", "decode")
 
+SPLIT_WRITE: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
+"""``--split-write``'s values: ``CanaryConfig(split_write=...)``."""
+
 COLUMNS = (
     ("shape", "shape"),
     ("kind", "kind"),
+    ("write", "write"),
     ("steps", "steps off/on"),
     ("rows", "rows"),
     ("tokens", "tokens"),
@@ -266,6 +281,8 @@ class Run:
     polls: int = 0
     slot0_steps: int = 0
     runtime_steps: int = 0
+    split_write: bool | None = None
+    """With the canary: whether its runtime ran the split write (``runtime.split_write``)."""
 
     def period_ms(self, i: int) -> float | None:
         """Host ms from step ``i``'s start to the next step's (None for the last)."""
@@ -316,6 +333,7 @@ def generate(
     *,
     canary: bool,
     max_new: int,
+    split_write: bool | None = None,
 ) -> Run:
     """One generation of ``prompts`` on a fresh manager (5.17 cannot reuse one across
     sessions), with the canary installed when ``canary``."""
@@ -342,6 +360,7 @@ def generate(
                 verify_every=1,
                 poll_every=args.poll_every,
                 sweep_every=args.sweep_every,
+                split_write=split_write,
             )
             installed = install(model, manager, config)
         probe.attach_after()
@@ -427,6 +446,7 @@ def _canary_results(run: Run, canary: Any) -> None:
     run.polls = len(reports)
     run.slot0_steps = canary.slot0_steps
     run.runtime_steps = runtime.stats.steps
+    run.split_write = runtime.split_write
 
 
 # --- one shape -------------------------------------------------------------------------------
@@ -463,7 +483,10 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any]]:
     """One row per step kind (:data:`COLUMNS`' names): medians over every run's steps,
-    each run's first step left out."""
+    each run's first step left out. ``ons`` are runs of one write mode (``write``:
+    ``split``, ``one``; ``mixed`` when they differ, ``n/a`` when none says)."""
+    modes = {r.split_write for r in ons} - {None}
+    write = {1: "split" if True in modes else "one", 2: "mixed"}.get(len(modes), "n/a")
     rows = []
     for kind in KINDS:
 
@@ -480,6 +503,7 @@ def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any
             {
                 "shape": shape,
                 "kind": kind,
+                "write": write,
                 "steps": f"{len(off)}/{len(on)}",
                 "rows": _median([r.steps[i].rows for r, i in off + on]),
                 "tokens": _median([r.steps[i].tokens for r, i in off + on]),
@@ -554,7 +578,7 @@ def check(shape: str, offs: list[Run], ons: list[Run]) -> Checks:
         + (f"; slot 0 unchecked in {slot0} steps (5.17: block 0 is real)" if slot0 else "")
     )
     runs = _in_order(offs, ons)
-    walls = " / ".join(f"{'on' if r.canary else 'off'} {r.wall_s:.2f}" for r in runs)
+    walls = " / ".join(f"{_label(r)} {r.wall_s:.2f}" for r in runs)
     fast = sum(s.fast_path for r in runs for s in r.steps)
     lines.append(
         f"{shape}: run wall s {walls}; steps {' / '.join(str(len(r.steps)) for r in runs)}; "
@@ -563,6 +587,12 @@ def check(shape: str, offs: list[Run], ons: list[Run]) -> Checks:
     )
     clean = bool(ons) and violations == 0 and not flags and executing
     return Checks(identical=identical, lines=tuple(lines), violations=violations, clean=clean)
+
+
+def _label(run: Run) -> str:
+    if not run.canary:
+        return "off"
+    return {True: "on (split)", False: "on (one write)"}.get(run.split_write, "on")  # type: ignore[arg-type]
 
 
 def _in_order(offs: list[Run], ons: list[Run]) -> list[Run]:
@@ -575,24 +605,33 @@ def _in_order(offs: list[Run], ons: list[Run]) -> list[Run]:
 def run_shape(
     shape: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype
 ) -> tuple[list[dict[str, Any]], Checks]:
-    """The warm-up, then off, (on, off) x ``--pairs``; the table's rows and the checks."""
+    """The warm-up, then off, (on, off) x ``--pairs`` (with ``--compare-split``, (split,
+    off, one write, off) x ``--pairs``); the table's rows and the checks."""
     model, init_s = build_model(shape, device, dtype)
     params = sum(p.numel() for p in model.parameters()) / 1e9
     print(f"{shape}: {params:.2f}B parameters, {dtype}, built on {device} in {init_s:.1f} s")
     vocab = SHAPES[shape]["vocab_size"]
     prompts = make_prompts(args.requests, args.prompt, vocab, seed=1)
     warm = make_prompts(args.requests, args.prompt, vocab, seed=2)
+    modes = write_modes(args)
     t0 = time.perf_counter()
-    for canary in (False, True):  # the kernels compile here
-        generate(model, warm, args, canary=canary, max_new=args.warmup_generate)
+    generate(model, warm, args, canary=False, max_new=args.warmup_generate)
+    for split in modes:  # the kernels compile here
+        generate(model, warm, args, canary=True, max_new=args.warmup_generate, split_write=split)
     print(f"{shape}: warm-up (without, with the canary) {time.perf_counter() - t0:.1f} s")
     t0 = time.perf_counter()
     offs = [generate(model, prompts, args, canary=False, max_new=args.generate)]
-    ons: list[Run] = []
+    ons: list[list[Run]] = [[] for _ in modes]
     for _ in range(args.pairs):
-        ons.append(generate(model, prompts, args, canary=True, max_new=args.generate))
-        offs.append(generate(model, prompts, args, canary=False, max_new=args.generate))
-    print(f"{shape}: {1 + 2 * args.pairs} measured runs {time.perf_counter() - t0:.1f} s")
+        for runs, split in zip(ons, modes):
+            runs.append(
+                generate(
+                    model, prompts, args, canary=True, max_new=args.generate, split_write=split
+                )
+            )
+            offs.append(generate(model, prompts, args, canary=False, max_new=args.generate))
+    runs = len(offs) + sum(map(len, ons))
+    print(f"{shape}: {runs} measured runs {time.perf_counter() - t0:.1f} s")
     if args.profile:
         for line in profile_canary(shape, model, prompts, args):
             print(line)
@@ -600,7 +639,15 @@ def run_shape(
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return summarize(shape, offs, ons), check(shape, offs, ons)
+    rows = [row for runs in ons for row in summarize(shape, offs, runs)]
+    return rows, check(shape, offs, [r for runs in zip(*ons) for r in runs])
+
+
+def write_modes(args: argparse.Namespace) -> list[bool | None]:
+    """The canary runs' ``split_write`` values: both with ``--compare-split``."""
+    if args.compare_split:
+        return [True, False]
+    return [SPLIT_WRITE[args.split_write]]
 
 
 # --- where the canary's host time goes (--profile) -------------------------------------------
@@ -705,6 +752,18 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--stages", default="kernels", choices=("kernels", "reference"))
     parser.add_argument("--attn", default="sdpa", choices=("sdpa", "flash"))
     parser.add_argument(
+        "--split-write",
+        default="auto",
+        choices=tuple(SPLIT_WRITE),
+        help="CanaryConfig(split_write=None, True, False); auto: the runtime's default\n"
+        "(split on CUDA with the kernels)",
+    )
+    parser.add_argument(
+        "--compare-split",
+        action="store_true",
+        help="run the canary both ways in one process: (split, off, one write, off) pairs",
+    )
+    parser.add_argument(
         "--profile",
         type=int,
         default=0,
@@ -742,6 +801,8 @@ SETTINGS = (
     "stages",
     "attn",
     "dtype",
+    "split_write",
+    "compare_split",
 )
 """The run's settings, in every CSV row."""
 
@@ -782,7 +843,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.requests} requests x {args.prompt} prompt + {args.generate} generated tokens, "
         f"max_batch_tokens {args.max_batch_tokens}, page {args.page_size}; canary HEAD + TAIL, "
         f"real-KV PARTIAL, stages {args.stages}, verify every step, poll every "
-        f"{args.poll_every}; runs: off, then {args.pairs} x (on, off)"
+        f"{args.poll_every}; split write {args.split_write}; runs: off, then {args.pairs} x "
+        + ("(split, off, one write, off)" if args.compare_split else "(on, off)")
     )
     dtype = getattr(torch, args.dtype)
     meta = Recorder(name, None).meta
