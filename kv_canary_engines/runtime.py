@@ -23,9 +23,10 @@ API summary
         tables={"full": TokenSlots(slots=...)} or {"full": BlockTable(table=...)},
         out_cache_loc={"full": write_slots},   # [>= n] canary slots, -1 = not written
         input_ids=ids, positions=pos,          # [>= n], what the forward consumes
-    ))                                         # grow, plan, HEAD verify
+    ))                                         # grow, plan, (split) chains, HEAD verify
     model.forward(...)
-    report = runtime.end_step()                # HEAD + TAIL writes, TAIL verify, sweep,
+    report = runtime.end_step()                # HEAD + TAIL writes (split: stamps), TAIL
+                                               # verify, sweep,
                                                # and every poll_every steps: the poll
     runtime.release("a")                       # the engine dropped request "a"
 
@@ -33,7 +34,10 @@ API summary
   verifies every N), the sweep period (``sweep_every``, 0 = off), the poll period
   (``poll_every``: each poll syncs), the policy (``"log"``, ``"raise"`` or a callable
   ``(request_ids, report) -> None`` that aborts them), the real-KV mode, the TAIL store,
-  the stages (``"auto"``, ``"kernels"``, ``"reference"``), the ring's capacity.
+  the stages (``"auto"``, ``"kernels"``, ``"reference"``), the ring's capacity, and the
+  split write (``split_write``: on CUDA with the kernels by default, each store's chain
+  in ``begin_step`` on a side stream beside the forward, its stamp in ``end_step``;
+  ``CanaryRuntime(..., side_stream=...)`` takes the engine's stream).
 - :class:`KVGroup`: one KV pool as the canary sees it (slots, page size, window and LUT,
   the KV tensors the real-KV hash reads).
 - :class:`Row`, :class:`StepBatch`, :class:`SweepBatch`: a step's batch in engine terms
