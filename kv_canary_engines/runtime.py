@@ -838,6 +838,9 @@ class CanaryRuntime:
             self._planned.record(torch.cuda.current_stream(self.device))
             side.wait_event(self._planned)
         p.chained = True
+        timing = self.timing if side is not None else None
+        if timing is not None and side is not None:
+            timing.mark_side(side, 0)
         try:
             self._chain_launches(p, side)
         except BaseException:
@@ -846,6 +849,8 @@ class CanaryRuntime:
             self._join(p)  # what a chain launched before the error reads outlives it
             raise
         if side is not None:
+            if timing is not None:
+                timing.mark_side(side, 1)
             self._chains_done.record(side)
 
     def _chain_launches(self, p: _Pending, side: torch.cuda.Stream | None) -> None:

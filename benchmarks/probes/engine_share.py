@@ -36,6 +36,8 @@ mode, the first step of each run left out (the runtime is built there):
   host), and each of the two apart (``begin host us``, ``end host us``, ``begin GPU us``,
   ``end GPU us``: before the forward the GPU waits for the host's launches, so there the
   GPU time follows the host's; after it the launches queue behind the forward);
+  ``chain GPU us``: with the split write on CUDA, its chains on the side stream, beside
+  the forward (off the step's critical path: not in the canary's GPU time or share);
   ``share``: the canary's GPU time over the step's (before + forward + after), per step
   as ``StepTiming.summary()`` computes it;
 - ``step ms with``, ``delta``: the engine's step with the canary against without, end to
@@ -162,6 +164,7 @@ COLUMNS = (
     ("canary_gpu_us", "canary GPU us"),
     ("begin_gpu_us", "begin GPU us"),
     ("end_gpu_us", "end GPU us"),
+    ("chain_gpu_us", "chain GPU us"),
     ("share", "share"),
     ("step_with_ms", "step ms with"),
     ("delta_ms", "delta ms"),
@@ -261,6 +264,8 @@ class StepCost(NamedTuple):
     end_host_us: float
     begin_gpu_us: float | None = None
     end_gpu_us: float | None = None
+    chain_gpu_us: float | None = None
+    """The split write's chains on the side stream, beside the forward (not in the share)."""
 
 
 @attrs.define
@@ -425,6 +430,9 @@ def _canary_results(run: Run, canary: Any) -> None:
     pre_post = list(zip(timing.host_pre_s, timing.host_post_s))
     host = [1e6 * (a + b) for a, b in pre_post]
     gpu = timing.gpu_ms()
+    chains = timing.chain_gpu_ms()
+    if len(chains) != len(run.steps):
+        chains = []  # not the split write on CUDA
     if len(host) != len(run.steps) or (gpu and len(gpu) != len(run.steps)):
         raise RuntimeError(
             f"kv-canary: engine_share: the canary timed {len(host)} steps (GPU {len(gpu)}), "
@@ -435,8 +443,11 @@ def _canary_results(run: Run, canary: Any) -> None:
             pre, fwd, post = gpu[i]
             total = pre + fwd + post
             share = (pre + post) / total if total else None
+            chain = 1e3 * chains[i] if chains else None
             run.timing.append(
-                StepCost(h, 1e3 * (pre + post), share, 1e6 * a, 1e6 * b, 1e3 * pre, 1e3 * post)
+                StepCost(
+                    h, 1e3 * (pre + post), share, 1e6 * a, 1e6 * b, 1e3 * pre, 1e3 * post, chain
+                )
             )
         else:
             run.timing.append(StepCost(h, None, None, 1e6 * a, 1e6 * b))
@@ -515,6 +526,7 @@ def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any
                 "canary_gpu_us": _median([r.timing[i].gpu_us for r, i in on]),
                 "begin_gpu_us": _median([r.timing[i].begin_gpu_us for r, i in on]),
                 "end_gpu_us": _median([r.timing[i].end_gpu_us for r, i in on]),
+                "chain_gpu_us": _median([r.timing[i].chain_gpu_us for r, i in on]),
                 "share": _median([r.timing[i].share for r, i in on]),
                 "step_with_ms": step_on,
                 "delta_ms": delta,

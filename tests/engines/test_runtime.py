@@ -688,7 +688,7 @@ def test_the_chains_run_on_the_side_stream_and_the_stamps_after_them_on_cuda():
     # split write, the chains on the runtime's side stream (or the engine's), the stamps on
     # the current stream once it waited for them; a fault is caught as without the split
     engine = FakeEngine(num_blocks=24, device="cuda")
-    runtime = engine.attach(default_config(stages="kernels"))
+    runtime = engine.attach(default_config(stages="kernels", timing=True))
     assert runtime.split_write and runtime.side_stream is not None
     seen: list[tuple[str, int]] = []
 
@@ -716,6 +716,9 @@ def test_the_chains_run_on_the_side_stream_and_the_stamps_after_them_on_cuda():
     engine.kv.view(-1, 8)[victim.blocks[0] * PAGE, 0] += 1.0
     engine.run(2)
     assert {rid for v in violations(engine) for rid in v.request_ids()} == {victim.id}
+    assert runtime.timing is not None  # the chains' GPU time on the side stream, per step
+    chains = runtime.timing.chain_gpu_ms()
+    assert len(chains) == runtime.step and all(ms > 0 for ms in chains)
     given = torch.cuda.Stream()
     other = FakeEngine(num_blocks=24, device="cuda")
     assert other.attach(default_config(stages="kernels"), side_stream=given).side_stream is given
