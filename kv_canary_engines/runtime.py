@@ -23,9 +23,10 @@ API summary
         tables={"full": TokenSlots(slots=...)} or {"full": BlockTable(table=...)},
         out_cache_loc={"full": write_slots},   # [>= n] canary slots, -1 = not written
         input_ids=ids, positions=pos,          # [>= n], what the forward consumes
-    ))                                         # grow, plan, HEAD verify
+    ))                                         # grow, plan, (split) chains, HEAD verify
     model.forward(...)
-    report = runtime.end_step()                # HEAD + TAIL writes, TAIL verify, sweep,
+    report = runtime.end_step()                # HEAD + TAIL writes (split: stamps), TAIL
+                                               # verify, sweep,
                                                # and every poll_every steps: the poll
     runtime.release("a")                       # the engine dropped request "a"
 
@@ -33,7 +34,10 @@ API summary
   verifies every N), the sweep period (``sweep_every``, 0 = off), the poll period
   (``poll_every``: each poll syncs), the policy (``"log"``, ``"raise"`` or a callable
   ``(request_ids, report) -> None`` that aborts them), the real-KV mode, the TAIL store,
-  the stages (``"auto"``, ``"kernels"``, ``"reference"``), the ring's capacity.
+  the stages (``"auto"``, ``"kernels"``, ``"reference"``), the ring's capacity, and the
+  split write (``split_write``: on CUDA with the kernels by default, each store's chain
+  in ``begin_step`` on a side stream beside the forward, its stamp in ``end_step``;
+  ``CanaryRuntime(..., side_stream=...)`` takes the engine's stream).
 - :class:`KVGroup`: one KV pool as the canary sees it (slots, page size, window and LUT,
   the KV tensors the real-KV hash reads).
 - :class:`Row`, :class:`StepBatch`, :class:`SweepBatch`: a step's batch in engine terms
@@ -60,6 +64,7 @@ install. docs/engines/runtime.md says how a graph mode would stage its inputs.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -77,10 +82,13 @@ from kv_canary_buffers import (
     RealKV,
     RealKVMode,
     Violation,
+    WriteWorkspace,
     plan_reference,
     verify_entries_needed,
     verify_reference,
+    write_chain_reference,
     write_reference,
+    write_stamp_reference,
 )
 
 from .host import to_device
@@ -166,6 +174,13 @@ class CanaryConfig:
         violation_capacity: ring rows per store between two polls.
         timing: measure the canary's host time and (CUDA) GPU time per step beside the
             forward's (``runtime.timing``, :class:`~kv_canary_engines.timing.StepTiming`).
+        split_write: run each store's write as the split write (docs/contract-canary.md,
+            "Write, split"): its chain in ``begin_step``, on a side stream beside the
+            forward, and its stamp in ``end_step``; ``False``: one ``launch_write`` per
+            store in ``end_step``; ``None`` (default): split on CUDA with the kernels
+            stage (the side stream overlaps the forward), one write elsewhere (no stream to
+            overlap: the same records either way). ``True`` off CUDA runs the chain
+            in ``begin_step`` on the one stream there is (the tests' way to cover it).
     """
 
     verify_every: int = attrs.field(default=1, validator=_at_least(1))
@@ -181,6 +196,9 @@ class CanaryConfig:
     chain_position_check: bool = True
     violation_capacity: int = attrs.field(default=4096, validator=_at_least(1))
     timing: bool = False
+    split_write: bool | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
+    )
 
 
 def _sources(value: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -315,12 +333,23 @@ class _Group:
     """Per row, whether its last step (or sweep) filled ``block_table`` (else
     ``req_to_token``): which table the fallback attribution reads."""
     sweep_plan: PlanBuffers | None = None
+    head_ws: WriteWorkspace | None = None
+    """The split write's workspace of the HEAD store (None: one write a store)."""
+    tail_ws: WriteWorkspace | None = None
+    """The TAIL store's."""
 
     def stores(self) -> list[tuple[str, CanaryStore]]:
         out = [("HEAD", self.head)]
         if self.tail is not None:
             out.append(("TAIL", self.tail))
         return out
+
+    def grow_workspaces(self, n: int) -> None:
+        """Both workspaces hold ``n`` tokens (host numbers; a no-op when they do)."""
+        if self.head_ws is not None:
+            self.head_ws = self.head_ws.ensure_capacity(tokens=n, slots=self.head.num_slots)
+        if self.tail_ws is not None and self.tail is not None:
+            self.tail_ws = self.tail_ws.ensure_capacity(tokens=n, slots=self.tail.num_slots)
 
 
 @attrs.define(eq=False)
@@ -337,6 +366,12 @@ class _Pending:
     expected_ids: torch.Tensor
     expected_positions: torch.Tensor
     out_cache_loc: dict[str, torch.Tensor]
+    staged: list[torch.Tensor]
+    """The step's staged host arrays on the device: the split write's side stream reads
+    some, so the step keeps them (and every tensor above) until ``end_step`` has made the
+    current stream wait for the chains; only then may the allocator reuse them."""
+    chained: bool = False
+    """The chains ran in ``begin_step`` (the split write): ``end_step`` stamps."""
 
 
 class CanaryRuntime:
@@ -363,6 +398,8 @@ class CanaryRuntime:
         device: torch.device | str,
         sweep_source: Callable[[], SweepBatch | None] | None = None,
         expected_requests: int = 0,
+        expected_tokens: int = 0,
+        side_stream: torch.cuda.Stream | None = None,
     ) -> None:
         if not isinstance(config, CanaryConfig):
             raise TypeError(
@@ -382,7 +419,22 @@ class CanaryRuntime:
             raise ValueError(
                 f"kv-canary: expected_requests must be an integer >= 0, got {expected_requests!r}"
             )
+        if type(expected_tokens) is not int or expected_tokens < 0:
+            raise ValueError(
+                f"kv-canary: expected_tokens must be an integer >= 0, got {expected_tokens!r}"
+            )
         self._expected_rows = expected_requests
+        self._expected_tokens = expected_tokens
+        split = config.split_write
+        if split is None:
+            split = self.device.type == "cuda" and self.stages.name == "kernels"
+        self.split_write: bool = split
+        """Whether the writes run split (``CanaryConfig.split_write`` resolved)."""
+        self.side_stream = self._side_stream(side_stream)
+        """The stream the chains run on (None off CUDA, or without the split write)."""
+        if self.side_stream is not None:
+            self._planned = torch.cuda.Event()
+            self._chains_done = torch.cuda.Event()
         self.rows = RowTable()
         shape = (max(2, expected_requests + 1), 16)  # + row 0, the padding row
         self.pool = torch.full(shape, -1, dtype=torch.int32, device=self.device)
@@ -396,6 +448,29 @@ class CanaryRuntime:
         self.timing: StepTiming | None = StepTiming() if config.timing else None
 
     # --- construction ---------------------------------------------------------
+    def _side_stream(self, given: torch.cuda.Stream | None) -> torch.cuda.Stream | None:
+        if given is not None:
+            if not isinstance(given, torch.cuda.Stream):
+                raise TypeError(
+                    f"kv-canary: side_stream must be a torch.cuda.Stream, got "
+                    f"{type(given).__name__}"
+                )
+            if not self.split_write or self.device.type != "cuda":
+                raise ValueError(
+                    "kv-canary: side_stream is the split write's, on CUDA: got one with "
+                    f"split_write={self.split_write} on device {self.device}"
+                )
+            index = self.device.index  # None: the current device
+            if given.device.index != (torch.cuda.current_device() if index is None else index):
+                raise ValueError(
+                    f"kv-canary: side_stream must be on the canary's device {self.device}, "
+                    f"got a stream of {given.device}"
+                )
+            return given
+        if self.split_write and self.device.type == "cuda":
+            return torch.cuda.Stream(device=self.device)
+        return None
+
     def _make_group(self, spec: KVGroup, index: int) -> _Group:
         if spec.window and spec.lut is None:
             raise ValueError(f"kv-canary: group {spec.name!r} has a window and no lut")
@@ -404,13 +479,22 @@ class CanaryRuntime:
             verify_capacity=max(64, min(spec.num_slots, _FIRST_VERIFY_CAPACITY)),
             device=self.device,
         )
+        head = self._store(spec)
         tail = self._store(spec) if self.config.tail else None
+        head_ws = tail_ws = None
+        if self.split_write:
+            tokens = max(64, self._expected_tokens)
+            head_ws = WriteWorkspace.for_store(head, token_capacity=tokens)
+            if tail is not None:
+                tail_ws = WriteWorkspace.for_store(tail, token_capacity=tokens)
         return _Group(
             spec=spec,
             index=index,
             plan=plan,
-            head=self._store(spec),
+            head=head,
             tail=tail,
+            head_ws=head_ws,
+            tail_ws=tail_ws,
             real_kv=self._real_kv(spec),
             req_to_token=torch.zeros(self.pool.shape, dtype=torch.int32, device=self.device),
             block_table=torch.zeros(
@@ -540,6 +624,7 @@ class CanaryRuntime:
         for g in self._groups:  # grow before the plan, from the host's prefix lengths
             need = _verify_entries(p_np, g.spec.window) if verify else 0
             g.plan = g.plan.ensure_capacity(write_reqs=len(rows), verify_entries=need)
+            g.grow_workspaces(n)
         pos = np.arange(n, dtype=np.int64) + np.repeat(p_np - (np.cumsum(e_np) - e_np), e_np)
         arrays = [r_np, p_np, e_np, tok, pos]
         if self.config.check_tokens:
@@ -574,12 +659,20 @@ class CanaryRuntime:
                 name: _flat(f"out_cache_loc[{name!r}]", t, n)
                 for name, t in batch.out_cache_loc.items()
             },
+            staged=staged,
         )
         for g, table in zip(self._groups, tables):
             kwargs = self._plan_kwargs(g, table, rows_t, prefix_t, extend_t)
             self.stages.plan(g.plan, verify=verify, **kwargs)
+        if self.split_write:
+            self._chains(pending)
+        try:
             if verify:
-                self._verify(g, "HEAD", g.head, g.plan, Endpoint.HEAD_VERIFY, step, True)
+                for g in self._groups:
+                    self._verify(g, "HEAD", g.head, g.plan, Endpoint.HEAD_VERIFY, step, True)
+        except BaseException:
+            self._join(pending)  # the chains' inputs are freed with this frame
+            raise
         self._pending = pending
         self._step += 1
         if self.timing is not None:
@@ -597,7 +690,17 @@ class CanaryRuntime:
         self._pending = None
         if self.timing is not None:
             self.timing.mark(self.device, 2)
-        for g in self._groups:
+        if p.chained:
+            self._join(p)
+            for g in self._groups:
+                assert g.head_ws is not None
+                self._stamp(g, "HEAD", g.head, g.head_ws)
+                if g.tail is not None:
+                    assert g.tail_ws is not None
+                    self._stamp(g, "TAIL", g.tail, g.tail_ws)
+                    if p.verify:
+                        self._verify(g, "TAIL", g.tail, g.plan, Endpoint.TAIL_VERIFY, p.step, True)
+        for g in () if p.chained else self._groups:
             plain = dict(
                 input_ids=p.input_ids,
                 positions=p.positions,
@@ -632,7 +735,11 @@ class CanaryRuntime:
     def discard_step(self) -> None:
         """Drop the step ``begin_step`` prepared when its forward failed (no KV was
         written, so no record is): the next ``begin_step`` may follow. A no-op between
-        steps."""
+        steps. With the split write the step's chains stand unstamped (their violation
+        rows stay; the next chain on each workspace replaces them), and the current
+        stream waits for them before the step's tensors are let go."""
+        if self._pending is not None and self._pending.chained:
+            self._join(self._pending)
         self._pending = None
 
     def sweep(self, batch: SweepBatch) -> None:
@@ -719,6 +826,71 @@ class CanaryRuntime:
             real_kv=g.real_kv,
         )
         self._count(g, store_name)
+
+    def _chains(self, p: _Pending) -> None:
+        """The split write's first stage for every store, after the plans: on CUDA on the
+        side stream, which waits for an event recorded on the current stream after the
+        plans and the step's staging (so the chains see this step's plan, inputs and
+        tables, and the seed records of the previous step's stamps), then records the
+        event ``end_step`` makes the current stream wait for. Off CUDA, in order."""
+        side = self.side_stream
+        if side is not None:
+            self._planned.record(torch.cuda.current_stream(self.device))
+            side.wait_event(self._planned)
+        p.chained = True
+        timing = self.timing if side is not None else None
+        if timing is not None and side is not None:
+            timing.mark_side(side, 0)
+        try:
+            self._chain_launches(p, side)
+        except BaseException:
+            if side is not None:
+                self._chains_done.record(side)
+            self._join(p)  # what a chain launched before the error reads outlives it
+            raise
+        if side is not None:
+            if timing is not None:
+                timing.mark_side(side, 1)
+            self._chains_done.record(side)
+
+    def _chain_launches(self, p: _Pending, side: torch.cuda.Stream | None) -> None:
+        """Every store's chain, on ``side`` when given (the current stream otherwise)."""
+        with torch.cuda.stream(side) if side is not None else _NO_STREAM:
+            for g in self._groups:
+                plain = dict(
+                    input_ids=p.input_ids,
+                    positions=p.positions,
+                    out_cache_loc=p.out_cache_loc[g.spec.name],
+                )
+                assert g.head_ws is not None
+                self.stages.chain(
+                    g.head,
+                    g.plan,
+                    g.head_ws,
+                    launch_tag=launch_tag(p.step, g.index, Endpoint.HEAD_WRITE),
+                    expected_input_ids=p.expected_ids,
+                    expected_positions=p.expected_positions,
+                    **plain,
+                )
+                if g.tail is not None:
+                    assert g.tail_ws is not None
+                    self.stages.chain(
+                        g.tail,
+                        g.plan,
+                        g.tail_ws,
+                        launch_tag=launch_tag(p.step, g.index, Endpoint.TAIL_WRITE),
+                        **plain,
+                    )
+
+    def _join(self, p: _Pending) -> None:
+        """The current stream waits for the step's chains (no host sync): every later use
+        or reuse of what they read or wrote is ordered after them."""
+        if p.chained and self.side_stream is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._chains_done)
+
+    def _stamp(self, g: _Group, store_name: str, store: CanaryStore, ws: WriteWorkspace) -> None:
+        self.stages.stamp(store, g.plan, ws, real_kv=g.real_kv)
+        self._count(g, store_name)  # the chain and its stamp count one kernel run
 
     def _write(
         self,
@@ -1007,10 +1179,25 @@ def _stages(name: str, device: torch.device) -> _StageSet:
         name == "auto" and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
     )
     if not kernels:
-        return _StageSet(plan_reference, write_reference, verify_reference, "reference")
-    from kv_canary_kernels import launch_plan, launch_verify, launch_write
+        return _StageSet(
+            plan_reference,
+            write_reference,
+            verify_reference,
+            "reference",
+            write_chain_reference,
+            write_stamp_reference,
+        )
+    from kv_canary_kernels import (
+        launch_plan,
+        launch_verify,
+        launch_write,
+        launch_write_chain,
+        launch_write_stamp,
+    )
 
-    return _StageSet(launch_plan, launch_write, launch_verify, "kernels")
+    return _StageSet(
+        launch_plan, launch_write, launch_verify, "kernels", launch_write_chain, launch_write_stamp
+    )
 
 
 @attrs.frozen
@@ -1019,6 +1206,13 @@ class _StageSet:
     write: _Stage
     verify: _Stage
     name: str
+    chain: _Stage
+    """The split write's chain (before the forward)."""
+    stamp: _Stage
+    """The split write's stamp (after the forward)."""
+
+
+_NO_STREAM = contextlib.nullcontext()
 
 
 def _refuse_capture(device: torch.device, what: str) -> None:

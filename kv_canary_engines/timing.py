@@ -1,7 +1,8 @@
 """What the canary costs per step, measured where it runs: host seconds of ``begin_step``
 and ``end_step`` and, on CUDA, the GPU time between events recorded at their start and
 end (the canary's launches, and any gap the GPU waits for them), beside the forward's
-(from the end of ``begin_step`` to the start of ``end_step``). Turned on with
+(from the end of ``begin_step`` to the start of ``end_step``), and with the split write the
+GPU time of its chains on the side stream, beside the forward. Turned on with
 ``CanaryConfig(timing=True)``; a read syncs (:meth:`StepTiming.gpu_ms`)."""
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ class StepTiming:
     host_pre_s: deque[float] = attrs.Factory(lambda: deque(maxlen=_KEPT))
     host_post_s: deque[float] = attrs.Factory(lambda: deque(maxlen=_KEPT))
     _events: deque[list[torch.cuda.Event]] = attrs.Factory(lambda: deque(maxlen=_KEPT))
+    _side: deque[list[torch.cuda.Event]] = attrs.Factory(lambda: deque(maxlen=_KEPT))
+    """Per step with the split write on CUDA: events on the side stream around its
+    chains (off the forward's stream: not in :meth:`gpu_ms`)."""
     _start: float = 0.0
 
     def mark(self, device: torch.device, which: int) -> None:
@@ -40,6 +44,23 @@ class StepTiming:
                 self._events.append([])
             if self._events:
                 self._events[-1].append(event)
+
+    def mark_side(self, stream: torch.cuda.Stream, which: int) -> None:
+        """``which``: 0 the split write's chains start on ``stream``, 1 they end."""
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream)
+        if which == 0:
+            self._side.append([])
+        if self._side:
+            self._side[-1].append(event)
+
+    def chain_gpu_ms(self) -> list[float]:
+        """GPU milliseconds of each step's chains on the side stream, beside the forward
+        (the split write on CUDA; empty otherwise; a sync)."""
+        done = [e for e in self._side if len(e) == 2]
+        if done:
+            done[-1][1].synchronize()
+        return [a.elapsed_time(b) for a, b in done]
 
     def gpu_ms(self) -> list[tuple[float, float, float]]:
         """``(before the forward, the forward, after it)`` GPU milliseconds per complete
@@ -63,4 +84,7 @@ class StepTiming:
             shares = [(a + c) / (a + b + c) for a, b, c in gpu if a + b + c > 0]
             if shares:
                 out["canary_share"] = statistics.median(shares)
+        chains = self.chain_gpu_ms()
+        if chains:
+            out["gpu_chain_ms"] = statistics.median(chains)
         return out

@@ -369,13 +369,16 @@ class TransformersCanary:
         )
         self._layout, self._cache = layout, cache
         device = sources[0].device
-        limit = getattr(self.manager.continuous_batching_config, "max_requests_per_batch", None)
+        cb_config = self.manager.continuous_batching_config
+        limit = getattr(cb_config, "max_requests_per_batch", None)
+        tokens = getattr(cb_config, "max_batch_tokens", None)  # the split write's workspaces
         self.runtime = CanaryRuntime(
             self.config,
             [group],
             device=device,
             sweep_source=self._sweep_batch,
             expected_requests=limit if type(limit) is int and limit > 0 else 0,
+            expected_tokens=tokens if type(tokens) is int and tokens > 0 else 0,
         )
         return self.runtime
 

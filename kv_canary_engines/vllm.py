@@ -226,6 +226,12 @@ class Options:
     violation_capacity: int = 4096
 
 
+def _token_budget(config: Any) -> int:
+    """The scheduler's tokens per step (0: unknown): the split write's first workspaces."""
+    tokens = getattr(getattr(config, "scheduler_config", None), "max_num_batched_tokens", None)
+    return tokens if type(tokens) is int and tokens > 0 else 0
+
+
 def _runner_kind(runner: Any) -> str:
     for base in type(runner).__mro__:
         if base.__module__ == "vllm.v1.worker.gpu_model_runner":
@@ -344,6 +350,7 @@ class WorkerCanary:
                 )
             ],
             device=first.device,
+            expected_tokens=_token_budget(config),
         )
         self._tokens: dict[str, list[int]] = {}
         self._pending = False

@@ -4,6 +4,8 @@ Llama-shaped model, beside what the engine's own step costs?
     python -m benchmarks.probes.engine_share                    # CUDA: the 1B and 8B shapes
     python -m benchmarks.probes.engine_share --shapes 8b --pairs 2 --requests 64
     python -m benchmarks.probes.engine_share --profile 20       # + where the canary's host goes
+    python -m benchmarks.probes.engine_share --compare-split    # split write against one write
+    python -m benchmarks.probes.engine_share --split-write off  # the write in one call only
     python -m benchmarks.probes.engine_share --smoke            # CPU: a tiny Llama, interpreter
 
 For each shape, in one process: a Llama of that shape with random weights (no hub: a
@@ -15,9 +17,10 @@ flash attention where it is installed, and with it to its decode fast path, whos
 ``block_table`` the adapter's tests have not exercised), driven as
 ``tests/engines/test_transformers.py`` drives it, first without the canary, then with it
 (``kv_canary_engines.transformers.install``: ``CanaryConfig(timing=True,
-real_kv=PARTIAL, tail=True, stages="kernels", verify_every=1, poll_every=...)``: HEAD and
-TAIL, layers 0 and the last hashed), then without again (``--pairs N``: N such pairs after
-the first run), so that both see the same machine state. A short warm-up run of each
+real_kv=PARTIAL, tail=True, stages="kernels", verify_every=1, poll_every=...,
+split_write=...)``: HEAD and TAIL, layers 0 and the last hashed), then without again
+(``--pairs N``: N such pairs after the first run), so that both see the same machine
+state. A short warm-up run of each
 (``--warmup-generate`` tokens) comes first: the Triton kernels compile there.
 
 Per step kind (``prefill``: a step where some row writes more than one token, mixed steps
@@ -33,11 +36,21 @@ mode, the first step of each run left out (the runtime is built there):
   host), and each of the two apart (``begin host us``, ``end host us``, ``begin GPU us``,
   ``end GPU us``: before the forward the GPU waits for the host's launches, so there the
   GPU time follows the host's; after it the launches queue behind the forward);
+  ``chain GPU us``: with the split write on CUDA, its chains on the side stream, beside
+  the forward (off the step's critical path: not in the canary's GPU time or share);
   ``share``: the canary's GPU time over the step's (before + forward + after), per step
   as ``StepTiming.summary()`` computes it;
 - ``step ms with``, ``delta``: the engine's step with the canary against without, end to
   end (the adapter's own hook work around ``begin_step`` included; the poll, a sync every
   ``--poll-every`` steps, falls mostly outside a median: each run's wall time is printed).
+
+``--split-write {auto,on,off}``: ``CanaryConfig(split_write=None, True, False)``; ``auto``
+(the default) is the runtime's default, the split write on CUDA with the kernels (each
+store's chain in ``begin_step`` on the runtime's side stream, beside the forward; its stamp
+in ``end_step``). ``--compare-split``: both in one process, each pair of runs becoming
+(split, off, one write, off), so the table has a row per step kind and write (the
+``write`` column: ``split`` or ``one``) against the same runs without the canary: the
+end-to-end effect of the split write on prefill steps (``end GPU us``, ``step ms with``).
 
 ``--profile N``: after a shape's measured runs, one more run with the canary (at most 16
 generated tokens) whose ``begin_step`` and ``end_step`` run under cProfile and a
@@ -133,9 +146,13 @@ SHAPES: dict[str, dict[str, Any]] = {
 
 KINDS = ("prefill", "decode")
 
+SPLIT_WRITE: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
+"""``--split-write``'s values: ``CanaryConfig(split_write=...)``."""
+
 COLUMNS = (
     ("shape", "shape"),
     ("kind", "kind"),
+    ("write", "write"),
     ("steps", "steps off/on"),
     ("rows", "rows"),
     ("tokens", "tokens"),
@@ -147,6 +164,7 @@ COLUMNS = (
     ("canary_gpu_us", "canary GPU us"),
     ("begin_gpu_us", "begin GPU us"),
     ("end_gpu_us", "end GPU us"),
+    ("chain_gpu_us", "chain GPU us"),
     ("share", "share"),
     ("step_with_ms", "step ms with"),
     ("delta_ms", "delta ms"),
@@ -246,6 +264,8 @@ class StepCost(NamedTuple):
     end_host_us: float
     begin_gpu_us: float | None = None
     end_gpu_us: float | None = None
+    chain_gpu_us: float | None = None
+    """The split write's chains on the side stream, beside the forward (not in the share)."""
 
 
 @attrs.define
@@ -266,6 +286,8 @@ class Run:
     polls: int = 0
     slot0_steps: int = 0
     runtime_steps: int = 0
+    split_write: bool | None = None
+    """With the canary: whether its runtime ran the split write (``runtime.split_write``)."""
 
     def period_ms(self, i: int) -> float | None:
         """Host ms from step ``i``'s start to the next step's (None for the last)."""
@@ -316,6 +338,7 @@ def generate(
     *,
     canary: bool,
     max_new: int,
+    split_write: bool | None = None,
 ) -> Run:
     """One generation of ``prompts`` on a fresh manager (5.17 cannot reuse one across
     sessions), with the canary installed when ``canary``."""
@@ -342,6 +365,7 @@ def generate(
                 verify_every=1,
                 poll_every=args.poll_every,
                 sweep_every=args.sweep_every,
+                split_write=split_write,
             )
             installed = install(model, manager, config)
         probe.attach_after()
@@ -406,6 +430,9 @@ def _canary_results(run: Run, canary: Any) -> None:
     pre_post = list(zip(timing.host_pre_s, timing.host_post_s))
     host = [1e6 * (a + b) for a, b in pre_post]
     gpu = timing.gpu_ms()
+    chains = timing.chain_gpu_ms()
+    if len(chains) != len(run.steps):
+        chains = []  # not the split write on CUDA
     if len(host) != len(run.steps) or (gpu and len(gpu) != len(run.steps)):
         raise RuntimeError(
             f"kv-canary: engine_share: the canary timed {len(host)} steps (GPU {len(gpu)}), "
@@ -416,8 +443,11 @@ def _canary_results(run: Run, canary: Any) -> None:
             pre, fwd, post = gpu[i]
             total = pre + fwd + post
             share = (pre + post) / total if total else None
+            chain = 1e3 * chains[i] if chains else None
             run.timing.append(
-                StepCost(h, 1e3 * (pre + post), share, 1e6 * a, 1e6 * b, 1e3 * pre, 1e3 * post)
+                StepCost(
+                    h, 1e3 * (pre + post), share, 1e6 * a, 1e6 * b, 1e3 * pre, 1e3 * post, chain
+                )
             )
         else:
             run.timing.append(StepCost(h, None, None, 1e6 * a, 1e6 * b))
@@ -427,6 +457,7 @@ def _canary_results(run: Run, canary: Any) -> None:
     run.polls = len(reports)
     run.slot0_steps = canary.slot0_steps
     run.runtime_steps = runtime.stats.steps
+    run.split_write = runtime.split_write
 
 
 # --- one shape -------------------------------------------------------------------------------
@@ -463,7 +494,10 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any]]:
     """One row per step kind (:data:`COLUMNS`' names): medians over every run's steps,
-    each run's first step left out."""
+    each run's first step left out. ``ons`` are runs of one write mode (``write``:
+    ``split``, ``one``; ``mixed`` when they differ, ``n/a`` when none says)."""
+    modes = {r.split_write for r in ons} - {None}
+    write = {1: "split" if True in modes else "one", 2: "mixed"}.get(len(modes), "n/a")
     rows = []
     for kind in KINDS:
 
@@ -480,6 +514,7 @@ def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any
             {
                 "shape": shape,
                 "kind": kind,
+                "write": write,
                 "steps": f"{len(off)}/{len(on)}",
                 "rows": _median([r.steps[i].rows for r, i in off + on]),
                 "tokens": _median([r.steps[i].tokens for r, i in off + on]),
@@ -491,6 +526,7 @@ def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any
                 "canary_gpu_us": _median([r.timing[i].gpu_us for r, i in on]),
                 "begin_gpu_us": _median([r.timing[i].begin_gpu_us for r, i in on]),
                 "end_gpu_us": _median([r.timing[i].end_gpu_us for r, i in on]),
+                "chain_gpu_us": _median([r.timing[i].chain_gpu_us for r, i in on]),
                 "share": _median([r.timing[i].share for r, i in on]),
                 "step_with_ms": step_on,
                 "delta_ms": delta,
@@ -554,7 +590,7 @@ def check(shape: str, offs: list[Run], ons: list[Run]) -> Checks:
         + (f"; slot 0 unchecked in {slot0} steps (5.17: block 0 is real)" if slot0 else "")
     )
     runs = _in_order(offs, ons)
-    walls = " / ".join(f"{'on' if r.canary else 'off'} {r.wall_s:.2f}" for r in runs)
+    walls = " / ".join(f"{_label(r)} {r.wall_s:.2f}" for r in runs)
     fast = sum(s.fast_path for r in runs for s in r.steps)
     lines.append(
         f"{shape}: run wall s {walls}; steps {' / '.join(str(len(r.steps)) for r in runs)}; "
@@ -563,6 +599,12 @@ def check(shape: str, offs: list[Run], ons: list[Run]) -> Checks:
     )
     clean = bool(ons) and violations == 0 and not flags and executing
     return Checks(identical=identical, lines=tuple(lines), violations=violations, clean=clean)
+
+
+def _label(run: Run) -> str:
+    if not run.canary:
+        return "off"
+    return {True: "on (split)", False: "on (one write)"}.get(run.split_write, "on")  # type: ignore[arg-type]
 
 
 def _in_order(offs: list[Run], ons: list[Run]) -> list[Run]:
@@ -575,24 +617,33 @@ def _in_order(offs: list[Run], ons: list[Run]) -> list[Run]:
 def run_shape(
     shape: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype
 ) -> tuple[list[dict[str, Any]], Checks]:
-    """The warm-up, then off, (on, off) x ``--pairs``; the table's rows and the checks."""
+    """The warm-up, then off, (on, off) x ``--pairs`` (with ``--compare-split``, (split,
+    off, one write, off) x ``--pairs``); the table's rows and the checks."""
     model, init_s = build_model(shape, device, dtype)
     params = sum(p.numel() for p in model.parameters()) / 1e9
     print(f"{shape}: {params:.2f}B parameters, {dtype}, built on {device} in {init_s:.1f} s")
     vocab = SHAPES[shape]["vocab_size"]
     prompts = make_prompts(args.requests, args.prompt, vocab, seed=1)
     warm = make_prompts(args.requests, args.prompt, vocab, seed=2)
+    modes = write_modes(args)
     t0 = time.perf_counter()
-    for canary in (False, True):  # the kernels compile here
-        generate(model, warm, args, canary=canary, max_new=args.warmup_generate)
+    generate(model, warm, args, canary=False, max_new=args.warmup_generate)
+    for split in modes:  # the kernels compile here
+        generate(model, warm, args, canary=True, max_new=args.warmup_generate, split_write=split)
     print(f"{shape}: warm-up (without, with the canary) {time.perf_counter() - t0:.1f} s")
     t0 = time.perf_counter()
     offs = [generate(model, prompts, args, canary=False, max_new=args.generate)]
-    ons: list[Run] = []
+    ons: list[list[Run]] = [[] for _ in modes]
     for _ in range(args.pairs):
-        ons.append(generate(model, prompts, args, canary=True, max_new=args.generate))
-        offs.append(generate(model, prompts, args, canary=False, max_new=args.generate))
-    print(f"{shape}: {1 + 2 * args.pairs} measured runs {time.perf_counter() - t0:.1f} s")
+        for runs, split in zip(ons, modes):
+            runs.append(
+                generate(
+                    model, prompts, args, canary=True, max_new=args.generate, split_write=split
+                )
+            )
+            offs.append(generate(model, prompts, args, canary=False, max_new=args.generate))
+    runs = len(offs) + sum(map(len, ons))
+    print(f"{shape}: {runs} measured runs {time.perf_counter() - t0:.1f} s")
     if args.profile:
         for line in profile_canary(shape, model, prompts, args):
             print(line)
@@ -600,7 +651,15 @@ def run_shape(
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return summarize(shape, offs, ons), check(shape, offs, ons)
+    rows = [row for runs in ons for row in summarize(shape, offs, runs)]
+    return rows, check(shape, offs, [r for runs in zip(*ons) for r in runs])
+
+
+def write_modes(args: argparse.Namespace) -> list[bool | None]:
+    """The canary runs' ``split_write`` values: both with ``--compare-split``."""
+    if args.compare_split:
+        return [True, False]
+    return [SPLIT_WRITE[args.split_write]]
 
 
 # --- where the canary's host time goes (--profile) -------------------------------------------
@@ -705,6 +764,18 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--stages", default="kernels", choices=("kernels", "reference"))
     parser.add_argument("--attn", default="sdpa", choices=("sdpa", "flash"))
     parser.add_argument(
+        "--split-write",
+        default="auto",
+        choices=tuple(SPLIT_WRITE),
+        help="CanaryConfig(split_write=None, True, False); auto: the runtime's default\n"
+        "(split on CUDA with the kernels)",
+    )
+    parser.add_argument(
+        "--compare-split",
+        action="store_true",
+        help="run the canary both ways in one process: (split, off, one write, off) pairs",
+    )
+    parser.add_argument(
         "--profile",
         type=int,
         default=0,
@@ -742,6 +813,8 @@ SETTINGS = (
     "stages",
     "attn",
     "dtype",
+    "split_write",
+    "compare_split",
 )
 """The run's settings, in every CSV row."""
 
@@ -782,7 +855,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.requests} requests x {args.prompt} prompt + {args.generate} generated tokens, "
         f"max_batch_tokens {args.max_batch_tokens}, page {args.page_size}; canary HEAD + TAIL, "
         f"real-KV PARTIAL, stages {args.stages}, verify every step, poll every "
-        f"{args.poll_every}; runs: off, then {args.pairs} x (on, off)"
+        f"{args.poll_every}; split write {args.split_write}; runs: off, then {args.pairs} x "
+        + ("(split, off, one write, off)" if args.compare_split else "(on, off)")
     )
     dtype = getattr(torch, args.dtype)
     meta = Recorder(name, None).meta

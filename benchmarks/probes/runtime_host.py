@@ -5,6 +5,7 @@ step, with the launches taken out?
     python -m benchmarks.probes.runtime_host --stages validate    # + the launchers' checks
     python -m benchmarks.probes.runtime_host --profile 20         # + cProfile's top 20
     python -m benchmarks.probes.runtime_host --device cuda --stages kernels
+    python -m benchmarks.probes.runtime_host --split-write on     # the chain and the stamp
 
 A simulated transformers CB workload (no engine, no model): ``--requests`` prompts of
 ``--prompt`` tokens generating ``--generate`` each, scheduled as transformers' scheduler
@@ -227,7 +228,9 @@ def _target(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.device | None:
 
 # --- the stages --------------------------------------------------------------------------
 class Stages:
-    """Stand-ins for the runtime's plan, write and verify stages."""
+    """Stand-ins for the runtime's plan, write and verify stages (and the split write's
+    chain and stamp: ``validate`` runs their checks and records the chain and the stamp
+    on the workspace, host state only, as the launchers do)."""
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
@@ -240,15 +243,31 @@ class Stages:
         if self.mode == "validate":
             from kv_canary_buffers.plan import validate_plan_args
             from kv_canary_buffers.verify import validate_verify_args
-            from kv_canary_buffers.write import validate_write_args
+            from kv_canary_buffers.write import (
+                record_chain,
+                record_stamp,
+                validate_write_args,
+                validate_write_chain_args,
+                validate_write_stamp_args,
+            )
 
             plan, write, verify = validate_plan_args, validate_write_args, validate_verify_args
+
+            def chain(store: Any, buffers: Any, workspace: Any, **k: Any) -> None:
+                record_chain(
+                    store, buffers, validate_write_chain_args(store, buffers, workspace, **k)
+                )
+
+            def stamp(store: Any, buffers: Any, workspace: Any, **k: Any) -> None:
+                validate_write_stamp_args(store, buffers, workspace, **k)
+                record_stamp(workspace)
+
         else:
 
             def plan(*_a: Any, **_k: Any) -> None:
                 return None
 
-            write = verify = plan
+            write = verify = chain = stamp = plan
 
         def counted(name: str, fn: Any) -> Any:
             def call(*a: Any, **k: Any) -> None:
@@ -262,10 +281,23 @@ class Stages:
             plan=counted("plan", plan),
             write=counted("write", write),
             verify=counted("verify", verify),
+            chain=counted("chain", chain),
+            stamp=counted("stamp", stamp),
         )
 
 
 # --- one run ---------------------------------------------------------------------------------
+SPLIT_WRITE = {"auto": None, "on": True, "off": False}
+"""``--split-write``'s values: ``CanaryConfig(split_write=...)``."""
+
+
+def _split_write(eng: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """``split_write`` for ``eng``'s config (none for a runtime that predates it)."""
+    if "split_write" not in attrs.fields_dict(eng.CanaryConfig):
+        return {}
+    return {"split_write": SPLIT_WRITE[args.split_write]}
+
+
 @attrs.define
 class StepTimes:
     kind: str
@@ -307,6 +339,7 @@ def run(
         verify_every=1,
         poll_every=args.poll_every,
         timing=args.timing,
+        **_split_write(eng, args),
     )
     group = eng.KVGroup(
         name="full_attention",
@@ -437,6 +470,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--poll-every", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3, help="runs per module, interleaved")
     parser.add_argument("--timing", action="store_true", help="CanaryConfig(timing=True)")
+    parser.add_argument(
+        "--split-write",
+        default="auto",
+        choices=tuple(SPLIT_WRITE),
+        help="CanaryConfig(split_write=None, True, False): auto is the runtime's default",
+    )
     parser.add_argument("--profile", type=int, default=0, help="print cProfile's top N")
     parser.add_argument("--no-count", dest="count", action="store_false")
     parser.add_argument(

@@ -75,8 +75,41 @@ def test_the_smoke_runs_the_probe_end_to_end(tmp_path):
         assert r["tokens_identical"] == "True" and r["violations"] == "0"
         assert float(r["canary_host_us"]) > 0 and float(r["engine_step_ms"]) > 0
         assert float(r["begin_host_us"]) > 0 and float(r["end_host_us"]) > 0
-        assert r["canary_gpu_us"] == r["share"] == ""  # no CUDA events on the CPU
+        assert r["canary_gpu_us"] == r["share"] == r["chain_gpu_us"] == ""  # no CUDA events
         assert r["stages"] == "kernels" and r["transformers"]
+        assert r["write"] == "one" and r["split_write"] == "auto"  # the CPU's default
+
+
+def test_the_smoke_compares_the_split_write_with_one_write(tmp_path):
+    # --compare-split: each pair of runs becomes (split, off, one write, off) in one
+    # process, a table row per step kind and write, the same tokens in every run
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "benchmarks.probes.engine_share"),
+            *("--smoke", "--compare-split", "--out", str(tmp_path)),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    body = [line.split("|") for line in out.splitlines() if line.startswith("| tiny")]
+    assert {(cells[2].strip(), cells[3].strip()) for cells in body} == {
+        (kind, write) for kind in ("prefill", "decode") for write in ("split", "one")
+    }
+    assert "runs: off, then 1 x (split, off, one write, off)" in out
+    assert "tokens identical with and without the canary: yes (3/3, 3/3 requests)" in out
+    assert "tiny: canary violations: 0 over " in out and "health executing" in out
+    assert "on (split)" in out and "on (one write)" in out
+    (path,) = tmp_path.glob("engine_share-cpu-*.csv")
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["write"] for r in rows) == ["one", "one", "split", "split"]
+    assert {r["compare_split"] for r in rows} == {"True"}
 
 
 def _run(canary: bool, tokens: list[list[int]], kinds: str, **found: object) -> Run:

@@ -1,7 +1,8 @@
 """The engine-neutral runtime against a tiny fake paged engine (no engine installed): a
-clean run, every fault kind caught with the right request, the verify stride, the sweep,
-polling, policies, growth, the health check and bad input. Torch references unless a test
-says otherwise (one short run with the Triton kernels, under the interpreter on CPU)."""
+clean run, every fault kind caught with the right request (each with the write in one
+call and split: ``split`` parametrizes them), the verify stride, the sweep, polling,
+policies, growth, the health check and bad input. Torch references unless a test says
+otherwise (short runs with the Triton kernels, under the interpreter on CPU)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ SGLANG_LINE = re.compile(
 )
 
 
+SPLIT = pytest.mark.parametrize("split", [False, True], ids=["one-write", "split"])
+"""Runs a test with ``CanaryConfig(split_write=False)`` (one write a store, after the
+forward) and ``True`` (the chain in ``begin_step``, the stamp in ``end_step``)."""
+
+
 def workload(engine: FakeEngine, n: int = 16, output: int = 16) -> None:
     """Requests of 3 to 20 tokens, every third one sharing a 12-token prompt prefix."""
     shared = engine.rand_tokens(12)
@@ -59,10 +65,11 @@ def reference_tokens(**engine_kwargs: object) -> dict[str, list[int]]:
 
 
 # --- clean runs ----------------------------------------------------------------------
+@SPLIT
 @pytest.mark.parametrize("tables", ["block", "token"])
-def test_a_clean_run_has_no_violation_and_the_same_tokens(tables):
+def test_a_clean_run_has_no_violation_and_the_same_tokens(tables, split):
     engine = FakeEngine(tables=tables)
-    runtime = engine.attach(default_config(sweep_every=5))
+    runtime = engine.attach(default_config(sweep_every=5, split_write=split))
     workload(engine)
     engine.run(200)
     assert len(engine.finished) == 16
@@ -75,6 +82,54 @@ def test_a_clean_run_has_no_violation_and_the_same_tokens(tables):
     assert len(blocks) > len(set(blocks))
     assert st.steps >= 40
     assert engine.finished == reference_tokens(tables=tables)
+
+
+def _store_state(runtime: CanaryRuntime) -> list[tuple[object, ...]]:
+    """Every store's records, owners and counters (read back: a sync)."""
+    out: list[tuple[object, ...]] = []
+    for group in runtime.groups:
+        for store in runtime.stores(group.name):
+            if store is not None:
+                out.append(
+                    (
+                        store.records.cpu().tolist(),
+                        store.owners.cpu().tolist(),
+                        int(store.kernel_runs),
+                        int(store.slots_processed),
+                    )
+                )
+    return out
+
+
+@pytest.mark.parametrize("tables", ["block", "token"])
+@pytest.mark.parametrize("fault", [None, "off_by_one", "kv_overwritten"])
+def test_the_split_write_leaves_what_one_write_leaves(tables, fault):
+    # the same run with the write in one call and split: the same records, owners and
+    # counters in every store, the same report lines in the same order, the same tokens
+    seen = []
+    for split in (False, True):
+        engine = FakeEngine(tables=tables, window=6 if tables == "block" else 0)
+        runtime = engine.attach(default_config(split_write=split, sweep_every=4, verify_every=2))
+        assert runtime.split_write is split
+        workload(engine, n=8, output=10)
+        engine.run(6)
+        victim = engine.running[0]
+        if fault == "off_by_one":
+            engine.slot_shift[victim.id] = 1
+            engine.step()
+            del engine.slot_shift[victim.id]
+        elif fault == "kv_overwritten":
+            engine.kv.view(-1, 8)[victim.blocks[0] * PAGE, 0] += 1.0
+        engine.run(30)
+        final = runtime.poll()
+        lines = [v.line for v in violations(engine)] + [v.line for v in final.violations]
+        flags = [(r.plan_status, r.canary_status) for r in [*engine.reports, final]]
+        seen.append((lines, flags, _store_state(runtime), engine.finished, runtime.stats))
+    assert seen[0] == seen[1]
+    lines = seen[0][0]
+    assert bool(lines) is (fault is not None)
+    if fault is not None:  # the fault named its victim in both runs
+        assert any(f"request_id={victim.id}" in line for line in lines), lines[:3]
 
 
 def test_a_sliding_window_group_verifies_only_its_window():
@@ -156,19 +211,21 @@ def _caught(engine: FakeEngine, inj: Injection, *, max_delay: int = 1):
     return caught
 
 
-def _engine(**kwargs: object) -> FakeEngine:
+def _engine(split: bool = False, **kwargs: object) -> FakeEngine:
     """An engine whose policy aborts the named requests; no prefix cache, so that a
     damaged block reaches no later request through a prefix hit (the stale-hit test has
     its own)."""
     kwargs.setdefault("prefix_cache", False)
     engine = FakeEngine(**kwargs)  # type: ignore[arg-type]
-    engine.attach(default_config(policy=lambda ids, report: engine.abort(ids)))
+    engine.attach(default_config(policy=lambda ids, report: engine.abort(ids), split_write=split))
+    assert engine.runtime is not None and engine.runtime.split_write is split
     workload(engine, n=8, output=16)
     return engine
 
 
-def test_a_page_freed_while_referenced_is_caught_in_the_step_that_reuses_it():
-    engine = _engine()
+@SPLIT
+def test_a_page_freed_while_referenced_is_caught_in_the_step_that_reuses_it(split):
+    engine = _engine(split)
     _run_until(engine, lambda e: any(r.cached > 2 * PAGE and e.alone(r) for r in e.running))
     victim = next(r for r in engine.running if r.cached > 2 * PAGE and engine.alone(r))
     block = victim.blocks[0]
@@ -183,8 +240,9 @@ def test_a_page_freed_while_referenced_is_caught_in_the_step_that_reuses_it():
     assert culprit in caught.request_ids() or caught.culprit_id == culprit
 
 
-def test_a_page_handed_to_two_requests_is_caught_and_names_both():
-    engine = _engine()
+@SPLIT
+def test_a_page_handed_to_two_requests_is_caught_and_names_both(split):
+    engine = _engine(split)
     engine.run(3)
     engine.double_alloc = []
     step = engine.runtime.step
@@ -198,8 +256,9 @@ def test_a_page_handed_to_two_requests_is_caught_and_names_both():
     assert caught.request_ids() >= owners
 
 
-def test_an_off_by_one_in_the_slot_mapping_is_caught_at_the_next_step():
-    engine = _engine()
+@SPLIT
+def test_an_off_by_one_in_the_slot_mapping_is_caught_at_the_next_step(split):
+    engine = _engine(split)
     _run_until(engine, lambda e: any(r.cached >= len(r.prompt) and e.alone(r) for r in e.running))
     victim = next(r for r in engine.running if r.cached >= len(r.prompt) and engine.alone(r))
     engine.slot_shift[victim.id] = 1
@@ -211,8 +270,9 @@ def test_an_off_by_one_in_the_slot_mapping_is_caught_at_the_next_step():
     assert caught.step == step + 1 and caught.endpoint is Endpoint.HEAD_VERIFY
 
 
-def test_kv_bytes_overwritten_in_a_forward_are_caught_by_that_steps_tail_verify():
-    engine = _engine()
+@SPLIT
+def test_kv_bytes_overwritten_in_a_forward_are_caught_by_that_steps_tail_verify(split):
+    engine = _engine(split)
     engine.run(4)
     victim = _decoding(engine, min_blocks=1)
     slot = victim.blocks[0] * PAGE + 1
@@ -229,8 +289,9 @@ def test_kv_bytes_overwritten_in_a_forward_are_caught_by_that_steps_tail_verify(
     assert caught.violation.fail_bits == FailBits.REAL_KV
 
 
-def test_a_padding_write_on_a_live_slot_is_caught():
-    engine = _engine()
+@SPLIT
+def test_a_padding_write_on_a_live_slot_is_caught(split):
+    engine = _engine(split)
     engine.run(4)
     victim = _decoding(engine, min_blocks=1)
     slot = victim.blocks[0] * PAGE
@@ -247,9 +308,10 @@ def test_a_padding_write_on_a_live_slot_is_caught():
     assert caught.step == step and caught.violation.fail_bits & FailBits.REAL_KV
 
 
-def test_a_stale_prefix_cache_hit_is_caught_and_names_the_request_that_hit():
+@SPLIT
+def test_a_stale_prefix_cache_hit_is_caught_and_names_the_request_that_hit(split):
     engine = FakeEngine(stale_cache=True)
-    engine.attach(default_config(policy=lambda ids, report: engine.abort(ids)))
+    engine.attach(default_config(policy=lambda ids, report: engine.abort(ids), split_write=split))
     shared = engine.rand_tokens(2 * PAGE)
     engine.add("first", shared + [1], 3)
     _run_until(engine, lambda e: "first" in e.finished)
@@ -264,15 +326,16 @@ def test_a_stale_prefix_cache_hit_is_caught_and_names_the_request_that_hit():
     assert engine.runtime.stats.prefix_hits >= 1
 
 
-def test_rejected_drafts_not_rolled_back_fail_verify_token():
+@SPLIT
+def test_rejected_drafts_not_rolled_back_fail_verify_token(split):
     clean = FakeEngine(speculate=2)
-    clean.attach(default_config())
+    clean.attach(default_config(split_write=split))
     workload(clean, n=6, output=12)
     clean.run(120)
     assert len(clean.finished) == 6 and violations(clean) == []
 
     engine = FakeEngine(speculate=2)
-    engine.attach(default_config(policy=lambda ids, report: engine.abort(ids)))
+    engine.attach(default_config(policy=lambda ids, report: engine.abort(ids), split_write=split))
     workload(engine, n=6, output=12)
     engine.run(6)
     engine.rollback = False
@@ -383,19 +446,21 @@ def _neighbours(engine: FakeEngine, victim: Req) -> set[str]:
     return {rid for rid, b in engine.allocations if b in blocks or b - 1 in blocks}
 
 
-def test_the_health_check_says_when_launches_did_not_run(caplog):
+@SPLIT
+def test_the_health_check_says_when_launches_did_not_run(caplog, split):
     engine = FakeEngine()
-    runtime = engine.attach(default_config())
+    runtime = engine.attach(default_config(split_write=split))
     workload(engine, n=3)
     engine.run(2)
-    real_write = runtime.stages.write
-    object.__setattr__(runtime.stages, "write", lambda *a, **k: None)  # the canary stops
+    which = "stamp" if split else "write"  # the stamp counts the split write's run
+    real_write = getattr(runtime.stages, which)
+    object.__setattr__(runtime.stages, which, lambda *a, **k: None)  # the canary stops
     with caplog.at_level(logging.ERROR, logger="kv_canary"):
         engine.step()
     assert not runtime.health.executing
     assert "not executing" in runtime.health.message
     assert any("not executing" in r.getMessage() for r in caplog.records)
-    object.__setattr__(runtime.stages, "write", real_write)
+    object.__setattr__(runtime.stages, which, real_write)
     runtime.poll()
     assert runtime.health.executing
 
@@ -522,11 +587,12 @@ def test_bad_steps_are_refused_with_kv_canary_errors():
     assert rt.end_step() is not None  # poll_every=1
 
 
-def test_a_short_run_with_the_triton_kernels(device):
+@SPLIT
+def test_a_short_run_with_the_triton_kernels(device, split):
     # CUDA where the machine has it (the kernels compiled), else the interpreter on CPU
     engine = FakeEngine(num_blocks=24, device=str(device))
-    runtime = engine.attach(default_config(stages="kernels"))
-    assert runtime.stages.name == "kernels"
+    runtime = engine.attach(default_config(stages="kernels", split_write=split))
+    assert runtime.stages.name == "kernels" and runtime.split_write is split
     for i in range(3):
         engine.add(f"k{i}", engine.rand_tokens(6 + i), 3)
     engine.run(3)
@@ -556,3 +622,103 @@ def test_a_real_token_at_slot_0_is_flagged_unless_the_engine_puts_real_tokens_th
     assert report is not None
     flags = report.canary_status["full/HEAD"]
     assert bool(flags & CanaryStatus.PADDING_SLOT_WRITTEN) is not slot0_real
+
+
+# --- the split write's streams and steps ---------------------------------------------------
+def test_the_split_write_defaults_to_cuda_with_the_kernels_and_refuses_a_bad_stream():
+    group = KVGroup(name="full", num_slots=64, page_size=4)
+    for stages in ("reference", "kernels"):  # no stream to overlap on the CPU: one write
+        rt = CanaryRuntime(CanaryConfig(stages=stages), [group], device="cpu")
+        assert not rt.split_write and rt.side_stream is None
+    rt = CanaryRuntime(CanaryConfig(stages="reference", split_write=True), [group], device="cpu")
+    assert rt.split_write and rt.side_stream is None  # covered on the CPU, in order
+    with pytest.raises(TypeError, match=r"kv-canary: side_stream must be a torch\.cuda\.Stream"):
+        CanaryRuntime(default_config(split_write=True), [group], device="cpu", side_stream=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="split_write"):
+        CanaryConfig(split_write="on")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="kv-canary: expected_tokens must be an integer >= 0"):
+        CanaryRuntime(default_config(), [group], device="cpu", expected_tokens=-1)
+
+
+def test_the_split_write_grows_its_workspaces_from_host_numbers():
+    engine = FakeEngine(num_blocks=200, chunk=40)
+    runtime = engine.attach(default_config(split_write=True), expected_tokens=16)
+    group = runtime._groups[0]
+    assert group.head_ws is not None and group.tail_ws is not None
+    assert group.head_ws.token_capacity == 64  # at least 64 tokens to start with
+    for i in range(4):
+        engine.add(f"long-{i}", engine.rand_tokens(80), 4)
+    engine.run(3)
+    head_ws, tail_ws = group.head_ws, group.tail_ws
+    assert head_ws.token_capacity >= 160 and tail_ws.token_capacity >= 160  # 4 x 40
+    assert head_ws.slot_capacity == runtime.stores("full")[0].num_slots
+    engine.run(20)
+    assert group.head_ws is head_ws and group.tail_ws is tail_ws  # steady: no new one
+    assert violations(engine) == [] and runtime.health.executing
+
+
+@SPLIT
+def test_a_discarded_step_leaves_no_false_violation(split):
+    # a forward that raised: its chains stand unstamped, the next step chains anew
+    engine = FakeEngine()
+    runtime = engine.attach(default_config(split_write=split, poll_every=1000))
+    workload(engine, n=4)
+    engine.run(3)
+    req = engine.running[0]
+    p = req.cached
+    slot = req.blocks[p // PAGE] * PAGE + p % PAGE
+    runtime.begin_step(
+        StepBatch(
+            rows=[Row(request_id=req.id, prefix_len=p, extend_len=1, tokens=req.tokens)],
+            tables={"full": BlockTable(table=torch.tensor([req.blocks], dtype=torch.int32))},
+            out_cache_loc={"full": torch.tensor([slot])},
+            input_ids=torch.tensor(req.tokens[p : p + 1]),
+            positions=torch.tensor([p]),
+        )
+    )
+    runtime.discard_step()
+    engine.run(10)
+    report = runtime.poll()
+    assert report.violations == () and not report.flags and runtime.health.executing
+
+
+@pytest.mark.gpu
+def test_the_chains_run_on_the_side_stream_and_the_stamps_after_them_on_cuda():
+    # runs on the H200 (skipped without CUDA): the default on CUDA with the kernels is the
+    # split write, the chains on the runtime's side stream (or the engine's), the stamps on
+    # the current stream once it waited for them; a fault is caught as without the split
+    engine = FakeEngine(num_blocks=24, device="cuda")
+    runtime = engine.attach(default_config(stages="kernels", timing=True))
+    assert runtime.split_write and runtime.side_stream is not None
+    seen: list[tuple[str, int]] = []
+
+    def spy(name: str) -> None:
+        real = getattr(runtime.stages, name)
+
+        def call(*args: object, **kwargs: object) -> None:
+            seen.append((name, torch.cuda.current_stream().cuda_stream))
+            real(*args, **kwargs)
+
+        object.__setattr__(runtime.stages, name, call)
+
+    for name in ("chain", "stamp", "write"):
+        spy(name)
+    for i in range(3):
+        engine.add(f"g{i}", engine.rand_tokens(6 + i), 3)
+    engine.run(3)
+    main = torch.cuda.current_stream().cuda_stream
+    assert runtime.side_stream.cuda_stream != main
+    assert {s for n, s in seen if n == "chain"} == {runtime.side_stream.cuda_stream}
+    assert {s for n, s in seen if n == "stamp"} == {main}
+    assert [n for n, _ in seen].count("chain") == [n for n, _ in seen].count("stamp") > 0
+    assert "write" not in {n for n, _ in seen}
+    victim = _decoding(engine, min_blocks=1)
+    engine.kv.view(-1, 8)[victim.blocks[0] * PAGE, 0] += 1.0
+    engine.run(2)
+    assert {rid for v in violations(engine) for rid in v.request_ids()} == {victim.id}
+    assert runtime.timing is not None  # the chains' GPU time on the side stream, per step
+    chains = runtime.timing.chain_gpu_ms()
+    assert len(chains) == runtime.step and all(ms > 0 for ms in chains)
+    given = torch.cuda.Stream()
+    other = FakeEngine(num_blocks=24, device="cuda")
+    assert other.attach(default_config(stages="kernels"), side_stream=given).side_stream is given

@@ -43,12 +43,22 @@ def _steps_of(args: argparse.Namespace) -> list[runtime_host.StepTimes]:
         "kv_canary_engines", steps, args, torch.device("cpu"), count=True
     )
     assert stages.calls["plan"] == len(steps)  # the counters stood in for every launch
-    assert stages.calls["write"] == 2 * len(steps)
+    split = args.split_write == "on"
+    # a write a store a step: one call, or the split write's chain and stamp
+    assert stages.calls["write"] == (0 if split else 2 * len(steps))
+    assert stages.calls["chain"] == stages.calls["stamp"] == (2 * len(steps) if split else 0)
+    assert stages.calls["verify"] == 2 * len(steps)  # HEAD and TAIL, every step
     return times
 
 
-def test_a_step_reads_nothing_back_and_builds_no_tensor_from_a_list():
-    times = _steps_of(_args())
+SPLIT = pytest.mark.parametrize("split", ["off", "on"])
+"""``--split-write``: the write in one call, or split (the runtime's default on CUDA)."""
+
+
+@SPLIT
+@pytest.mark.parametrize("stages", ["noop", "validate"])
+def test_a_step_reads_nothing_back_and_builds_no_tensor_from_a_list(split, stages):
+    times = _steps_of(_args(split_write=split, stages=stages))
     kinds = {t.kind for t in times}
     assert kinds == {"prefill", "decode"}
     for t in times[1:]:  # the first step builds the runtime's buffers
@@ -57,8 +67,9 @@ def test_a_step_reads_nothing_back_and_builds_no_tensor_from_a_list():
         assert t.moves == 0, t  # on the CPU the staged buffer is the tensor itself
 
 
-def test_the_torch_calls_of_a_step_do_not_grow_with_its_rows_or_tokens():
-    times = [t for t in _steps_of(_args())[1:] if not t.polled]
+@SPLIT
+def test_the_torch_calls_of_a_step_do_not_grow_with_its_rows_or_tokens(split):
+    times = [t for t in _steps_of(_args(split_write=split))[1:] if not t.polled]
     # buffers grow on a few early steps (a new PlanBuffers allocates): leave those out by
     # taking the most common count, which every other step must not exceed
     counts = sorted(t.ops for t in times)
