@@ -35,8 +35,9 @@ API summary
   (``poll_every``: each poll syncs), the policy (``"log"``, ``"raise"`` or a callable
   ``(request_ids, report) -> None`` that aborts them), the real-KV mode, the TAIL store,
   the stages (``"auto"``, ``"kernels"``, ``"reference"``), the ring's capacity, and the
-  split write (``split_write``: on CUDA with the kernels by default, each store's chain
-  in ``begin_step`` on a side stream beside the forward, its stamp in ``end_step``;
+  split write (``split_write``: off by default until the runtime's streams have run on a
+  GPU; ``None`` splits on CUDA with the kernels, each store's chain in ``begin_step`` on
+  a side stream beside the forward, its stamp in ``end_step``;
   ``CanaryRuntime(..., side_stream=...)`` takes the engine's stream).
 - :class:`KVGroup`: one KV pool as the canary sees it (slots, page size, window and LUT,
   the KV tensors the real-KV hash reads).
@@ -68,7 +69,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import attrs
 import numpy as np
@@ -135,6 +136,14 @@ def _check_policy(_instance: object, _attribute: object, value: object) -> None:
     )
 
 
+def _bool_or_none(_instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(
+            f"kv-canary: {attribute.name} must be True, False or None, "
+            f"got {type(value).__name__} {value!r}"
+        )
+
+
 def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], int], None]:
     def check(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
         if not isinstance(value, int) or isinstance(value, bool):
@@ -176,11 +185,14 @@ class CanaryConfig:
             forward's (``runtime.timing``, :class:`~kv_canary_engines.timing.StepTiming`).
         split_write: run each store's write as the split write (docs/contract-canary.md,
             "Write, split"): its chain in ``begin_step``, on a side stream beside the
-            forward, and its stamp in ``end_step``; ``False``: one ``launch_write`` per
-            store in ``end_step``; ``None`` (default): split on CUDA with the kernels
-            stage (the side stream overlaps the forward), one write elsewhere (no stream to
-            overlap: the same records either way). ``True`` off CUDA runs the chain
-            in ``begin_step`` on the one stream there is (the tests' way to cover it).
+            forward, and its stamp in ``end_step``; ``False`` (default): one
+            ``launch_write`` per store in ``end_step``; ``None``: split on CUDA with the
+            kernels stage (the side stream overlaps the forward), one write elsewhere (no
+            stream to overlap: the same records either way). ``None`` is meant to become
+            the default once the runtime's side stream has run on a GPU (the kernels'
+            split has; the runtime's events and streams have not). ``True`` off CUDA runs
+            the chain in ``begin_step`` on the one stream there is (the tests' way to
+            cover it).
     """
 
     verify_every: int = attrs.field(default=1, validator=_at_least(1))
@@ -196,9 +208,7 @@ class CanaryConfig:
     chain_position_check: bool = True
     violation_capacity: int = attrs.field(default=4096, validator=_at_least(1))
     timing: bool = False
-    split_write: bool | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bool))
-    )
+    split_write: bool | None = attrs.field(default=False, validator=_bool_or_none)
 
 
 def _sources(value: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:

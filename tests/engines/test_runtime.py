@@ -625,10 +625,11 @@ def test_a_real_token_at_slot_0_is_flagged_unless_the_engine_puts_real_tokens_th
 
 
 # --- the split write's streams and steps ---------------------------------------------------
-def test_the_split_write_defaults_to_cuda_with_the_kernels_and_refuses_a_bad_stream():
+def test_the_split_write_is_off_by_default_auto_on_cuda_and_refuses_a_bad_stream():
     group = KVGroup(name="full", num_slots=64, page_size=4)
-    for stages in ("reference", "kernels"):  # no stream to overlap on the CPU: one write
-        rt = CanaryRuntime(CanaryConfig(stages=stages), [group], device="cpu")
+    assert CanaryConfig().split_write is False  # until the runtime's streams ran on a GPU
+    for stages in ("reference", "kernels"):  # auto: no stream to overlap on the CPU
+        rt = CanaryRuntime(CanaryConfig(stages=stages, split_write=None), [group], device="cpu")
         assert not rt.split_write and rt.side_stream is None
     rt = CanaryRuntime(CanaryConfig(stages="reference", split_write=True), [group], device="cpu")
     assert rt.split_write and rt.side_stream is None  # covered on the CPU, in order
@@ -688,7 +689,7 @@ def test_the_chains_run_on_the_side_stream_and_the_stamps_after_them_on_cuda():
     # split write, the chains on the runtime's side stream (or the engine's), the stamps on
     # the current stream once it waited for them; a fault is caught as without the split
     engine = FakeEngine(num_blocks=24, device="cuda")
-    runtime = engine.attach(default_config(stages="kernels", timing=True))
+    runtime = engine.attach(default_config(stages="kernels", timing=True, split_write=None))
     assert runtime.split_write and runtime.side_stream is not None
     seen: list[tuple[str, int]] = []
 
