@@ -366,20 +366,22 @@ def verify(store: CanaryStore, plan_buffers: PlanBuffers, **inputs: Unpack[Verif
     return True
 
 
-def write_chain(
+def _split_write(
+    spec: Any,
+    defaults: Any,
+    op: Any,
     store: CanaryStore,
     plan_buffers: PlanBuffers,
     workspace: WriteWorkspace,
-    **inputs: Unpack[WriteChainInputs],
+    inputs: dict[str, Any],
 ) -> bool:
-    """``launch_write_chain`` traced: the ``kv_canary::write_chain`` operator (False: see
-    :func:`plan`)."""
-    values = _op_values(_WRITE_CHAIN, _WRITE_CHAIN_DEFAULTS, dict(inputs))
+    """Both split-write stages traced: one operator call over the three owners' arenas."""
+    values = _op_values(spec, defaults, inputs)
     if not _objects_ok(store, plan_buffers) or type(workspace) is not WriteWorkspace:
         return False
     if values is None:
         return False
-    write_chain_op(
+    op(
         store.arena.tensor,
         plan_buffers.arena.tensor,
         workspace.arena.tensor,
@@ -389,6 +391,20 @@ def write_chain(
         *values,
     )
     return True
+
+
+def write_chain(
+    store: CanaryStore,
+    plan_buffers: PlanBuffers,
+    workspace: WriteWorkspace,
+    **inputs: Unpack[WriteChainInputs],
+) -> bool:
+    """``launch_write_chain`` traced: the ``kv_canary::write_chain`` operator (False: see
+    :func:`plan`)."""
+    return _split_write(
+        _WRITE_CHAIN, _WRITE_CHAIN_DEFAULTS, write_chain_op, store, plan_buffers, workspace,
+        dict(inputs),
+    )  # fmt: skip
 
 
 def write_stamp(
@@ -399,21 +415,10 @@ def write_stamp(
 ) -> bool:
     """``launch_write_stamp`` traced: the ``kv_canary::write_stamp`` operator (False: see
     :func:`plan`)."""
-    values = _op_values(_WRITE_STAMP, _WRITE_STAMP_DEFAULTS, dict(inputs))
-    if not _objects_ok(store, plan_buffers) or type(workspace) is not WriteWorkspace:
-        return False
-    if values is None:
-        return False
-    write_stamp_op(
-        store.arena.tensor,
-        plan_buffers.arena.tensor,
-        workspace.arena.tensor,
-        store.arena.handle,
-        plan_buffers.arena.handle,
-        workspace.arena.handle,
-        *values,
-    )
-    return True
+    return _split_write(
+        _WRITE_STAMP, _WRITE_STAMP_DEFAULTS, write_stamp_op, store, plan_buffers, workspace,
+        dict(inputs),
+    )  # fmt: skip
 
 
 def _objects_ok(store: object, plan_buffers: object) -> bool:
