@@ -175,11 +175,16 @@ def _refuse_foreign_staging(buffers: PlanBuffers, named: tuple[tuple[str, object
             )
         built_for = link.buffers()
         if built_for is not buffers:
-            which = (
-                "PlanBuffers that no longer exist"
-                if built_for is None
-                else f"other PlanBuffers (generation {link.generation})"
-            )
+            if built_for is None:
+                which = "PlanBuffers that no longer exist"
+            elif link.generation == buffers.generation:
+                which = (
+                    f"another PlanBuffers object (also of generation {link.generation}: "
+                    "allocated apart; staging serves the buffers it was built for, or use "
+                    "GraphInputs.allocate for staging that any buffers accept)"
+                )
+            else:
+                which = f"other PlanBuffers (generation {link.generation})"
             raise ValueError(
                 f"kv-canary: {name} is staging built for {which}, passed with PlanBuffers of "
                 f"generation {buffers.generation}; after a resize build new staging with "

@@ -36,6 +36,7 @@ Raw, in the tag ``benchmark-results-2026-12-01``:
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import tempfile
 from pathlib import Path
@@ -63,6 +64,30 @@ def export(rev: str, into: Path) -> tuple[ModuleType, ModuleType]:
     """``rev``'s write and verify modules, imported from a package of their own."""
     package = export_kernels(rev, into)
     return stage_module(package, "write"), stage_module(package, "verify")
+
+
+class LegacyRealKV:
+    """A ``RealKV`` as kernels from before per-source geometry read it (their
+    ``sources.source_args``: ``sources`` as tensors sharing one ``page_size`` and
+    ``bytes_per_token``). Weak-referenceable and hashed by identity, like ``RealKV``."""
+
+    def __init__(self, real_kv: RealKV) -> None:
+        geometry = {(s.page_size, s.bytes_per_token, s.read_bytes) for s in real_kv.sources}
+        assert len(geometry) == 1, "the old kernels take one geometry for every source"
+        self.sources = tuple(s.tensor for s in real_kv.sources)
+        self.mode = real_kv.mode
+        ((self.page_size, self.bytes_per_token, read_bytes),) = geometry
+        # bytes hashed per slot and source, as the old RealKV.hashed_bytes
+        self.hashed_bytes = {RealKVMode.NONE: 0, RealKVMode.PARTIAL: 16}.get(self.mode, read_bytes)
+
+
+def args_for(verify: ModuleType, validated):
+    """``validated`` as ``verify``'s revision reads it: a ``LegacyRealKV`` for a revision
+    whose source arguments predate the source table."""
+    sources = importlib.import_module(verify.__name__.rsplit(".", 1)[0] + ".sources")
+    if validated.real_kv is None or "table" in sources.SourceArgs._fields:
+        return validated
+    return validated._replace(real_kv=LegacyRealKV(validated.real_kv))
 
 
 def write_case(rows: int, length: int, expected: bool = False):
@@ -204,7 +229,8 @@ def main(argv=None) -> int:
                         store.records.zero_()
                         fn = lambda w=write: w.dispatch_write(store, plan, validated)  # noqa: E731
                     else:
-                        fn = lambda v=verify: v.dispatch_verify(store, plan, validated)  # noqa: E731
+                        given = args_for(verify, validated)
+                        fn = lambda v=verify, a=given: v.dispatch_verify(store, plan, a)  # noqa: E731
                     times[name].append(gpu_time(fn, args.replays, args.calls).us)
                     torch.cuda.synchronize()
                     records[name] = store.records.clone()

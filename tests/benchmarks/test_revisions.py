@@ -142,3 +142,49 @@ def test_a_copy_is_found_from_the_folder_above_it(tmp_path, isolated_imports):
     package = revisions.export_kernels(str(copy), tmp_path / "into")
     assert Path(revisions.stage_module(package, "write").__file__).is_relative_to(tmp_path)
     assert hasattr(revisions.stage_module(package, "verify"), "dispatch_verify")
+
+
+@pytest.mark.skipif(not _history_has(PRE_LAYOUT), reason="needs the repository's history")
+def test_a_revision_before_the_source_table_verifies_this_trees_real_kv(tmp_path, isolated_imports):
+    """``kernels_vs_revisions`` hands a revision from before per-source geometry (whose
+    ``source_args`` reads ``RealKV.sources`` as tensors) a ``LegacyRealKV``: its verify then
+    finds the overwritten slot this tree's ``launch_verify`` finds, and nothing else."""
+    from benchmarks.probes.kernels_vs_revisions import args_for
+    from kv_canary_buffers import RealKV, RealKVMode, plan_reference
+    from kv_canary_buffers.verify import validate_verify_args
+    from kv_canary_kernels import launch_verify
+
+    old_verify = revisions.stage_module(revisions.export_kernels(PRE_LAYOUT, tmp_path), "verify")
+    lengths = [2, 1, 3]
+    table = torch.zeros(4, 4, dtype=torch.int32)
+    slots = torch.randperm(16, generator=torch.Generator().manual_seed(3))[:6] + 1
+    row_of = torch.repeat_interleave(torch.arange(3), torch.tensor(lengths))
+    pos = torch.tensor([0, 1, 0, 0, 1, 2])
+    table[row_of + 1, pos] = slots.to(torch.int32)
+    table = table.to(DEVICE)
+    kv = torch.randint(-(2**40), 2**40, (17, 4), device=DEVICE)
+    real_kv = RealKV(mode=RealKVMode.PARTIAL, sources=(kv,), page_size=1, bytes_per_token=32)
+    rows = torch.tensor([1, 2, 3], device=DEVICE)
+    wplan = PlanBuffers.allocate(write_req_capacity=3, verify_capacity=1, device=DEVICE)
+    vplan = PlanBuffers.allocate(write_req_capacity=3, verify_capacity=16, device=DEVICE)
+    ones = torch.ones(3, dtype=torch.int64, device=DEVICE)
+    lens = torch.tensor(lengths, device=DEVICE)
+    plan_reference(wplan, req_pool_indices=rows, prefix_lens=lens * 0, extend_seq_lens=lens,
+                   req_to_token=table)  # fmt: skip
+    plan_reference(vplan, req_pool_indices=rows, prefix_lens=lens, extend_seq_lens=ones,
+                   req_to_token=table)  # fmt: skip
+    stores = [CanaryStore.allocate(num_slots=17, violation_capacity=8, device=DEVICE) for _ in "ab"]
+    step = dict(input_ids=torch.arange(6, device=DEVICE) + 5, positions=pos.to(DEVICE),
+                out_cache_loc=slots.to(DEVICE))  # fmt: skip
+    for store in stores:
+        launch_write(store, wplan, **step, real_kv=real_kv)
+    kv[int(slots[4])] += 1  # row 3's second token overwritten
+    launch_verify(stores[0], vplan, real_kv=real_kv)
+    validated = validate_verify_args(stores[1], vplan, check_expected_tokens=False, real_kv=real_kv)
+    given = args_for(old_verify, validated)
+    assert given.real_kv is not real_kv and given.real_kv.sources[0] is kv
+    old_verify.dispatch_verify(stores[1], vplan, given)
+    for store in stores:
+        assert int(store.violation_count) == 1 and int(store.status) == 0
+    assert torch.equal(stores[0].violations[:1, :8], stores[1].violations[:1, :8])
+    assert [v.slot for v in stores[0].take_violations().violations] == [int(slots[4])]

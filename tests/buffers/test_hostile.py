@@ -612,7 +612,11 @@ def test_staging_copies_keep_or_follow_their_link(plan):
     b2, s2 = copy.deepcopy((b, staging))
     assert s2.built_for is b2
     plan(b2, **tables, **s2.plan_kwargs())
-    refused(lambda: plan(b, **tables, **s2.plan_kwargs()), ValueError, "staging built for other")
+    refused(
+        lambda: plan(b, **tables, **s2.plan_kwargs()),
+        ValueError,
+        r"staging built for another PlanBuffers object \(also of generation 0",
+    )
     # pickle of the pair: the same
     b3, s3 = pickle.loads(pickle.dumps((b, staging)))
     assert s3.built_for is b3 and s3.generation == 0

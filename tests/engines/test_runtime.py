@@ -722,4 +722,5 @@ def test_the_chains_run_on_the_side_stream_and_the_stamps_after_them_on_cuda():
     assert len(chains) == runtime.step and all(ms > 0 for ms in chains)
     given = torch.cuda.Stream()
     other = FakeEngine(num_blocks=24, device="cuda")
-    assert other.attach(default_config(stages="kernels"), side_stream=given).side_stream is given
+    split = default_config(stages="kernels", split_write=None)
+    assert other.attach(split, side_stream=given).side_stream is given

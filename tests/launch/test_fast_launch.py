@@ -291,6 +291,10 @@ def test_a_repeated_plan_launch_passes_the_first_launchs_arguments(
 
         real_launch_fixed(self, owner, device, grid, key, head_addresses, tail, counted_build)
 
+    launchers = [
+        getattr(plan_module, n) for n in ("_SMALL", "_LARGE", "_SUMS", "_OFFSETS", "_ENTRIES")
+    ]
+    _without_instance_patches(monkeypatch, launchers)
     monkeypatch.setattr(fast_launch.Launcher, "launch", full_launch)  # nothing runs
     monkeypatch.setattr(fast_launch.Launcher, "launch_fixed", spied_launch_fixed)
     monkeypatch.setattr(fast_launch, "current_device", lambda: buffers.device.index)
@@ -319,6 +323,18 @@ def test_a_repeated_plan_launch_passes_the_first_launchs_arguments(
             assert differ == []
 
 
+def _without_instance_patches(monkeypatch, launchers) -> None:
+    """Remove, for the test, what an earlier test's patch of a launcher instance may have
+    left in its __dict__ (``launch`` or ``launch_fixed``: monkeypatch.setattr on an
+    instance, undone by a pytest without the fix of its issue 10644, restores the bound
+    method there, which shadows the test's patch of the class and runs real launches: on
+    the H200 the plan's fast-path tests then failed after tests/plan's GPU tests, and this
+    file's verify tests after tests/launch/test_gpu_canary.py's, issue 26 §7)."""
+    for launcher in launchers:
+        for name in ("launch", "launch_fixed"):
+            monkeypatch.delitem(launcher.__dict__, name, raising=False)
+
+
 # --- a cached launch and an arena tampered with after it ------------------------------------
 @pytest.fixture
 def simulated_fast_path(monkeypatch):
@@ -334,20 +350,13 @@ def simulated_fast_path(monkeypatch):
         calls.append(("full", self.fn.__name__, addresses(args)))
         return lambda programs, stream, *a: calls.append(("fast", self.fn.__name__, a))
 
-    # Independent of what ran before in the process: a launcher instance may hold a
-    # `launch` of its own in its __dict__ (monkeypatch.setattr on an instance, undone by a
-    # pytest without the fix of its issue 10644, restores the bound method there, which
-    # shadows the class's patch below and runs real launches: on the H200 this fixture's
-    # verify tests then failed after tests/launch/test_gpu_canary.py's
-    # test_verify_grid_is_one_wave, issue 26 §7). Every launcher's
-    # instance attribute is removed for the test (restored after it), and its caches are
-    # the test's own.
+    # Independent of what ran before in the process (_without_instance_patches); the
+    # caches are the test's own.
     launchers = [write_module._WRITE, verify_module._VERIFY]
     launchers += [
         getattr(plan_module, n) for n in ("_SMALL", "_LARGE", "_SUMS", "_OFFSETS", "_ENTRIES")
     ]
-    for launcher in launchers:
-        monkeypatch.delitem(launcher.__dict__, "launch", raising=False)
+    _without_instance_patches(monkeypatch, launchers)
     monkeypatch.setattr(fast_launch.Launcher, "launch", full_launch)
     monkeypatch.setattr(fast_launch, "FAST_PATH", True)
     index = normalize_device(DEVICE).index  # (what the objects' devices hold: cuda:N)
@@ -577,3 +586,31 @@ def launch_plan_(buffers):
     from kv_canary_kernels import launch_plan
 
     launch_plan(buffers, **_plan_kw())
+
+
+@pytest.fixture
+def leaked_plan_instance_patches():
+    """As :func:`leaked_instance_patch`, for the plan's launchers and ``launch_fixed``
+    (what tests/plan's spies left behind on the H200's pytest before they used setitem)."""
+    from kv_canary_kernels.plan import dispatch as plan_module
+
+    launchers = [
+        getattr(plan_module, n) for n in ("_SMALL", "_LARGE", "_SUMS", "_OFFSETS", "_ENTRIES")
+    ]
+    for launcher in launchers:
+        assert "launch_fixed" not in launcher.__dict__
+        launcher.__dict__["launch_fixed"] = launcher.launch_fixed
+    yield
+    for launcher in launchers:
+        launcher.__dict__.pop("launch_fixed", None)
+
+
+def test_the_plan_fast_path_test_holds_after_plan_launcher_instances_were_patched(
+    leaked_plan_instance_patches, monkeypatch
+):
+    """Issue 26 §7's order dependence for the plan, reproduced on the CPU: with the leak in
+    place the plan's fast-path test still sees its spies (before the fix its first launch
+    built through the leaked method: no build recorded)."""
+    test_a_repeated_plan_launch_passes_the_first_launchs_arguments(
+        monkeypatch, 5, None, ["plan_small_batch_kernel"], False, False
+    )

@@ -104,13 +104,15 @@ def test_split_write_captured_with_a_side_stream_replays_refilled_steps():
     with torch.cuda.graph(graph):
         step()
     ref_plan = PlanBuffers.allocate(write_req_capacity=pool.cap_rows, verify_capacity=1, device=DEV)
+    ref_staging = GraphInputs.for_buffers(ref_plan)  # staging is linked to its own buffers
     allocated = None
     for it in range(12):
         rp, P, ext, ids, pos, loc = pool.batch()
         n = ids.shape[0]
-        staging.fill(
-            req_pool_indices=rp.to(DEV), prefix_lens=P.to(DEV), extend_seq_lens=ext.to(DEV)
-        )
+        for into in (staging, ref_staging):
+            into.fill(
+                req_pool_indices=rp.to(DEV), prefix_lens=P.to(DEV), extend_seq_lens=ext.to(DEV)
+            )
         for name, src in (("input_ids", ids), ("positions", pos), ("out_cache_loc", loc)):
             tok[name][:n].copy_(src)
             tok[name][n:].fill_(-1 if name == "out_cache_loc" else 0)
@@ -123,7 +125,7 @@ def test_split_write_captured_with_a_side_stream_replays_refilled_steps():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.cuda.memory_allocated() == allocated
-        launch_plan(ref_plan, **staging.plan_kwargs(), req_to_token=pool.table, verify=False)
+        launch_plan(ref_plan, **ref_staging.plan_kwargs(), req_to_token=pool.table, verify=False)
         launch_write(ref, ref_plan, **tok, launch_tag=7, real_kv=pool.real_kv)
         torch.cuda.synchronize()
         assert torch.equal(store.records, ref.records), it
@@ -138,7 +140,7 @@ def test_a_stamp_graph_replayed_without_its_chain_is_flagged():
     pool = Pool(cap_rows=4)
     plan = PlanBuffers.allocate(write_req_capacity=4, verify_capacity=1, device=DEV)
     store = pool.store()
-    ws = WriteWorkspace.for_store(store, token_capacity=16)
+    ws = WriteWorkspace.for_store(store, token_capacity=4 * 8)  # Pool.batch: <= 8 tokens a row
     rp, P, ext, ids, pos, loc = pool.batch()
     launch_plan(plan, req_pool_indices=rp.to(DEV), prefix_lens=P.to(DEV),
                 extend_seq_lens=ext.to(DEV), req_to_token=pool.table, verify=False)  # fmt: skip
