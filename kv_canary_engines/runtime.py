@@ -35,9 +35,9 @@ API summary
   (``poll_every``: each poll syncs), the policy (``"log"``, ``"raise"`` or a callable
   ``(request_ids, report) -> None`` that aborts them), the real-KV mode, the TAIL store,
   the stages (``"auto"``, ``"kernels"``, ``"reference"``), the ring's capacity, and the
-  split write (``split_write``: off by default until the runtime's streams have run on a
-  GPU; ``None`` splits on CUDA with the kernels, each store's chain in ``begin_step`` on
-  a side stream beside the forward, its stamp in ``end_step``;
+  split write (``split_write``: by default ``None``, the split on CUDA with the kernels,
+  each store's chain in ``begin_step`` on a side stream beside the forward, its stamp in
+  ``end_step``, and one write elsewhere;
   ``CanaryRuntime(..., side_stream=...)`` takes the engine's stream).
 - :class:`KVGroup`: one KV pool as the canary sees it (slots, page size, window and LUT,
   the KV tensors the real-KV hash reads).
@@ -68,7 +68,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import attrs
@@ -185,14 +185,12 @@ class CanaryConfig:
             forward's (``runtime.timing``, :class:`~kv_canary_engines.timing.StepTiming`).
         split_write: run each store's write as the split write (docs/contract-canary.md,
             "Write, split"): its chain in ``begin_step``, on a side stream beside the
-            forward, and its stamp in ``end_step``; ``False`` (default): one
-            ``launch_write`` per store in ``end_step``; ``None``: split on CUDA with the
-            kernels stage (the side stream overlaps the forward), one write elsewhere (no
-            stream to overlap: the same records either way). ``None`` is meant to become
-            the default once the runtime's side stream has run on a GPU (the kernels'
-            split has; the runtime's events and streams have not). ``True`` off CUDA runs
-            the chain in ``begin_step`` on the one stream there is (the tests' way to
-            cover it).
+            forward, and its stamp in ``end_step``; ``None`` (default): split on CUDA
+            with the kernels stage (the side stream overlaps the forward), one write
+            elsewhere (no stream to overlap: the same records either way); ``False``:
+            one ``launch_write`` per store in ``end_step``; ``True`` off CUDA runs the
+            chain in ``begin_step`` on the one stream there is (the tests' way to cover
+            it).
     """
 
     verify_every: int = attrs.field(default=1, validator=_at_least(1))
@@ -208,7 +206,7 @@ class CanaryConfig:
     chain_position_check: bool = True
     violation_capacity: int = attrs.field(default=4096, validator=_at_least(1))
     timing: bool = False
-    split_write: bool | None = attrs.field(default=False, validator=_bool_or_none)
+    split_write: bool | None = attrs.field(default=None, validator=_bool_or_none)
 
 
 def _sources(value: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -423,6 +421,14 @@ class CanaryRuntime:
             )
         self.config = config
         self.device = torch.device(device)
+        self._index: int | None = None
+        """The CUDA device's index, resolved once (None off CUDA): ``torch.cuda.
+        current_stream`` and ``Event.record`` given None, or a device without an index,
+        look the current device up through ``torch.cuda.is_available()`` (an environment
+        read) on every call, tens of microseconds a step on the H200's host."""
+        if self.device.type == "cuda":
+            index = self.device.index
+            self._index = torch.cuda.current_device() if index is None else index
         self.sweep_source = sweep_source
         self.stages = _stages(config.stages, self.device)
         if type(expected_requests) is not int or expected_requests < 0:
@@ -470,8 +476,7 @@ class CanaryRuntime:
                     "kv-canary: side_stream is the split write's, on CUDA: got one with "
                     f"split_write={self.split_write} on device {self.device}"
                 )
-            index = self.device.index  # None: the current device
-            if given.device.index != (torch.cuda.current_device() if index is None else index):
+            if given.device.index != self._index:
                 raise ValueError(
                     f"kv-canary: side_stream must be on the canary's device {self.device}, "
                     f"got a stream of {given.device}"
@@ -581,7 +586,7 @@ class CanaryRuntime:
         if not isinstance(batch, StepBatch):
             raise TypeError(f"kv-canary: batch must be a StepBatch, got {type(batch).__name__}")
         if self.timing is not None:
-            self.timing.mark(self.device, 0)
+            self.timing.mark(self._index, 0)
         step = self._step
         verify = step % self.config.verify_every == 0
         st = self.stats
@@ -686,7 +691,7 @@ class CanaryRuntime:
         self._pending = pending
         self._step += 1
         if self.timing is not None:
-            self.timing.mark(self.device, 1)
+            self.timing.mark(self._index, 1)
 
     def end_step(self) -> CanaryReport | None:
         """After the forward: the HEAD write (with the scheduler's tokens and positions as
@@ -699,7 +704,7 @@ class CanaryRuntime:
             raise RuntimeError("kv-canary: end_step called without begin_step")
         self._pending = None
         if self.timing is not None:
-            self.timing.mark(self.device, 2)
+            self.timing.mark(self._index, 2)
         if p.chained:
             self._join(p)
             for g in self._groups:
@@ -731,7 +736,7 @@ class CanaryRuntime:
                 if p.verify:
                     self._verify(g, "TAIL", g.tail, g.plan, Endpoint.TAIL_VERIFY, p.step, True)
         if self.timing is not None:
-            self.timing.mark(self.device, 3)
+            self.timing.mark(self._index, 3)
         self.rows.stamped(p.rows, p.ends)
         every = self.config.sweep_every
         if every and self._step % every == 0 and self.sweep_source is not None:
@@ -845,7 +850,7 @@ class CanaryRuntime:
         event ``end_step`` makes the current stream wait for. Off CUDA, in order."""
         side = self.side_stream
         if side is not None:
-            self._planned.record(torch.cuda.current_stream(self.device))
+            self._planned.record(torch.cuda.current_stream(self._index))
             side.wait_event(self._planned)
         p.chained = True
         timing = self.timing if side is not None else None
@@ -865,7 +870,7 @@ class CanaryRuntime:
 
     def _chain_launches(self, p: _Pending, side: torch.cuda.Stream | None) -> None:
         """Every store's chain, on ``side`` when given (the current stream otherwise)."""
-        with torch.cuda.stream(side) if side is not None else _NO_STREAM:
+        with _on_stream(side, self._index):
             for g in self._groups:
                 plain = dict(
                     input_ids=p.input_ids,
@@ -896,7 +901,7 @@ class CanaryRuntime:
         """The current stream waits for the step's chains (no host sync): every later use
         or reuse of what they read or wrote is ordered after them."""
         if p.chained and self.side_stream is not None:
-            torch.cuda.current_stream(self.device).wait_event(self._chains_done)
+            torch.cuda.current_stream(self._index).wait_event(self._chains_done)
 
     def _stamp(self, g: _Group, store_name: str, store: CanaryStore, ws: WriteWorkspace) -> None:
         self.stages.stamp(store, g.plan, ws, real_kv=g.real_kv)
@@ -1223,6 +1228,30 @@ class _StageSet:
 
 
 _NO_STREAM = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _switched(stream: torch.cuda.Stream, previous: torch.cuda.Stream) -> Iterator[None]:
+    torch.cuda.set_stream(stream)
+    try:
+        yield
+    finally:
+        torch.cuda.set_stream(previous)
+
+
+def _on_stream(
+    stream: torch.cuda.Stream | None, index: int | None
+) -> contextlib.AbstractContextManager[None]:
+    """``torch.cuda.stream(stream)`` (nothing for None), where ``stream`` is on device
+    ``index``: when that is the current device, without the two lookups of the current
+    device ``torch.cuda.stream`` makes (an environment read each, see
+    ``CanaryRuntime._index``); otherwise ``torch.cuda.stream`` itself, which also switches
+    the current device and back."""
+    if stream is None:
+        return _NO_STREAM
+    if index is None or torch.cuda.current_device() != index:
+        return torch.cuda.stream(stream)
+    return _switched(stream, torch.cuda.current_stream(index))
 
 
 def _refuse_capture(device: torch.device, what: str) -> None:

@@ -30,16 +30,18 @@ class StepTiming:
     chains (off the forward's stream: not in :meth:`gpu_ms`)."""
     _start: float = 0.0
 
-    def mark(self, device: torch.device, which: int) -> None:
-        """``which``: 0 begin_step starts, 1 it ends, 2 end_step starts, 3 it ends."""
+    def mark(self, index: int | None, which: int) -> None:
+        """``which``: 0 begin_step starts, 1 it ends, 2 end_step starts, 3 it ends;
+        ``index``: the CUDA device whose current stream gets the event (None: no event,
+        off CUDA). An int, not a device: see ``CanaryRuntime._index``."""
         now = time.perf_counter()
         if which in (1, 3):
             (self.host_pre_s if which == 1 else self.host_post_s).append(now - self._start)
         else:
             self._start = now
-        if device.type == "cuda":
+        if index is not None:
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(torch.cuda.current_stream(index))
             if which == 0:
                 self._events.append([])
             if self._events:

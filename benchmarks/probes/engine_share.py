@@ -45,7 +45,7 @@ mode, the first step of each run left out (the runtime is built there):
   ``--poll-every`` steps, falls mostly outside a median: each run's wall time is printed).
 
 ``--split-write {auto,on,off}``: ``CanaryConfig(split_write=None, True, False)``; ``auto``
-(the probe's default; the runtime's is ``False``) is the split write on CUDA with the kernels (each
+(the probe's default and the runtime's) is the split write on CUDA with the kernels (each
 store's chain in ``begin_step`` on the runtime's side stream, beside the forward; its stamp
 in ``end_step``). ``--compare-split``: both in one process, each pair of runs becoming
 (split, off, one write, off), so the table has a row per step kind and write (the
@@ -767,8 +767,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--split-write",
         default="auto",
         choices=tuple(SPLIT_WRITE),
-        help="CanaryConfig(split_write=None, True, False); auto: split on CUDA with the\n"
-        "kernels (the runtime's own default is off)",
+        help="CanaryConfig(split_write=None, True, False); auto (the runtime's default):\n"
+        "split on CUDA with the kernels",
     )
     parser.add_argument(
         "--compare-split",

@@ -341,12 +341,16 @@ def run(
         timing=args.timing,
         **_split_write(eng, args),
     )
+    # block 0 holds real tokens (transformers 5.17): as the adapter declares it, where the
+    # runtime knows the flag (else the kernels raise PADDING_SLOT_WRITTEN every step)
+    real_slot0 = "slot0_real" in inspect.signature(eng.KVGroup).parameters
     group = eng.KVGroup(
         name="full_attention",
         num_slots=blocks * page,
         page_size=page,
         real_kv_sources=tuple(kv),
         real_kv_bytes_per_token=128,
+        **({"slot0_real": True} if real_slot0 else {}),
     )
     sized = "expected_requests" in inspect.signature(eng.CanaryRuntime).parameters
     extra = {"expected_requests": args.requests} if sized else {}  # as the adapter passes it

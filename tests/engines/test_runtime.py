@@ -625,9 +625,9 @@ def test_a_real_token_at_slot_0_is_flagged_unless_the_engine_puts_real_tokens_th
 
 
 # --- the split write's streams and steps ---------------------------------------------------
-def test_the_split_write_is_off_by_default_auto_on_cuda_and_refuses_a_bad_stream():
+def test_the_split_write_is_auto_by_default_on_cuda_only_and_refuses_a_bad_stream():
     group = KVGroup(name="full", num_slots=64, page_size=4)
-    assert CanaryConfig().split_write is False  # until the runtime's streams ran on a GPU
+    assert CanaryConfig().split_write is None  # the split on CUDA with the kernels
     for stages in ("reference", "kernels"):  # auto: no stream to overlap on the CPU
         rt = CanaryRuntime(CanaryConfig(stages=stages, split_write=None), [group], device="cpu")
         assert not rt.split_write and rt.side_stream is None
