@@ -73,13 +73,13 @@ environment here, ``scripts/setup-engines.sh``). ``--smoke`` runs the same code 
 under ``TRITON_INTERPRET=1`` (set when the flag is given): the figures mean nothing there
 and there are no GPU columns.
 
-Last answer (H200, 4e5a91e, transformers 5.17, the defaults): the target is NOT met. The
-canary's share of a step, 1B / 8B: prefill 4.54% / 2.71%, decode 1.62% / 1.16%, against
-engine steps of 97 / 155 ms (prefill, 22 rows, 2048 tokens) and 88 / 109 ms (decode, 13
-rows); the canary's host time 2.6 / 3.8 ms a prefill step and 1.1 / 1.3 ms a decode step,
-its GPU span the same order (the launches wait on the host), far above its kernels' own
-time: the runtime's per-step host work is the cost. Tokens identical with and without
-the canary, 0 violations. The table is in docs/performance.md ("Inside an engine").
+Last answer (H200, cce3276, transformers 5.17, the defaults: the split write;
+``--shapes 1b,8b --pairs 2``): the target is NOT met. The canary's share of a step, 1B / 8B:
+prefill 1.57% / 1.02%, decode 1.63% / 1.23%, against engine steps of 96 / 162 ms (prefill,
+22 rows, 2048 tokens) and 91 / 126 ms (decode, 13 rows). ``begin_step`` is most of it,
+1.1 to 1.6 ms of host time that the GPU waits for; after the forward the split leaves 21 us
+on a prefill step (1,499 us with one write, ``--compare-split``). Tokens identical with and
+without the canary, 0 violations. The table is in docs/performance.md ("Inside an engine").
 """
 
 from __future__ import annotations

@@ -25,12 +25,11 @@ check on (expected inputs equal to the inputs); verify after decode plans of 64,
 KB a token each, page size 1; runs before 2026-11-30T21:00 passed one tensor as both
 sources). Needs CUDA and git.
 
-Last answer (H200, 2026-12-01, ``--stages write --rounds 9``: cf9dbcf, the kernels before
-the write split, against the committed split 5a7b446, us): decode 4096 x 1 2.59 -> 2.65,
-256 x 1 2.40 -> 2.45, mixed prefill 16 x 2048 257.90 -> 226.28, long prefill 1 x 8192
-974.91 -> 899.96, 16 x 2048 with expected inputs 302.45 -> 270.50.
-Raw, in the tag ``benchmark-results-2026-12-01``:
-``benchmarks/results/h200-compare-write-5a7b446-20261201.txt``.
+Last answer (H200, 5b6e40b against a copy of 4c86cba's kernels, the kernels before issue
+26, ``--stages both --rounds 3``, us): verify at 4096 rows 57.84 -> 58.18 (NONE) and 171.44
+-> 171.52 (PARTIAL); write decode 4096 x 1 2.76 -> 2.91 (2.76 -> 2.86 with ``--stages write
+--rounds 5``), mixed prefill 16 x 2048 227.96 -> 239.68, long prefill 1 x 8192 901.47 ->
+948.63. The run: docs/history/2026-12-01-9-h200-suite-revisions-engine-share.md.
 """
 
 from __future__ import annotations

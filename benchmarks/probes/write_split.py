@@ -32,12 +32,12 @@ difference). Both take the write's host fast path (cached addresses) after their
 call: the figures to hold against the 30 us host budget. The same on the CPU, the launch
 stubbed: ``python -m benchmarks.probes.write_split_host``.
 
-Last answer (H200, ``--quick``, d3d2464): the stamp 3.2 to 5.6 us on 16 x 2048 and 1 x 8192
-(NONE and PARTIAL; ``launch_write`` 238 to 6,161 us), 3.09 us for decode 4096 x 1
-(``launch_write`` 2.61); the chain 1.37x ``launch_write`` on prefill (326 and 1,295 us);
-the GEMM beside the chain +6.3 / +6.8% eager and +7.3 / +27.7% in a graph (16 x 2048 /
-1 x 8192), -0.4% / +0.5% beside a decode chain; host per eager call: the chain 59 to 106
-us, the stamp 18 to 28 us, ``launch_write`` 16 to 21 us. The tables are in
+Last answer (H200, ``--quick``, e4f4262): the stamp 3.2 to 5.6 us on 16 x 2048 and 1 x 8192
+(NONE and PARTIAL; ``launch_write`` 239 to 6,141 us), 3.12 us for decode 4096 x 1
+(``launch_write`` 2.38); the chain 1.37x ``launch_write`` on prefill (326 and 1,295 us);
+the GEMM beside the chain +7.4 / +7.2% eager and +7.7 / +28.4% in a graph (16 x 2048 /
+1 x 8192), +0.2% / +0.04% beside a decode chain; host per eager call: the chain 15.6 to
+29.9 us, chain + stamp 26.6 to 52.8, ``launch_write`` 12.8 to 30.3. The tables are in
 docs/performance.md ("Write").
 """
 
