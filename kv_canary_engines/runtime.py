@@ -186,11 +186,12 @@ class CanaryConfig:
         split_write: run each store's write as the split write (docs/contract-canary.md,
             "Write, split"): its chain in ``begin_step``, on a side stream beside the
             forward, and its stamp in ``end_step``; ``None`` (default): split on CUDA
-            with the kernels stage (the side stream overlaps the forward), one write
-            elsewhere (no stream to overlap: the same records either way); ``False``:
-            one ``launch_write`` per store in ``end_step``; ``True`` off CUDA runs the
-            chain in ``begin_step`` on the one stream there is (the tests' way to cover
-            it).
+            with the kernels stage (the side stream overlaps the forward) the steps where
+            some row writes at least :data:`SPLIT_FROM_TOKENS` tokens, one write on the
+            others and elsewhere (the same records either way); ``False``:
+            one ``launch_write`` per store in ``end_step``; ``True``: every step split
+            (off CUDA, the chain in ``begin_step`` on the one stream there is: the tests'
+            way to cover it).
     """
 
     verify_every: int = attrs.field(default=1, validator=_at_least(1))
@@ -446,6 +447,12 @@ class CanaryRuntime:
             split = self.device.type == "cuda" and self.stages.name == "kernels"
         self.split_write: bool = split
         """Whether the writes run split (``CanaryConfig.split_write`` resolved)."""
+        self.split_from_tokens: int = (
+            (0 if config.split_write is True else SPLIT_FROM_TOKENS) if split else 0
+        )
+        """With the split write, a step splits when some row writes at least this many
+        tokens (``split_write=True``: 0, every step; ``None``:
+        :data:`SPLIT_FROM_TOKENS`); its writes are one ``launch_write`` a store otherwise."""
         self.side_stream = self._side_stream(side_stream)
         """The stream the chains run on (None off CUDA, or without the split write)."""
         if self.side_stream is not None:
@@ -679,7 +686,7 @@ class CanaryRuntime:
         for g, table in zip(self._groups, tables):
             kwargs = self._plan_kwargs(g, table, rows_t, prefix_t, extend_t)
             self.stages.plan(g.plan, verify=verify, **kwargs)
-        if self.split_write:
+        if self.split_write and max(extend, default=0) >= self.split_from_tokens:
             self._chains(pending)
         try:
             if verify:
@@ -1228,6 +1235,13 @@ class _StageSet:
 
 
 _NO_STREAM = contextlib.nullcontext()
+
+SPLIT_FROM_TOKENS = 17
+"""With ``split_write=None``, a step's writes split only when some row writes at least this
+many tokens: rows of up to ``LaunchConfig.write_chain_tokens`` (16) are walked with their
+records by the write's side programs, so there the stamp is no cheaper than the write (H200,
+decode 4096 x 1: the stamp 3.12 us, ``launch_write`` 2.38) and the chain adds a launch
+before the forward, whose host time the GPU waits for in a host-synchronous engine."""
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ from kv_canary_engines import (
     launch_tag,
 )
 from kv_canary_engines.faults import FaultKind, Injection, explained, first_catch
+from kv_canary_engines.runtime import SPLIT_FROM_TOKENS
 from tests.engines.fake_engine import PAGE, FakeEngine, Req, default_config
 
 SGLANG_LINE = re.compile(
@@ -130,6 +131,45 @@ def test_the_split_write_leaves_what_one_write_leaves(tables, fault):
     assert bool(lines) is (fault is not None)
     if fault is not None:  # the fault named its victim in both runs
         assert any(f"request_id={victim.id}" in line for line in lines), lines[:3]
+
+
+@pytest.mark.parametrize("fault", [None, "kv_overwritten"])
+def test_the_split_by_step_length_leaves_what_one_write_leaves(fault):
+    # split_write=None on CUDA splits only the steps where some row writes at least
+    # SPLIT_FROM_TOKENS tokens (here forced on the CPU through the resolved threshold): a
+    # run mixing split and one-write steps leaves what one write leaves
+    seen, launched = [], []
+    for mode in ("one", "by length"):
+        engine = FakeEngine(num_blocks=200, chunk=40)
+        runtime = engine.attach(default_config(split_write=mode != "one", sweep_every=4))
+        if mode == "by length":
+            runtime.split_from_tokens = SPLIT_FROM_TOKENS
+        calls: list[str] = []
+        for name in ("chain", "write"):
+            real = getattr(runtime.stages, name)
+
+            def call(
+                *args: object, _name: str = name, _real=real, _calls=calls, **kwargs: object
+            ) -> None:
+                _calls.append(_name)
+                _real(*args, **kwargs)
+
+            object.__setattr__(runtime.stages, name, call)
+        for i in range(6):
+            engine.add(f"r{i}", engine.rand_tokens(10 + 5 * i), 6)  # 10 to 35 tokens
+        engine.run(4)
+        if fault == "kv_overwritten":
+            victim = _decoding(engine, min_blocks=1)
+            engine.kv.view(-1, 8)[victim.blocks[0] * PAGE, 0] += 1.0
+        engine.run(20)
+        final = runtime.poll()
+        lines = [v.line for v in violations(engine)] + [v.line for v in final.violations]
+        seen.append((lines, _store_state(runtime), engine.finished))
+        launched.append(calls)
+    assert seen[0] == seen[1]
+    assert "chain" not in launched[0]
+    assert 0 < launched[1].count("chain") and 0 < launched[1].count("write")  # both kinds
+    assert bool(seen[0][0]) is (fault is not None)
 
 
 def test_a_sliding_window_group_verifies_only_its_window():
@@ -687,10 +727,13 @@ def test_a_discarded_step_leaves_no_false_violation(split):
 def test_the_chains_run_on_the_side_stream_and_the_stamps_after_them_on_cuda():
     # runs on the H200 (skipped without CUDA): the default on CUDA with the kernels is the
     # split write, the chains on the runtime's side stream (or the engine's), the stamps on
-    # the current stream once it waited for them; a fault is caught as without the split
-    engine = FakeEngine(num_blocks=24, device="cuda")
+    # the current stream once it waited for them, on the steps where a row writes at least
+    # SPLIT_FROM_TOKENS tokens (one launch_write a store on the others, decode here); a
+    # fault is caught as without the split
+    engine = FakeEngine(num_blocks=40, chunk=40, device="cuda")
     runtime = engine.attach(default_config(stages="kernels", timing=True, split_write=None))
     assert runtime.split_write and runtime.side_stream is not None
+    assert runtime.split_from_tokens == SPLIT_FROM_TOKENS
     seen: list[tuple[str, int]] = []
 
     def spy(name: str) -> None:
@@ -705,21 +748,22 @@ def test_the_chains_run_on_the_side_stream_and_the_stamps_after_them_on_cuda():
     for name in ("chain", "stamp", "write"):
         spy(name)
     for i in range(3):
-        engine.add(f"g{i}", engine.rand_tokens(6 + i), 3)
+        engine.add(f"g{i}", engine.rand_tokens(20 + i), 6)  # one prefill step of 20 to 22
     engine.run(3)
     main = torch.cuda.current_stream().cuda_stream
+    names = [n for n, _ in seen]
     assert runtime.side_stream.cuda_stream != main
     assert {s for n, s in seen if n == "chain"} == {runtime.side_stream.cuda_stream}
-    assert {s for n, s in seen if n == "stamp"} == {main}
-    assert [n for n, _ in seen].count("chain") == [n for n, _ in seen].count("stamp") > 0
-    assert "write" not in {n for n, _ in seen}
+    assert {s for n, s in seen if n in ("stamp", "write")} == {main}
+    assert names.count("chain") == names.count("stamp") > 0  # the prefill step
+    assert names.count("write") > 0  # the decode steps
     victim = _decoding(engine, min_blocks=1)
     engine.kv.view(-1, 8)[victim.blocks[0] * PAGE, 0] += 1.0
     engine.run(2)
     assert {rid for v in violations(engine) for rid in v.request_ids()} == {victim.id}
     assert runtime.timing is not None  # the chains' GPU time on the side stream, per step
     chains = runtime.timing.chain_gpu_ms()
-    assert len(chains) == runtime.step and all(ms > 0 for ms in chains)
+    assert 0 < len(chains) < runtime.step and all(ms > 0 for ms in chains)
     given = torch.cuda.Stream()
     other = FakeEngine(num_blocks=24, device="cuda")
     split = default_config(stages="kernels", split_write=None)
