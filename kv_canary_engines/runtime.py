@@ -192,6 +192,16 @@ class CanaryConfig:
             one ``launch_write`` per store in ``end_step``; ``True``: every step split
             (off CUDA, the chain in ``begin_step`` on the one stream there is: the tests'
             way to cover it).
+        overlap_begin: launch what ``begin_step`` launches (the step's staging, tables
+            and pool, the plans, the HEAD verify, the chains) from ``end_step`` instead,
+            on the side stream, which first waits for an event ``begin_step`` recorded
+            before the forward: the GPU order is the same (nothing the forward does
+            touches a canary buffer), while the host work runs after the forward has been
+            queued, beside its GPU time, instead of before it, where a host-synchronous
+            engine's GPU waits for it. The batch's errors are then raised by
+            ``end_step``. ``False`` (default, until it has run on a GPU); ``None``: on
+            CUDA with the kernels stage; ``True`` forces it (off CUDA, in order in
+            ``end_step``: the tests' way to cover it).
     """
 
     verify_every: int = attrs.field(default=1, validator=_at_least(1))
@@ -208,6 +218,7 @@ class CanaryConfig:
     violation_capacity: int = attrs.field(default=4096, validator=_at_least(1))
     timing: bool = False
     split_write: bool | None = attrs.field(default=None, validator=_bool_or_none)
+    overlap_begin: bool | None = attrs.field(default=False, validator=_bool_or_none)
 
 
 def _sources(value: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -453,11 +464,22 @@ class CanaryRuntime:
         """With the split write, a step splits when some row writes at least this many
         tokens (``split_write=True``: 0, every step; ``None``:
         :data:`SPLIT_FROM_TOKENS`); its writes are one ``launch_write`` a store otherwise."""
+        overlap = config.overlap_begin
+        if overlap is None:
+            overlap = self.device.type == "cuda" and self.stages.name == "kernels"
+        self.overlap_begin: bool = overlap
+        """Whether ``begin_step``'s launches run from ``end_step`` on the side stream
+        (``CanaryConfig.overlap_begin`` resolved)."""
         self.side_stream = self._side_stream(side_stream)
-        """The stream the chains run on (None off CUDA, or without the split write)."""
+        """The stream the chains (and with ``overlap_begin`` all of ``begin_step``'s
+        launches) run on: None off CUDA, or with neither the split write nor the overlap."""
         if self.side_stream is not None:
             self._planned = torch.cuda.Event()
             self._chains_done = torch.cuda.Event()
+            self._begun = torch.cuda.Event()
+            self._prepared = torch.cuda.Event()
+        self._held: StepBatch | None = None
+        """With ``overlap_begin``: the batch ``begin_step`` took, prepared in ``end_step``."""
         self.rows = RowTable()
         shape = (max(2, expected_requests + 1), 16)  # + row 0, the padding row
         self.pool = torch.full(shape, -1, dtype=torch.int32, device=self.device)
@@ -478,10 +500,11 @@ class CanaryRuntime:
                     f"kv-canary: side_stream must be a torch.cuda.Stream, got "
                     f"{type(given).__name__}"
                 )
-            if not self.split_write or self.device.type != "cuda":
+            if not (self.split_write or self.overlap_begin) or self.device.type != "cuda":
                 raise ValueError(
-                    "kv-canary: side_stream is the split write's, on CUDA: got one with "
-                    f"split_write={self.split_write} on device {self.device}"
+                    "kv-canary: side_stream is the split write's and overlap_begin's, on "
+                    f"CUDA: got one with split_write={self.split_write}, overlap_begin="
+                    f"{self.overlap_begin} on device {self.device}"
                 )
             if given.device.index != self._index:
                 raise ValueError(
@@ -489,7 +512,7 @@ class CanaryRuntime:
                     f"got a stream of {given.device}"
                 )
             return given
-        if self.split_write and self.device.type == "cuda":
+        if (self.split_write or self.overlap_begin) and self.device.type == "cuda":
             return torch.cuda.Stream(device=self.device)
         return None
 
@@ -586,14 +609,47 @@ class CanaryRuntime:
         """Before the forward: assign rows, grow every buffer from host numbers, load the
         slot tables, fill the expected-token pool, plan, and (on a verify step) run the
         HEAD verify. Nothing syncs: the step's host arrays reach the device in one
-        ``non_blocking`` copy (:mod:`kv_canary_engines.host`)."""
+        ``non_blocking`` copy (:mod:`kv_canary_engines.host`).
+
+        With ``overlap_begin``, only records an event on the current stream (where the
+        step starts on the GPU) and keeps ``batch``: ``end_step`` does the rest, on the
+        side stream after that event, and raises the batch's errors."""
         _refuse_capture(self.device, "begin_step")
-        if self._pending is not None:
+        if self._pending is not None or self._held is not None:
             raise RuntimeError("kv-canary: begin_step called twice without end_step")
         if not isinstance(batch, StepBatch):
             raise TypeError(f"kv-canary: batch must be a StepBatch, got {type(batch).__name__}")
         if self.timing is not None:
             self.timing.mark(self._index, 0)
+        if self.overlap_begin:
+            if self.side_stream is not None:
+                self._begun.record(torch.cuda.current_stream(self._index))
+            self._held = batch
+        else:
+            self._pending = self._prepare(batch)
+            self._step += 1
+        if self.timing is not None:
+            self.timing.mark(self._index, 1)
+
+    def _prepare_beside(self, batch: StepBatch) -> _Pending:
+        """``overlap_begin``'s half of ``end_step``: :meth:`_prepare` on the side stream
+        after the event ``begin_step`` recorded, then the current stream waits for it (on
+        an error too: what it launched outlives the frame)."""
+        side = self.side_stream
+        if side is None:  # off CUDA: in order
+            return self._prepare(batch)
+        current = torch.cuda.current_stream(self._index)
+        try:
+            with _on_stream(side, self._index):
+                side.wait_event(self._begun)
+                return self._prepare(batch)
+        finally:
+            self._prepared.record(side)
+            current.wait_event(self._prepared)
+
+    def _prepare(self, batch: StepBatch) -> _Pending:
+        """The step's preparation (``begin_step``'s docstring) on the current stream:
+        returns what ``end_step`` needs."""
         step = self._step
         verify = step % self.config.verify_every == 0
         st = self.stats
@@ -695,10 +751,7 @@ class CanaryRuntime:
         except BaseException:
             self._join(pending)  # the chains' inputs are freed with this frame
             raise
-        self._pending = pending
-        self._step += 1
-        if self.timing is not None:
-            self.timing.mark(self._index, 1)
+        return pending
 
     def end_step(self) -> CanaryReport | None:
         """After the forward: the HEAD write (with the scheduler's tokens and positions as
@@ -706,12 +759,16 @@ class CanaryRuntime:
         step; the sweep every ``sweep_every`` steps; and every ``poll_every`` steps the
         poll, whose report it returns (None on other steps)."""
         _refuse_capture(self.device, "end_step")
+        if self.timing is not None and (self._pending is not None or self._held is not None):
+            self.timing.mark(self._index, 2)
+        if self._held is not None:
+            batch, self._held = self._held, None
+            self._pending = self._prepare_beside(batch)
+            self._step += 1
         p = self._pending
         if p is None:
             raise RuntimeError("kv-canary: end_step called without begin_step")
         self._pending = None
-        if self.timing is not None:
-            self.timing.mark(self._index, 2)
         if p.chained:
             self._join(p)
             for g in self._groups:
@@ -763,13 +820,14 @@ class CanaryRuntime:
         if self._pending is not None and self._pending.chained:
             self._join(self._pending)
         self._pending = None
+        self._held = None  # (overlap_begin: nothing was launched for it)
 
     def sweep(self, batch: SweepBatch) -> None:
         """Re-verify the whole stamped prefix of each running request in ``batch`` against
         the HEAD store (no token check: docs/contract-canary.md, "Sweep"). Between steps,
         outside graphs; its rows carry the SWEEP endpoint and the last step's number."""
         _refuse_capture(self.device, "sweep")
-        if self._pending is not None:
+        if self._pending is not None or self._held is not None:
             raise RuntimeError("kv-canary: sweep called between begin_step and end_step")
         known = [(rid, length) for rid, length in batch.requests if self.rows.row_of(rid)]
         if not known:
@@ -1045,7 +1103,7 @@ class CanaryRuntime:
         violation row, run the health check, apply the policy, and free the rows released
         since the previous poll. Between steps, never inside capture."""
         _refuse_capture(self.device, "poll")
-        if self._pending is not None:
+        if self._pending is not None or self._held is not None:
             raise RuntimeError("kv-canary: poll called between begin_step and end_step")
         self.stats.polls += 1
         violations: list[EngineViolation] = []

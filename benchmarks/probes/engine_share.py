@@ -52,6 +52,12 @@ in ``end_step``). ``--compare-split``: both in one process, each pair of runs be
 ``write`` column: ``split`` or ``one``) against the same runs without the canary: the
 end-to-end effect of the split write on prefill steps (``end GPU us``, ``step ms with``).
 
+``--overlap-begin {auto,on,off}``: ``CanaryConfig(overlap_begin=None, True, False)``
+(``off``, the runtime's default): ``begin_step``'s launches from ``end_step`` on the side
+stream, after an event recorded before the forward, so that their host time runs beside
+the forward's GPU time (the ``write`` column gains ``+overlap``). ``--compare-overlap``:
+both in one process, each pair of runs becoming (overlapped, off, before the forward, off).
+
 ``--profile N``: after a shape's measured runs, one more run with the canary (at most 16
 generated tokens) whose ``begin_step`` and ``end_step`` run under cProfile and a
 ``torch.profiler`` each: cProfile's top N functions by own time, and per method the torch
@@ -288,6 +294,9 @@ class Run:
     runtime_steps: int = 0
     split_write: bool | None = None
     """With the canary: whether its runtime ran the split write (``runtime.split_write``)."""
+    overlap_begin: bool | None = None
+    """With the canary: whether ``begin_step``'s launches ran from ``end_step``
+    (``runtime.overlap_begin``)."""
 
     def period_ms(self, i: int) -> float | None:
         """Host ms from step ``i``'s start to the next step's (None for the last)."""
@@ -339,6 +348,7 @@ def generate(
     canary: bool,
     max_new: int,
     split_write: bool | None = None,
+    overlap_begin: bool | None = False,
 ) -> Run:
     """One generation of ``prompts`` on a fresh manager (5.17 cannot reuse one across
     sessions), with the canary installed when ``canary``."""
@@ -366,6 +376,7 @@ def generate(
                 poll_every=args.poll_every,
                 sweep_every=args.sweep_every,
                 split_write=split_write,
+                overlap_begin=overlap_begin,
             )
             installed = install(model, manager, config)
         probe.attach_after()
@@ -458,6 +469,7 @@ def _canary_results(run: Run, canary: Any) -> None:
     run.slot0_steps = canary.slot0_steps
     run.runtime_steps = runtime.stats.steps
     run.split_write = runtime.split_write
+    run.overlap_begin = runtime.overlap_begin
 
 
 # --- one shape -------------------------------------------------------------------------------
@@ -498,6 +510,8 @@ def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any
     ``split``, ``one``; ``mixed`` when they differ, ``n/a`` when none says)."""
     modes = {r.split_write for r in ons} - {None}
     write = {1: "split" if True in modes else "one", 2: "mixed"}.get(len(modes), "n/a")
+    if {r.overlap_begin for r in ons} == {True}:
+        write += "+overlap"  # begin_step's launches from end_step, beside the forward
     rows = []
     for kind in KINDS:
 
@@ -604,7 +618,8 @@ def check(shape: str, offs: list[Run], ons: list[Run]) -> Checks:
 def _label(run: Run) -> str:
     if not run.canary:
         return "off"
-    return {True: "on (split)", False: "on (one write)"}.get(run.split_write, "on")  # type: ignore[arg-type]
+    label = {True: "on (split", False: "on (one write"}.get(run.split_write, "on (")  # type: ignore[arg-type]
+    return label + (", overlapped)" if run.overlap_begin else ")")
 
 
 def _in_order(offs: list[Run], ons: list[Run]) -> list[Run]:
@@ -628,17 +643,26 @@ def run_shape(
     modes = write_modes(args)
     t0 = time.perf_counter()
     generate(model, warm, args, canary=False, max_new=args.warmup_generate)
-    for split in modes:  # the kernels compile here
-        generate(model, warm, args, canary=True, max_new=args.warmup_generate, split_write=split)
+    for split, overlap in modes:  # the kernels compile here
+        generate(
+            model, warm, args, canary=True, max_new=args.warmup_generate,
+            split_write=split, overlap_begin=overlap,
+        )  # fmt: skip
     print(f"{shape}: warm-up (without, with the canary) {time.perf_counter() - t0:.1f} s")
     t0 = time.perf_counter()
     offs = [generate(model, prompts, args, canary=False, max_new=args.generate)]
     ons: list[list[Run]] = [[] for _ in modes]
     for _ in range(args.pairs):
-        for runs, split in zip(ons, modes):
+        for runs, (split, overlap) in zip(ons, modes):
             runs.append(
                 generate(
-                    model, prompts, args, canary=True, max_new=args.generate, split_write=split
+                    model,
+                    prompts,
+                    args,
+                    canary=True,
+                    max_new=args.generate,
+                    split_write=split,
+                    overlap_begin=overlap,
                 )
             )
             offs.append(generate(model, prompts, args, canary=False, max_new=args.generate))
@@ -655,11 +679,15 @@ def run_shape(
     return rows, check(shape, offs, [r for runs in zip(*ons) for r in runs])
 
 
-def write_modes(args: argparse.Namespace) -> list[bool | None]:
-    """The canary runs' ``split_write`` values: both with ``--compare-split``."""
+def write_modes(args: argparse.Namespace) -> list[tuple[bool | None, bool | None]]:
+    """The canary runs' ``(split_write, overlap_begin)`` values: both splits with
+    ``--compare-split``, both overlaps with ``--compare-overlap``."""
+    split, overlap = SPLIT_WRITE[args.split_write], SPLIT_WRITE[args.overlap_begin]
     if args.compare_split:
-        return [True, False]
-    return [SPLIT_WRITE[args.split_write]]
+        return [(True, overlap), (False, overlap)]
+    if args.compare_overlap:
+        return [(split, True), (split, False)]
+    return [(split, overlap)]
 
 
 # --- where the canary's host time goes (--profile) -------------------------------------------
@@ -776,6 +804,18 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="run the canary both ways in one process: (split, off, one write, off) pairs",
     )
     parser.add_argument(
+        "--overlap-begin",
+        default="off",
+        choices=tuple(SPLIT_WRITE),
+        help="CanaryConfig(overlap_begin=None, True, False); off is the runtime's default",
+    )
+    parser.add_argument(
+        "--compare-overlap",
+        action="store_true",
+        help="run the canary both ways in one process: (overlapped, off, before the "
+        "forward, off) pairs",
+    )
+    parser.add_argument(
         "--profile",
         type=int,
         default=0,
@@ -794,6 +834,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("requests", "prompt", "generate", "max_batch_tokens", "page_size", "pairs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.compare_split and args.compare_overlap:
+        parser.error("--compare-split and --compare-overlap compare one setting each: pick one")
     if args.smoke:
         args.shapes, args.device, args.dtype = "tiny", "cpu", "float32"
         args.requests, args.prompt, args.generate = 3, 20, 4
@@ -815,6 +857,8 @@ SETTINGS = (
     "dtype",
     "split_write",
     "compare_split",
+    "overlap_begin",
+    "compare_overlap",
 )
 """The run's settings, in every CSV row."""
 
@@ -855,8 +899,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.requests} requests x {args.prompt} prompt + {args.generate} generated tokens, "
         f"max_batch_tokens {args.max_batch_tokens}, page {args.page_size}; canary HEAD + TAIL, "
         f"real-KV PARTIAL, stages {args.stages}, verify every step, poll every "
-        f"{args.poll_every}; split write {args.split_write}; runs: off, then {args.pairs} x "
-        + ("(split, off, one write, off)" if args.compare_split else "(on, off)")
+        f"{args.poll_every}; split write {args.split_write}; overlap begin "
+        f"{args.overlap_begin}; runs: off, then {args.pairs} x "
+        + (
+            "(split, off, one write, off)"
+            if args.compare_split
+            else "(overlapped, off, before the forward, off)"
+            if args.compare_overlap
+            else "(on, off)"
+        )
     )
     dtype = getattr(torch, args.dtype)
     meta = Recorder(name, None).meta

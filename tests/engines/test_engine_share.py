@@ -189,3 +189,49 @@ def test_a_canary_that_raises_in_the_engine_fails_the_probe(monkeypatch):
         RuntimeError, match=r"kv-canary: engine_share: request req_\d+ failed: boom"
     ):
         engine_share.generate(model, prompts, args, canary=True, max_new=2)
+
+
+def test_the_smoke_compares_the_overlapped_begin_with_the_begin_before_the_forward(tmp_path):
+    # --compare-overlap: each pair of runs becomes (overlapped, off, before the forward,
+    # off) in one process, a table row per step kind and mode, the same tokens throughout
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "benchmarks.probes.engine_share"),
+            *("--smoke", "--compare-overlap", "--out", str(tmp_path)),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    body = [line.split("|") for line in out.splitlines() if line.startswith("| tiny")]
+    assert {(cells[2].strip(), cells[3].strip()) for cells in body} == {
+        (kind, write) for kind in ("prefill", "decode") for write in ("one+overlap", "one")
+    }
+    assert "runs: off, then 1 x (overlapped, off, before the forward, off)" in out
+    assert "tokens identical with and without the canary: yes (3/3, 3/3 requests)" in out
+    assert "tiny: canary violations: 0 over " in out and "health executing" in out
+    assert "on (one write, overlapped)" in out and "on (one write)" in out
+    (path,) = tmp_path.glob("engine_share-cpu-*.csv")
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(r["write"] for r in rows) == ["one", "one", "one+overlap", "one+overlap"]
+    assert {r["compare_overlap"] for r in rows} == {"True"}
+
+
+def test_the_two_comparisons_are_refused_together():
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "benchmarks.probes.engine_share"),
+            *("--smoke", "--compare-split", "--compare-overlap"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "pick one" in done.stderr

@@ -172,6 +172,68 @@ def test_the_split_by_step_length_leaves_what_one_write_leaves(fault):
     assert bool(seen[0][0]) is (fault is not None)
 
 
+@pytest.mark.parametrize("fault", [None, "kv_overwritten", "off_by_one"])
+def test_the_overlapped_begin_leaves_what_the_begin_before_the_forward_leaves(fault):
+    # overlap_begin launches begin_step's work from end_step (on the CPU in order, after
+    # the forward): the same records, owners, counters and tokens, with one write and
+    # with the split; the same report lines, but for a forward that writes a wrong slot,
+    # which the HEAD verify may now see in the step itself (the same victims either way)
+    seen = []
+    for overlap, split in ((False, False), (True, False), (True, True)):
+        engine = FakeEngine(window=6, num_blocks=120)
+        runtime = engine.attach(
+            default_config(overlap_begin=overlap, split_write=split, sweep_every=4, verify_every=2)
+        )
+        assert runtime.overlap_begin is overlap and runtime.side_stream is None
+        workload(engine, n=8, output=10)
+        engine.run(6)
+        victim = engine.running[0]
+        if fault == "off_by_one":
+            engine.slot_shift[victim.id] = 1
+            engine.step()
+            del engine.slot_shift[victim.id]
+        elif fault == "kv_overwritten":
+            engine.kv.view(-1, 8)[victim.blocks[0] * PAGE, 0] += 1.0
+        engine.run(30)
+        final = runtime.poll()
+        found = [*violations(engine), *final.violations]
+        named = {rid for v in found for rid in v.request_ids()}
+        seen.append(([v.line for v in found], named, _store_state(runtime), engine.finished))
+    assert seen[0][2:] == seen[1][2:] == seen[2][2:]
+    assert seen[0][1] == seen[1][1] == seen[2][1]
+    if fault != "off_by_one":
+        assert seen[0][0] == seen[1][0] == seen[2][0]
+    assert bool(seen[0][0]) is (fault is not None)
+    if fault is not None:
+        assert victim.id in seen[0][1]
+
+
+def test_the_overlapped_begin_raises_the_batchs_errors_at_end_step_and_recovers():
+    group = KVGroup(name="full", num_slots=64, page_size=4)
+    rt = CanaryRuntime(default_config(overlap_begin=True), [group], device="cpu")
+    assert CanaryConfig().overlap_begin is False  # until it has run on a GPU
+    auto = CanaryRuntime(default_config(overlap_begin=None), [group], device="cpu")
+    assert not auto.overlap_begin and auto.side_stream is None  # None: CUDA only
+    rows = [Row(request_id="a", prefix_len=0, extend_len=2, tokens=[5])]
+    rt.begin_step(_batch(rows=rows))  # held, nothing checked or launched yet
+    with pytest.raises(RuntimeError, match="poll called between begin_step and end_step"):
+        rt.poll()
+    with pytest.raises(RuntimeError, match="begin_step called twice"):
+        rt.begin_step(_batch())
+    with pytest.raises(ValueError, match="kv-canary: request 'a': tokens holds 1 positions"):
+        rt.end_step()
+    assert rt.step == 0
+    with pytest.raises(RuntimeError, match="end_step called without begin_step"):
+        rt.end_step()
+    rt.begin_step(_batch())
+    rt.discard_step()  # a forward that raised: nothing was launched for it
+    rt.begin_step(_batch())
+    report = rt.end_step()  # poll_every=1
+    assert report is not None and report.violations == () and rt.step == 1
+    store = rt.stores("full")[0]
+    assert int(store.records[4, 0]) == 5 and int(store.records[5, 0]) == 6  # stamped
+
+
 def test_a_sliding_window_group_verifies_only_its_window():
     engine = FakeEngine(window=6, prefix_cache=False)
     runtime = engine.attach(default_config())
@@ -627,11 +689,18 @@ def test_bad_steps_are_refused_with_kv_canary_errors():
     assert rt.end_step() is not None  # poll_every=1
 
 
-@SPLIT
-def test_a_short_run_with_the_triton_kernels(device, split):
-    # CUDA where the machine has it (the kernels compiled), else the interpreter on CPU
+@pytest.mark.parametrize(
+    ("split", "overlap"), [(False, False), (True, False), (True, True)],
+    ids=["one-write", "split", "split-overlapped"],
+)  # fmt: skip
+def test_a_short_run_with_the_triton_kernels(device, split, overlap):
+    # CUDA where the machine has it (the kernels compiled; with the overlap, every launch
+    # of the step but the stamps and the TAIL verify on the side stream), else the
+    # interpreter on CPU
     engine = FakeEngine(num_blocks=24, device=str(device))
-    runtime = engine.attach(default_config(stages="kernels", split_write=split))
+    runtime = engine.attach(
+        default_config(stages="kernels", split_write=split, overlap_begin=overlap)
+    )
     assert runtime.stages.name == "kernels" and runtime.split_write is split
     for i in range(3):
         engine.add(f"k{i}", engine.rand_tokens(6 + i), 3)
