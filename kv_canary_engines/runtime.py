@@ -37,8 +37,9 @@ API summary
   the stages (``"auto"``, ``"kernels"``, ``"reference"``), the ring's capacity, and the
   split write (``split_write``: by default ``None``, the split on CUDA with the kernels,
   each store's chain in ``begin_step`` on a side stream beside the forward, its stamp in
-  ``end_step``, and one write elsewhere;
-  ``CanaryRuntime(..., side_stream=...)`` takes the engine's stream).
+  ``end_step``, on steps where a row writes at least :data:`SPLIT_FROM_TOKENS` tokens, and
+  one write elsewhere; ``overlap_begin``: ``begin_step``'s launches from ``end_step``
+  beside the forward; ``CanaryRuntime(..., side_stream=...)`` takes the engine's stream).
 - :class:`KVGroup`: one KV pool as the canary sees it (slots, page size, window and LUT,
   the KV tensors the real-KV hash reads).
 - :class:`Row`, :class:`StepBatch`, :class:`SweepBatch`: a step's batch in engine terms
@@ -198,10 +199,12 @@ class CanaryConfig:
             before the forward: the GPU order is the same (nothing the forward does
             touches a canary buffer), while the host work runs after the forward has been
             queued, beside its GPU time, instead of before it, where a host-synchronous
-            engine's GPU waits for it. The batch's errors are then raised by
-            ``end_step``. ``False`` (default, until it has run on a GPU); ``None``: on
-            CUDA with the kernels stage; ``True`` forces it (off CUDA, in order in
-            ``end_step``: the tests' way to cover it).
+            engine's GPU waits for it (the HEAD verify's real-KV hash then reads prefix
+            slots while the forward writes new ones: docs/engines/runtime.md, "The begin
+            beside the forward"). The batch's errors are then raised by ``end_step``.
+            ``False`` (default, until it has run on a GPU); ``None``: on CUDA with the
+            kernels stage; ``True`` forces it (off CUDA, in order in ``end_step``: the
+            tests' way to cover it).
     """
 
     verify_every: int = attrs.field(default=1, validator=_at_least(1))
@@ -478,8 +481,12 @@ class CanaryRuntime:
             self._chains_done = torch.cuda.Event()
             self._begun = torch.cuda.Event()
             self._prepared = torch.cuda.Event()
-        self._held: StepBatch | None = None
-        """With ``overlap_begin``: the batch ``begin_step`` took, prepared in ``end_step``."""
+        self._held: tuple[StepBatch, int] | None = None
+        """With ``overlap_begin``: the batch ``begin_step`` took and its step number,
+        prepared in ``end_step``."""
+        self._held_releases: list[RequestId] = []
+        """Releases while a batch is held: applied once it is prepared (a request new in
+        that batch gets its row there, so an earlier release would miss it)."""
         self.rows = RowTable()
         shape = (max(2, expected_requests + 1), 16)  # + row 0, the padding row
         self.pool = torch.full(shape, -1, dtype=torch.int32, device=self.device)
@@ -597,7 +604,12 @@ class CanaryRuntime:
 
     def release(self, request_id: RequestId) -> None:
         """The engine dropped ``request_id`` (finished, aborted, preempted to recompute):
-        its row is freed at the next poll (until then its map still attributes rows)."""
+        its row is freed at the next poll (until then its map still attributes rows).
+        With ``overlap_begin``, a release between ``begin_step`` and ``end_step`` takes
+        effect once ``end_step`` has assigned the step's rows."""
+        if self._held is not None:
+            self._held_releases.append(request_id)
+            return
         self.rows.release(request_id, self._step)
 
     def live_requests(self) -> frozenset[RequestId]:
@@ -624,33 +636,47 @@ class CanaryRuntime:
         if self.overlap_begin:
             if self.side_stream is not None:
                 self._begun.record(torch.cuda.current_stream(self._index))
-            self._held = batch
+            self._held = (batch, self._step)
         else:
-            self._pending = self._prepare(batch)
-            self._step += 1
+            self._pending = self._prepare(batch, self._step)
+        self._step += 1  # (runtime.step during the forward is as without the overlap)
         if self.timing is not None:
             self.timing.mark(self._index, 1)
 
-    def _prepare_beside(self, batch: StepBatch) -> _Pending:
+    def _prepare_held(self) -> None:
+        """``overlap_begin``'s half of ``end_step``: the held batch prepared (beside the
+        forward on CUDA), then the releases that came while it was held."""
+        assert self._held is not None
+        (batch, step), self._held = self._held, None
+        try:
+            self._pending = self._prepare_beside(batch, step)
+        finally:
+            self._apply_held_releases()
+
+    def _apply_held_releases(self) -> None:
+        releases, self._held_releases = self._held_releases, []
+        for request_id in releases:
+            self.rows.release(request_id, self._step)
+
+    def _prepare_beside(self, batch: StepBatch, step: int) -> _Pending:
         """``overlap_begin``'s half of ``end_step``: :meth:`_prepare` on the side stream
         after the event ``begin_step`` recorded, then the current stream waits for it (on
         an error too: what it launched outlives the frame)."""
         side = self.side_stream
         if side is None:  # off CUDA: in order
-            return self._prepare(batch)
+            return self._prepare(batch, step)
         current = torch.cuda.current_stream(self._index)
         try:
             with _on_stream(side, self._index):
                 side.wait_event(self._begun)
-                return self._prepare(batch)
+                return self._prepare(batch, step)
         finally:
             self._prepared.record(side)
             current.wait_event(self._prepared)
 
-    def _prepare(self, batch: StepBatch) -> _Pending:
-        """The step's preparation (``begin_step``'s docstring) on the current stream:
+    def _prepare(self, batch: StepBatch, step: int) -> _Pending:
+        """Step ``step``'s preparation (``begin_step``'s docstring) on the current stream:
         returns what ``end_step`` needs."""
-        step = self._step
         verify = step % self.config.verify_every == 0
         st = self.stats
         table_rows = self.rows
@@ -762,9 +788,7 @@ class CanaryRuntime:
         if self.timing is not None and (self._pending is not None or self._held is not None):
             self.timing.mark(self._index, 2)
         if self._held is not None:
-            batch, self._held = self._held, None
-            self._pending = self._prepare_beside(batch)
-            self._step += 1
+            self._prepare_held()
         p = self._pending
         if p is None:
             raise RuntimeError("kv-canary: end_step called without begin_step")
@@ -821,6 +845,7 @@ class CanaryRuntime:
             self._join(self._pending)
         self._pending = None
         self._held = None  # (overlap_begin: nothing was launched for it)
+        self._apply_held_releases()
 
     def sweep(self, batch: SweepBatch) -> None:
         """Re-verify the whole stamped prefix of each running request in ``batch`` against
@@ -1296,7 +1321,8 @@ _NO_STREAM = contextlib.nullcontext()
 
 SPLIT_FROM_TOKENS = 17
 """With ``split_write=None``, a step's writes split only when some row writes at least this
-many tokens: rows of up to ``LaunchConfig.write_chain_tokens`` (16) are walked with their
+many tokens: rows of up to the default ``LaunchConfig.write_chain_tokens`` (16; the runtime
+does not import the kernels' config, so a changed one is not followed) are walked with their
 records by the write's side programs, so there the stamp is no cheaper than the write (H200,
 decode 4096 x 1: the stamp 3.12 us, ``launch_write`` 2.38) and the chain adds a launch
 before the forward, whose host time the GPU waits for in a host-synchronous engine."""

@@ -746,7 +746,11 @@ def profile_canary(
     for name, fn in originals.items():
         setattr(CanaryRuntime, name, wrapped(name, fn))
     try:
-        run = generate(model, prompts, args, canary=True, max_new=min(args.generate, 16))
+        split, overlap = write_modes(args)[0]  # the first mode compared, or the one run
+        run = generate(
+            model, prompts, args, canary=True, max_new=min(args.generate, 16),
+            split_write=split, overlap_begin=overlap,
+        )  # fmt: skip
     finally:
         for name, fn in originals.items():
             setattr(CanaryRuntime, name, fn)
