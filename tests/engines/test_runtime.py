@@ -714,13 +714,13 @@ def test_bad_steps_are_refused_with_kv_canary_errors():
 
 
 @pytest.mark.parametrize(
-    ("split", "overlap"), [(False, False), (True, False), (True, True)],
-    ids=["one-write", "split", "split-overlapped"],
+    ("split", "overlap"), [(False, False), (True, False), (True, True), (False, True)],
+    ids=["one-write", "split", "split-overlapped", "one-write-overlapped"],
 )  # fmt: skip
 def test_a_short_run_with_the_triton_kernels(device, split, overlap):
-    # CUDA where the machine has it (the kernels compiled; with the overlap, every launch
-    # of the step but the stamps and the TAIL verify on the side stream), else the
-    # interpreter on CPU
+    # CUDA where the machine has it (the kernels compiled; with the overlap, the step's
+    # preparation launched from end_step on the side stream: the same fault caught), else
+    # the interpreter on CPU
     engine = FakeEngine(num_blocks=24, device=str(device))
     runtime = engine.attach(
         default_config(stages="kernels", split_write=split, overlap_begin=overlap)
