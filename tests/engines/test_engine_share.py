@@ -37,21 +37,28 @@ pytestmark = pytest.mark.engines
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_smoke_runs_the_probe_end_to_end(tmp_path):
-    # in a process of its own, as a user runs it: the flag sets TRITON_INTERPRET itself
+def _probe(*flags: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    """The probe in a process of its own, as a user runs it: ``--smoke`` sets
+    TRITON_INTERPRET itself, so the test's own setting is left out."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "benchmarks.probes.engine_share"),
-            *("--smoke", "--profile", "5", "--out", str(tmp_path)),
-        ],
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.probes.engine_share", *flags],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
+
+
+def _smoke(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    done = _probe("--smoke", *flags, "--out", str(tmp_path))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def test_the_smoke_runs_the_probe_end_to_end(tmp_path):
+    done = _smoke(tmp_path, "--profile", "5")
     out = done.stdout
     header = next(line for line in out.splitlines() if line.startswith("| shape"))
     assert [c.strip() for c in header.strip("|").split("|")] == [h for _, h in COLUMNS]
@@ -83,19 +90,7 @@ def test_the_smoke_runs_the_probe_end_to_end(tmp_path):
 def test_the_smoke_compares_the_split_write_with_one_write(tmp_path):
     # --compare-split: each pair of runs becomes (split, off, one write, off) in one
     # process, a table row per step kind and write, the same tokens in every run
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "benchmarks.probes.engine_share"),
-            *("--smoke", "--compare-split", "--out", str(tmp_path)),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = _smoke(tmp_path, "--compare-split")
     out = done.stdout
     body = [line.split("|") for line in out.splitlines() if line.startswith("| tiny")]
     assert {(cells[2].strip(), cells[3].strip()) for cells in body} == {
@@ -194,19 +189,7 @@ def test_a_canary_that_raises_in_the_engine_fails_the_probe(monkeypatch):
 def test_the_smoke_compares_the_overlapped_begin_with_the_begin_before_the_forward(tmp_path):
     # --compare-overlap: each pair of runs becomes (overlapped, off, before the forward,
     # off) in one process, a table row per step kind and mode, the same tokens throughout
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "benchmarks.probes.engine_share"),
-            *("--smoke", "--compare-overlap", "--out", str(tmp_path)),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = _smoke(tmp_path, "--compare-overlap")
     out = done.stdout
     body = [line.split("|") for line in out.splitlines() if line.startswith("| tiny")]
     assert {(cells[2].strip(), cells[3].strip()) for cells in body} == {
@@ -224,14 +207,5 @@ def test_the_smoke_compares_the_overlapped_begin_with_the_begin_before_the_forwa
 
 
 def test_the_two_comparisons_are_refused_together():
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "benchmarks.probes.engine_share"),
-            *("--smoke", "--compare-split", "--compare-overlap"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _probe("--smoke", "--compare-split", "--compare-overlap", timeout=120)
     assert done.returncode == 2 and "pick one" in done.stderr

@@ -102,6 +102,23 @@ def _store_state(runtime: CanaryRuntime) -> list[tuple[object, ...]]:
     return out
 
 
+def _faulted_run(engine: FakeEngine, runtime: CanaryRuntime, fault: str | None) -> tuple:
+    """8 requests, 6 steps, then ``fault`` on the first running request (``off_by_one``:
+    one step writing its KV one slot off; ``kv_overwritten``: a byte of its first block
+    changed), 30 steps more and a poll: the victim and the final report."""
+    workload(engine, n=8, output=10)
+    engine.run(6)
+    victim = engine.running[0]
+    if fault == "off_by_one":
+        engine.slot_shift[victim.id] = 1
+        engine.step()
+        del engine.slot_shift[victim.id]
+    elif fault == "kv_overwritten":
+        engine.kv.view(-1, 8)[victim.blocks[0] * PAGE, 0] += 1.0
+    engine.run(30)
+    return victim, runtime.poll()
+
+
 @pytest.mark.parametrize("tables", ["block", "token"])
 @pytest.mark.parametrize("fault", [None, "off_by_one", "kv_overwritten"])
 def test_the_split_write_leaves_what_one_write_leaves(tables, fault):
@@ -112,17 +129,7 @@ def test_the_split_write_leaves_what_one_write_leaves(tables, fault):
         engine = FakeEngine(tables=tables, window=6 if tables == "block" else 0)
         runtime = engine.attach(default_config(split_write=split, sweep_every=4, verify_every=2))
         assert runtime.split_write is split
-        workload(engine, n=8, output=10)
-        engine.run(6)
-        victim = engine.running[0]
-        if fault == "off_by_one":
-            engine.slot_shift[victim.id] = 1
-            engine.step()
-            del engine.slot_shift[victim.id]
-        elif fault == "kv_overwritten":
-            engine.kv.view(-1, 8)[victim.blocks[0] * PAGE, 0] += 1.0
-        engine.run(30)
-        final = runtime.poll()
+        victim, final = _faulted_run(engine, runtime, fault)
         lines = [v.line for v in violations(engine)] + [v.line for v in final.violations]
         flags = [(r.plan_status, r.canary_status) for r in [*engine.reports, final]]
         seen.append((lines, flags, _store_state(runtime), engine.finished, runtime.stats))
@@ -185,17 +192,7 @@ def test_the_overlapped_begin_leaves_what_the_begin_before_the_forward_leaves(fa
             default_config(overlap_begin=overlap, split_write=split, sweep_every=4, verify_every=2)
         )
         assert runtime.overlap_begin is overlap and runtime.side_stream is None
-        workload(engine, n=8, output=10)
-        engine.run(6)
-        victim = engine.running[0]
-        if fault == "off_by_one":
-            engine.slot_shift[victim.id] = 1
-            engine.step()
-            del engine.slot_shift[victim.id]
-        elif fault == "kv_overwritten":
-            engine.kv.view(-1, 8)[victim.blocks[0] * PAGE, 0] += 1.0
-        engine.run(30)
-        final = runtime.poll()
+        victim, final = _faulted_run(engine, runtime, fault)
         found = [*violations(engine), *final.violations]
         named = {rid for v in found for rid in v.request_ids()}
         seen.append(([v.line for v in found], named, _store_state(runtime), engine.finished))
