@@ -461,9 +461,7 @@ class CanaryRuntime:
             split = self.device.type == "cuda" and self.stages.name == "kernels"
         self.split_write: bool = split
         """Whether the writes run split (``CanaryConfig.split_write`` resolved)."""
-        self.split_from_tokens: int = (
-            (0 if config.split_write is True else SPLIT_FROM_TOKENS) if split else 0
-        )
+        self.split_from_tokens: int = SPLIT_FROM_TOKENS if config.split_write is None else 0
         """With the split write, a step splits when some row writes at least this many
         tokens (``split_write=True``: 0, every step; ``None``:
         :data:`SPLIT_FROM_TOKENS`); its writes are one ``launch_write`` a store otherwise."""
@@ -644,35 +642,29 @@ class CanaryRuntime:
             self.timing.mark(self._index, 1)
 
     def _prepare_held(self) -> None:
-        """``overlap_begin``'s half of ``end_step``: the held batch prepared (beside the
-        forward on CUDA), then the releases that came while it was held."""
+        """``overlap_begin``'s half of ``end_step``: :meth:`_prepare` of the held batch,
+        on CUDA on the side stream after the event ``begin_step`` recorded, then the
+        current stream waits for it (on an error too: what it launched outlives the
+        frame); off CUDA in order. Then the releases that came while it was held."""
         assert self._held is not None
         (batch, step), self._held = self._held, None
+        side = self.side_stream
+        current = None if side is None else torch.cuda.current_stream(self._index)
         try:
-            self._pending = self._prepare_beside(batch, step)
+            with _on_stream(side, self._index):
+                if side is not None:
+                    side.wait_event(self._begun)
+                self._pending = self._prepare(batch, step)
         finally:
+            if side is not None and current is not None:
+                self._prepared.record(side)
+                current.wait_event(self._prepared)
             self._apply_held_releases()
 
     def _apply_held_releases(self) -> None:
         releases, self._held_releases = self._held_releases, []
         for request_id in releases:
             self.rows.release(request_id, self._step)
-
-    def _prepare_beside(self, batch: StepBatch, step: int) -> _Pending:
-        """``overlap_begin``'s half of ``end_step``: :meth:`_prepare` on the side stream
-        after the event ``begin_step`` recorded, then the current stream waits for it (on
-        an error too: what it launched outlives the frame)."""
-        side = self.side_stream
-        if side is None:  # off CUDA: in order
-            return self._prepare(batch, step)
-        current = torch.cuda.current_stream(self._index)
-        try:
-            with _on_stream(side, self._index):
-                side.wait_event(self._begun)
-                return self._prepare(batch, step)
-        finally:
-            self._prepared.record(side)
-            current.wait_event(self._prepared)
 
     def _prepare(self, batch: StepBatch, step: int) -> _Pending:
         """Step ``step``'s preparation (``begin_step``'s docstring) on the current stream:
