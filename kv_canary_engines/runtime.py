@@ -202,9 +202,9 @@ class CanaryConfig:
             engine's GPU waits for it (the HEAD verify's real-KV hash then reads prefix
             slots while the forward writes new ones: docs/engines/runtime.md, "The begin
             beside the forward"). The batch's errors are then raised by ``end_step``.
-            ``False`` (default, until it has run on a GPU); ``None``: on CUDA with the
-            kernels stage; ``True`` forces it (off CUDA, in order in ``end_step``: the
-            tests' way to cover it).
+            ``None`` (default): on CUDA with the kernels stage, every step; ``False``:
+            the begin before the forward; ``True`` forces it (off CUDA, in order in
+            ``end_step``: the tests' way to cover it).
     """
 
     verify_every: int = attrs.field(default=1, validator=_at_least(1))
@@ -221,7 +221,7 @@ class CanaryConfig:
     violation_capacity: int = attrs.field(default=4096, validator=_at_least(1))
     timing: bool = False
     split_write: bool | None = attrs.field(default=None, validator=_bool_or_none)
-    overlap_begin: bool | None = attrs.field(default=False, validator=_bool_or_none)
+    overlap_begin: bool | None = attrs.field(default=None, validator=_bool_or_none)
 
 
 def _sources(value: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -629,17 +629,19 @@ class CanaryRuntime:
             raise RuntimeError("kv-canary: begin_step called twice without end_step")
         if not isinstance(batch, StepBatch):
             raise TypeError(f"kv-canary: batch must be a StepBatch, got {type(batch).__name__}")
+        # the current stream looked up once (a Python object made per lookup)
+        stream = None if self._index is None else torch.cuda.current_stream(self._index)
         if self.timing is not None:
-            self.timing.mark(self._index, 0)
+            self.timing.mark(stream, 0)
         if self.overlap_begin:
-            if self.side_stream is not None:
-                self._begun.record(torch.cuda.current_stream(self._index))
+            if self.side_stream is not None and stream is not None:
+                self._begun.record(stream)
             self._held = (batch, self._step)
         else:
             self._pending = self._prepare(batch, self._step)
         self._step += 1  # (runtime.step during the forward is as without the overlap)
         if self.timing is not None:
-            self.timing.mark(self._index, 1)
+            self.timing.mark(stream, 1)
 
     def _prepare_held(self) -> None:
         """``overlap_begin``'s half of ``end_step``: :meth:`_prepare` of the held batch,
@@ -777,8 +779,12 @@ class CanaryRuntime:
         step; the sweep every ``sweep_every`` steps; and every ``poll_every`` steps the
         poll, whose report it returns (None on other steps)."""
         _refuse_capture(self.device, "end_step")
-        if self.timing is not None and (self._pending is not None or self._held is not None):
-            self.timing.mark(self._index, 2)
+        timed = self.timing is not None and (self._pending is not None or self._held is not None)
+        stream = None
+        if timed and self._index is not None:  # looked up once for both marks
+            stream = torch.cuda.current_stream(self._index)
+        if self.timing is not None and timed:
+            self.timing.mark(stream, 2)
         if self._held is not None:
             self._prepare_held()
         p = self._pending
@@ -816,7 +822,7 @@ class CanaryRuntime:
                 if p.verify:
                     self._verify(g, "TAIL", g.tail, g.plan, Endpoint.TAIL_VERIFY, p.step, True)
         if self.timing is not None:
-            self.timing.mark(self._index, 3)
+            self.timing.mark(stream, 3)
         self.rows.stamped(p.rows, p.ends)
         every = self.config.sweep_every
         if every and self._step % every == 0 and self.sweep_source is not None:

@@ -3,7 +3,13 @@ and ``end_step`` and, on CUDA, the GPU time between events recorded at their sta
 end (the canary's launches, and any gap the GPU waits for them), beside the forward's
 (from the end of ``begin_step`` to the start of ``end_step``), and with the split write the
 GPU time of its chains on the side stream, beside the forward. Turned on with
-``CanaryConfig(timing=True)``; a read syncs (:meth:`StepTiming.gpu_ms`)."""
+``CanaryConfig(timing=True)``; a read syncs (:meth:`StepTiming.gpu_ms`).
+
+The instrument keeps its own cost small, since it runs inside what it measures: its CUDA
+events are made once and recorded again (a new ``torch.cuda.Event`` creates its CUDA
+event at its first record), and every :data:`HARVEST` steps, once the newest of a batch
+of recorded steps has completed (one ``Event.query``, never a sync), that batch's
+elapsed times become floats and its events return to the pool."""
 
 from __future__ import annotations
 
@@ -17,6 +23,13 @@ import torch
 _KEPT = 10_000
 """Steps kept (the last ones)."""
 
+HARVEST = 32
+"""Steps whose events are read back together, once the newest of them has completed."""
+
+_SLOTS = 6
+"""A step's events: begin_step's start and end, end_step's start and end, the chains'
+start and end on the side stream."""
+
 
 @attrs.define(eq=False)
 class StepTiming:
@@ -24,53 +37,92 @@ class StepTiming:
 
     host_pre_s: deque[float] = attrs.Factory(lambda: deque(maxlen=_KEPT))
     host_post_s: deque[float] = attrs.Factory(lambda: deque(maxlen=_KEPT))
-    _events: deque[list[torch.cuda.Event]] = attrs.Factory(lambda: deque(maxlen=_KEPT))
-    _side: deque[list[torch.cuda.Event]] = attrs.Factory(lambda: deque(maxlen=_KEPT))
-    """Per step with the split write on CUDA: events on the side stream around its
-    chains (off the forward's stream: not in :meth:`gpu_ms`)."""
+    _events: deque[list[torch.cuda.Event | None]] = attrs.Factory(deque)
+    """Recorded steps not yet read back, each in :data:`_SLOTS` places: the four
+    :meth:`mark` events, then the two :meth:`mark_side` ones (None where not recorded)."""
+    _done: deque[tuple[float, float, float, float | None]] = attrs.Factory(
+        lambda: deque(maxlen=_KEPT)
+    )
+    """Read back: ``(before, forward, after, chains or None)`` ms per complete step."""
+    _free: list[torch.cuda.Event] = attrs.Factory(list)
+    """Events read back, recorded again by later steps."""
     _start: float = 0.0
 
-    def mark(self, index: int | None, which: int) -> None:
+    def mark(self, stream: torch.cuda.Stream | None, which: int) -> None:
         """``which``: 0 begin_step starts, 1 it ends, 2 end_step starts, 3 it ends;
-        ``index``: the CUDA device whose current stream gets the event (None: no event,
-        off CUDA). An int, not a device: see ``CanaryRuntime._index``."""
+        ``stream``: the current stream, which gets the event (None: no event, off CUDA)."""
         now = time.perf_counter()
         if which in (1, 3):
             (self.host_pre_s if which == 1 else self.host_post_s).append(now - self._start)
         else:
             self._start = now
-        if index is not None:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record(torch.cuda.current_stream(index))
-            if which == 0:
-                self._events.append([])
-            if self._events:
-                self._events[-1].append(event)
+        if stream is None:
+            return
+        if which == 0:
+            if len(self._events) >= 2 * HARVEST:
+                self._harvest(only_if_done=True)
+            if len(self._events) >= _KEPT:  # as a deque of _KEPT would: the oldest go
+                self._free.extend(e for e in self._events.popleft() if e is not None)
+            self._events.append([None] * _SLOTS)
+        if self._events:
+            self._record(self._events[-1], which, stream)
 
     def mark_side(self, stream: torch.cuda.Stream, which: int) -> None:
         """``which``: 0 the split write's chains start on ``stream``, 1 they end."""
-        event = torch.cuda.Event(enable_timing=True)
+        if self._events:
+            self._record(self._events[-1], 4 + which, stream)
+
+    def _record(
+        self, step: list[torch.cuda.Event | None], at: int, stream: torch.cuda.Stream
+    ) -> None:
+        event = step[at]
+        if event is None:
+            event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
+            step[at] = event
         event.record(stream)
-        if which == 0:
-            self._side.append([])
-        if self._side:
-            self._side[-1].append(event)
+
+    def _harvest(self, *, only_if_done: bool) -> None:
+        """Read the oldest :data:`HARVEST` recorded steps back once the newest of them
+        that ended has completed (``only_if_done``; a query, no sync), or every recorded
+        step after a sync on the newest event. A step's chains on the side stream were
+        joined to the current stream before its last event, and steps follow each other
+        on that stream: when one step's last event has completed, so has every event
+        before it. A step that did not end (an error in ``end_step``) is dropped."""
+        steps = self._events
+        count = min(HARVEST, len(steps)) if only_if_done else len(steps)
+        ended = [s[3] for s in list(steps)[:count] if s[3] is not None]
+        if ended:
+            if only_if_done:
+                if not ended[-1].query():
+                    return
+            else:
+                ended[-1].synchronize()
+        for _ in range(count):
+            step = steps.popleft()
+            a, b, c, d, s0, s1 = step
+            if a is not None and b is not None and c is not None and d is not None:
+                chain = s0.elapsed_time(s1) if s0 is not None and s1 is not None else None
+                self._done.append((a.elapsed_time(b), b.elapsed_time(c), c.elapsed_time(d), chain))
+            self._free.extend(e for e in step if e is not None)
+
+    def _all(self) -> deque[tuple[float, float, float, float | None]]:
+        self._harvest(only_if_done=False)
+        return self._done
 
     def chain_gpu_ms(self) -> list[float]:
         """GPU milliseconds of each step's chains on the side stream, beside the forward
-        (the split write on CUDA; empty otherwise; a sync)."""
-        done = [e for e in self._side if len(e) == 2]
-        if done:
-            done[-1][1].synchronize()
-        return [a.elapsed_time(b) for a, b in done]
+        (the split write's steps on CUDA; empty otherwise; a sync)."""
+        return [s[3] for s in self._all() if s[3] is not None]
+
+    def chain_gpu_ms_by_step(self) -> list[float | None]:
+        """:meth:`chain_gpu_ms` aligned with :meth:`gpu_ms`: None for a step that ran
+        no chain (one write)."""
+        return [s[3] for s in self._all()]
 
     def gpu_ms(self) -> list[tuple[float, float, float]]:
         """``(before the forward, the forward, after it)`` GPU milliseconds per complete
         CUDA step (a sync)."""
-        done = [e for e in self._events if len(e) == 4]
-        if done:
-            done[-1][3].synchronize()
-        return [(a.elapsed_time(b), b.elapsed_time(c), c.elapsed_time(d)) for a, b, c, d in done]
+        return [(a, b, c) for a, b, c, _ in self._all()]
 
     def summary(self) -> dict[str, float]:
         """Medians over the kept steps: host microseconds before and after the forward,

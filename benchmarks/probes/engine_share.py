@@ -441,9 +441,7 @@ def _canary_results(run: Run, canary: Any) -> None:
     pre_post = list(zip(timing.host_pre_s, timing.host_post_s))
     host = [1e6 * (a + b) for a, b in pre_post]
     gpu = timing.gpu_ms()
-    chains = timing.chain_gpu_ms()
-    if len(chains) != len(run.steps):
-        chains = []  # not the split write on CUDA
+    chains = timing.chain_gpu_ms_by_step()  # None on a step without chains
     if len(host) != len(run.steps) or (gpu and len(gpu) != len(run.steps)):
         raise RuntimeError(
             f"kv-canary: engine_share: the canary timed {len(host)} steps (GPU {len(gpu)}), "
@@ -454,7 +452,8 @@ def _canary_results(run: Run, canary: Any) -> None:
             pre, fwd, post = gpu[i]
             total = pre + fwd + post
             share = (pre + post) / total if total else None
-            chain = 1e3 * chains[i] if chains else None
+            ms = chains[i] if i < len(chains) else None
+            chain = None if ms is None else 1e3 * ms
             run.timing.append(
                 StepCost(
                     h, 1e3 * (pre + post), share, 1e6 * a, 1e6 * b, 1e3 * pre, 1e3 * post, chain
@@ -507,7 +506,9 @@ def _median(values: Sequence[float | None]) -> float | None:
 def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any]]:
     """One row per step kind (:data:`COLUMNS`' names): medians over every run's steps,
     each run's first step left out. ``ons`` are runs of one write mode (``write``:
-    ``split``, ``one``; ``mixed`` when they differ, ``n/a`` when none says)."""
+    ``split``, ``one``; ``mixed`` when they differ, ``n/a`` when none says; on CUDA per
+    step kind, from the steps that ran chains: decode steps run one write under the
+    default split)."""
     modes = {r.split_write for r in ons} - {None}
     write = {1: "split" if True in modes else "one", 2: "mixed"}.get(len(modes), "n/a")
     if {r.overlap_begin for r in ons} == {True}:
@@ -521,6 +522,14 @@ def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any
         off, on = pick(offs), pick(ons)
         if not off and not on:
             continue
+        label = write
+        if write.startswith("split") and any(r.timing[i].gpu_us is not None for r, i in on):
+            # on CUDA the timing says which steps ran chains: with split_write=None, the
+            # steps where no row writes SPLIT_FROM_TOKENS tokens (decode) ran one write
+            chained = {r.timing[i].chain_gpu_us is not None for r, i in on}
+            label = {frozenset([False]): "one", frozenset([True, False]): "mixed"}.get(
+                frozenset(chained), "split"
+            ) + write[len("split") :]
         step_off = _median([r.period_ms(i) for r, i in off])
         step_on = _median([r.period_ms(i) for r, i in on])
         delta = None if step_off is None or step_on is None else step_on - step_off
@@ -528,7 +537,7 @@ def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any
             {
                 "shape": shape,
                 "kind": kind,
-                "write": write,
+                "write": label,
                 "steps": f"{len(off)}/{len(on)}",
                 "rows": _median([r.steps[i].rows for r, i in off + on]),
                 "tokens": _median([r.steps[i].tokens for r, i in off + on]),
@@ -809,9 +818,10 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--overlap-begin",
-        default="off",
+        default="auto",
         choices=tuple(SPLIT_WRITE),
-        help="CanaryConfig(overlap_begin=None, True, False); off is the runtime's default",
+        help="CanaryConfig(overlap_begin=None, True, False); auto (the runtime's default): "
+        "on CUDA with the kernels",
     )
     parser.add_argument(
         "--compare-overlap",

@@ -208,7 +208,7 @@ def test_the_overlapped_begin_leaves_what_the_begin_before_the_forward_leaves(fa
 def test_the_overlapped_begin_raises_the_batchs_errors_at_end_step_and_recovers():
     group = KVGroup(name="full", num_slots=64, page_size=4)
     rt = CanaryRuntime(default_config(overlap_begin=True), [group], device="cpu")
-    assert CanaryConfig().overlap_begin is False  # until it has run on a GPU
+    assert CanaryConfig().overlap_begin is None  # on CUDA with the kernels (it ran on the H200)
     auto = CanaryRuntime(default_config(overlap_begin=None), [group], device="cpu")
     assert not auto.overlap_begin and auto.side_stream is None  # None: CUDA only
     rows = [Row(request_id="a", prefix_len=0, extend_len=2, tokens=[5])]
@@ -823,6 +823,7 @@ def test_the_chains_run_on_the_side_stream_and_the_stamps_after_them_on_cuda():
     engine = FakeEngine(num_blocks=40, chunk=40, device="cuda")
     runtime = engine.attach(default_config(stages="kernels", timing=True, split_write=None))
     assert runtime.split_write and runtime.side_stream is not None
+    assert runtime.overlap_begin  # the default on CUDA with the kernels
     assert runtime.split_from_tokens == SPLIT_FROM_TOKENS
     seen: list[tuple[str, int]] = []
 
