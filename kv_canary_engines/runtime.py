@@ -202,9 +202,11 @@ class CanaryConfig:
             engine's GPU waits for it (the HEAD verify's real-KV hash then reads prefix
             slots while the forward writes new ones: docs/engines/runtime.md, "The begin
             beside the forward"). The batch's errors are then raised by ``end_step``.
-            ``None`` (default): on CUDA with the kernels stage, every step; ``False``:
-            the begin before the forward; ``True`` forces it (off CUDA, in order in
-            ``end_step``: the tests' way to cover it).
+            ``None`` (default): on CUDA with the kernels stage, the steps where some row
+            writes at least :data:`SPLIT_FROM_TOKENS` tokens (prefill: a decode step's
+            forward is too short on the GPU to hide the host work); ``False``: the begin
+            before the forward; ``True``: every step (off CUDA, in order in ``end_step``:
+            the tests' way to cover it).
     """
 
     verify_every: int = attrs.field(default=1, validator=_at_least(1))
@@ -471,6 +473,12 @@ class CanaryRuntime:
         self.overlap_begin: bool = overlap
         """Whether ``begin_step``'s launches run from ``end_step`` on the side stream
         (``CanaryConfig.overlap_begin`` resolved)."""
+        self.overlap_from_tokens: int = SPLIT_FROM_TOKENS if config.overlap_begin is None else 0
+        """With ``overlap_begin``, a step overlaps when some row writes at least this many
+        tokens (``overlap_begin=True``: 0, every step; ``None``: :data:`SPLIT_FROM_TOKENS`,
+        the prefill steps, where the forward's GPU time can hide the canary's host time;
+        on the H200 a decode step's forward could not, and the overlap's stream switches
+        and events cost about 100 us more host time there)."""
         self.side_stream = self._side_stream(side_stream)
         """The stream the chains (and with ``overlap_begin`` all of ``begin_step``'s
         launches) run on: None off CUDA, or with neither the split write nor the overlap."""
@@ -633,7 +641,10 @@ class CanaryRuntime:
         stream = None if self._index is None else torch.cuda.current_stream(self._index)
         if self.timing is not None:
             self.timing.mark(stream, 0)
-        if self.overlap_begin:
+        if self.overlap_begin and (
+            not self.overlap_from_tokens
+            or max((r.extend_len for r in batch.rows), default=0) >= self.overlap_from_tokens
+        ):
             if self.side_stream is not None and stream is not None:
                 self._begun.record(stream)
             self._held = (batch, self._step)

@@ -297,6 +297,8 @@ class Run:
     overlap_begin: bool | None = None
     """With the canary: whether ``begin_step``'s launches ran from ``end_step``
     (``runtime.overlap_begin``)."""
+    overlap_from_tokens: int = 0
+    """With the canary: the runtime's ``overlap_from_tokens`` (0: every step overlapped)."""
 
     def period_ms(self, i: int) -> float | None:
         """Host ms from step ``i``'s start to the next step's (None for the last)."""
@@ -469,6 +471,7 @@ def _canary_results(run: Run, canary: Any) -> None:
     run.runtime_steps = runtime.stats.steps
     run.split_write = runtime.split_write
     run.overlap_begin = runtime.overlap_begin
+    run.overlap_from_tokens = runtime.overlap_from_tokens
 
 
 # --- one shape -------------------------------------------------------------------------------
@@ -511,10 +514,16 @@ def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any
     default split)."""
     modes = {r.split_write for r in ons} - {None}
     write = {1: "split" if True in modes else "one", 2: "mixed"}.get(len(modes), "n/a")
-    if {r.overlap_begin for r in ons} == {True}:
-        write += "+overlap"  # begin_step's launches from end_step, beside the forward
+    overlapped = {r.overlap_begin for r in ons} == {True}
     rows = []
     for kind in KINDS:
+        # begin_step's launches from end_step, beside the forward: with overlap_begin=None
+        # on the steps with a row of overlap_from_tokens tokens (decode steps have none)
+        suffix = (
+            "+overlap"
+            if overlapped and (kind == "prefill" or {r.overlap_from_tokens for r in ons} == {0})
+            else ""
+        )
 
         def pick(runs: list[Run]) -> list[tuple[Run, int]]:
             return [(r, i) for r in runs for i, s in enumerate(r.steps) if i and s.kind == kind]
@@ -529,7 +538,8 @@ def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any
             chained = {r.timing[i].chain_gpu_us is not None for r, i in on}
             label = {frozenset([False]): "one", frozenset([True, False]): "mixed"}.get(
                 frozenset(chained), "split"
-            ) + write[len("split") :]
+            )
+        label += suffix
         step_off = _median([r.period_ms(i) for r, i in off])
         step_on = _median([r.period_ms(i) for r, i in on])
         delta = None if step_off is None or step_on is None else step_on - step_off

@@ -211,6 +211,7 @@ def test_the_overlapped_begin_raises_the_batchs_errors_at_end_step_and_recovers(
     assert CanaryConfig().overlap_begin is None  # on CUDA with the kernels (it ran on the H200)
     auto = CanaryRuntime(default_config(overlap_begin=None), [group], device="cpu")
     assert not auto.overlap_begin and auto.side_stream is None  # None: CUDA only
+    assert auto.overlap_from_tokens == SPLIT_FROM_TOKENS and rt.overlap_from_tokens == 0
     rows = [Row(request_id="a", prefix_len=0, extend_len=2, tokens=[5])]
     rt.begin_step(_batch(rows=rows))  # held, nothing checked or launched yet
     with pytest.raises(RuntimeError, match="poll called between begin_step and end_step"):
@@ -229,6 +230,44 @@ def test_the_overlapped_begin_raises_the_batchs_errors_at_end_step_and_recovers(
     assert report is not None and report.violations == () and rt.step == 3
     store = rt.stores("full")[0]
     assert int(store.records[4, 0]) == 5 and int(store.records[5, 0]) == 6  # stamped
+
+
+def _step_of(rows: list[Row], first: int, count: int) -> StepBatch:
+    """Request "a" at positions ``first .. first + count - 1``, its blocks 1, 2, ... (page
+    4: slot ``4 + position``)."""
+    pos = torch.arange(first, first + count)
+    tokens = torch.tensor(rows[0].tokens[first : first + count])
+    return StepBatch(
+        rows=rows,
+        tables={"full": BlockTable(table=torch.arange(1, 9).view(1, -1))},
+        out_cache_loc={"full": 4 + pos},
+        input_ids=tokens,
+        positions=pos,
+    )
+
+
+def test_the_default_overlap_holds_only_the_steps_with_a_long_row():
+    # overlap_begin=None on CUDA: the steps where some row writes SPLIT_FROM_TOKENS tokens
+    # overlap, the others run the begin before the forward (the rule emulated on the CPU,
+    # where None resolves to no overlap); both kinds of step leave the same records
+    group = KVGroup(name="full", num_slots=256, page_size=4)
+    stores = []
+    for overlap in (False, True):
+        rt = CanaryRuntime(default_config(overlap_begin=overlap), [group], device="cpu")
+        rt.overlap_from_tokens = SPLIT_FROM_TOKENS
+        n = SPLIT_FROM_TOKENS
+        tokens = list(range(7, 7 + n + 1))
+        long_rows = [Row(request_id="a", prefix_len=0, extend_len=n, tokens=tokens)]
+        rt.begin_step(_step_of(long_rows, 0, n))
+        assert (rt._held is not None) is overlap and (rt._pending is None) is overlap
+        rt.end_step()
+        decode = [Row(request_id="a", prefix_len=n, extend_len=1, tokens=tokens)]
+        rt.begin_step(_step_of(decode, n, 1))
+        assert rt._held is None and rt._pending is not None  # before the forward
+        assert rt.end_step() is not None and rt.stats.steps == 2
+        stores.append(rt.stores("full")[0].records.clone())
+    assert torch.equal(stores[0], stores[1])
+    assert int(stores[0][4 + n, 0]) == tokens[n]
 
 
 @pytest.mark.parametrize("overlap", [False, True])
