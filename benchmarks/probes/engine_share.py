@@ -53,10 +53,12 @@ in ``end_step``). ``--compare-split``: both in one process, each pair of runs be
 end-to-end effect of the split write on prefill steps (``end GPU us``, ``step ms with``).
 
 ``--overlap-begin {auto,on,off}``: ``CanaryConfig(overlap_begin=None, True, False)``
-(``off``, the runtime's default): ``begin_step``'s launches from ``end_step`` on the side
-stream, after an event recorded before the forward, so that their host time runs beside
-the forward's GPU time (the ``write`` column gains ``+overlap``). ``--compare-overlap``:
-both in one process, each pair of runs becoming (overlapped, off, before the forward, off).
+(``auto``, the runtime's default: the prefill steps only; ``on``: every step):
+``begin_step``'s launches from ``end_step`` on the side stream, after an event recorded
+before the forward, so that their host time runs beside the forward's GPU time (the
+``write`` column gains ``+overlap`` on the step kinds that overlapped).
+``--compare-overlap``: every step overlapped against the begin before the forward, in one
+process, each pair of runs becoming (overlapped, off, before the forward, off).
 
 ``--profile N``: after a shape's measured runs, one more run with the canary (at most 16
 generated tokens) whose ``begin_step`` and ``end_step`` run under cProfile and a
@@ -79,13 +81,15 @@ environment here, ``scripts/setup-engines.sh``). ``--smoke`` runs the same code 
 under ``TRITON_INTERPRET=1`` (set when the flag is given): the figures mean nothing there
 and there are no GPU columns.
 
-Last answer (H200, cce3276, transformers 5.17, the defaults: the split write;
-``--shapes 1b,8b --pairs 2``): the target is NOT met. The canary's share of a step, 1B / 8B:
-prefill 1.57% / 1.02%, decode 1.63% / 1.23%, against engine steps of 96 / 162 ms (prefill,
-22 rows, 2048 tokens) and 91 / 126 ms (decode, 13 rows). ``begin_step`` is most of it,
-1.1 to 1.6 ms of host time that the GPU waits for; after the forward the split leaves 21 us
-on a prefill step (1,499 us with one write, ``--compare-split``). Tokens identical with and
-without the canary, 0 violations. The table is in docs/performance.md ("Inside an engine").
+Last answer (H200, 7f888bf, transformers 5.17, the defaults: prefill steps split and
+overlapped, decode steps one write and the begin before the forward; ``--shapes 1b,8b
+--pairs 2``): the target is met on prefill and NOT on decode. The canary's share of a
+step, 1B / 8B: prefill 0.05% / 0.03%, decode 1.45% / 1.07%, against engine steps of 76 /
+143 ms (prefill, 22 rows, 2048 tokens) and 59 / 80 ms (decode, 13 rows). On a decode step
+the canary's 0.96 to 1.02 ms of host time is GPU time the host-bound forward waits for;
+overlapping it too (``--compare-overlap``) gave 1.60% / 0.97% against 1.42% / 1.04%.
+Tokens identical with and without the canary, 0 violations. The table is in
+docs/performance.md ("Inside an engine").
 """
 
 from __future__ import annotations

@@ -209,3 +209,21 @@ def test_the_smoke_compares_the_overlapped_begin_with_the_begin_before_the_forwa
 def test_the_two_comparisons_are_refused_together():
     done = _probe("--smoke", "--compare-split", "--compare-overlap", timeout=120)
     assert done.returncode == 2 and "pick one" in done.stderr
+
+
+def test_the_write_column_says_what_each_step_kind_ran():
+    # with the defaults on CUDA (split_write=None, overlap_begin=None) only the prefill
+    # steps split and overlap: the decode rows say one write, before the forward
+    same = [[1]]
+    offs = [_run(False, same, "ppdd")]
+    on = _run(True, same, "ppdd", split_write=True, overlap_begin=True, overlap_from_tokens=17)
+    on.timing = [
+        StepCost(100.0, 90.0, 0.01, 70.0, 30.0, 10.0, 80.0, 300.0 if s.prefill else None)
+        for s in on.steps
+    ]
+    rows = {r["kind"]: r["write"] for r in summarize("x", offs, [on])}
+    assert rows == {"prefill": "split+overlap", "decode": "one"}
+    forced = _run(True, same, "ppdd", split_write=True, overlap_begin=True)  # True: every step
+    forced.timing = [StepCost(100.0, 90.0, 0.01, 70.0, 30.0, 10.0, 80.0, 300.0)] * 4
+    rows = {r["kind"]: r["write"] for r in summarize("x", offs, [forced])}
+    assert rows == {"prefill": "split+overlap", "decode": "split+overlap"}
