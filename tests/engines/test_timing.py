@@ -104,3 +104,16 @@ def test_off_cuda_no_event_is_made(fake_events):
         t.mark(None, which)
     assert FakeEvent.made == 0 and t.gpu_ms() == [] and t.chain_gpu_ms() == []
     assert len(t.host_pre_s) == len(t.host_post_s) == 1
+
+
+def test_a_read_between_the_marks_keeps_the_step_in_flight(fake_events):
+    t = StepTiming()
+    main = FakeStream()
+    _step(t, main, None)
+    t.mark(main, 0)
+    t.mark(main, 1)  # a read during the forward: the first step is read back, not this one
+    assert len(t.gpu_ms()) == 1
+    main.clock += 50.0
+    t.mark(main, 2)
+    t.mark(main, 3)
+    assert [fwd for _, fwd, _ in t.gpu_ms()] == [101.0, 51.0]
