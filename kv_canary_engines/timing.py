@@ -84,10 +84,11 @@ class StepTiming:
     def _harvest(self, *, only_if_done: bool) -> None:
         """Read the oldest :data:`HARVEST` recorded steps back once the newest of them
         that ended has completed (``only_if_done``; a query, no sync), or every step up
-        to the last that ended after a sync on its last event. A step's chains on the side stream were
-        joined to the current stream before its last event, and steps follow each other
-        on that stream: when one step's last event has completed, so has every event
-        before it. A step that did not end (an error in ``end_step``) is dropped."""
+        to the last that ended after a sync on its last event. A step's chains on the
+        side stream were joined to the current stream before its last event, and steps
+        follow each other on that stream: when one step's last event has completed, so
+        has every event before it. A step that did not end (an error in ``end_step``) is
+        dropped."""
         steps = self._events
         if only_if_done:
             count = min(HARVEST, len(steps))
