@@ -104,6 +104,12 @@ class LaunchConfig:
         "write: at least this many chain programs (one warp each, rows strided across them), "
         "so that as many long rows each walk in a warp of their own",
     )
+    write_chain_sleep_ns: int = _constant(
+        0,
+        "split write: nanoseconds the chain's walk sleeps after each token (`nanosleep`; 0: "
+        "never, the walk at full speed). The chain runs beside the forward; sleeping leaves "
+        "the issue slots of its multiprocessor to the forward's kernels there",
+    )
     write_stamp_block: int = _constant(
         128, "split write: tokens per stamp program, one per lane (a power of two)"
     )
@@ -164,6 +170,11 @@ class LaunchConfig:
             "write_chain_programs is below 1": (min(caps) < 1),
             # 2**31: the side programs' loop over chained steps stays short by design.
             "write_chain_tokens must lie in [0, 2**31)": not 0 <= self.write_chain_tokens < 1 << 31,
+            # nanosleep's operand is a u32; a sleep needs the GPU (no interpreter support)
+            "write_chain_sleep_ns must lie in [0, 2**20], and be 0 under the interpreter": not (
+                0 <= self.write_chain_sleep_ns <= 1 << 20
+            )
+            or (INTERPRETING and self.write_chain_sleep_ns != 0),
             "write_rows must be at least 32 * write_warps": self.write_rows < 32 * self.write_warps,
             "a block or tile is not a power of two": not all(map(_power_of_two, arange)),
             "small_row_tiles must ascend below SCAN_BLOCK": list(self.small_row_tiles)

@@ -102,6 +102,7 @@ _STAMP_INTS = ["n", "num_slots", "launch", "programs", "num_sources"]
 def _chain_steps(
     inputs, store, ws, row, check_pos, ahead, state, num_slots, launch_tag, fill,
     HAS_EXPECTED: tl.constexpr, APPEND: tl.constexpr, UNROLL: tl.constexpr,
+    SLEEP_NS: tl.constexpr,
 ):  # fmt: skip
     """Each lane's row walk (``row``: ``(first, length, request)``), two tokens in flight
     ahead (``ahead``, as :func:`.write._token_at` returns them); ``state`` is ``(running,
@@ -167,13 +168,30 @@ def _chain_steps(
             expect += ok.to(tl.int64)
         s0, t0, p0, et0, ep0 = s1, t1, p1, et1, ep1
         s1, t1, p1, et1, ep1 = s2, t2, p2, et2, ep2
+        if SLEEP_NS > 0:  # (pruned at 0: the default compiles as without it)
+            running = _after_sleep(running, SLEEP_NS)
     return running, flags, expect, suspect, prev_pos
+
+
+@triton.jit
+def _after_sleep(x, SLEEP_NS: tl.constexpr):
+    """``x`` (the running hash, uint64), after the lane's warp slept ``SLEEP_NS`` ns
+    (``nanosleep``): the walk's next token depends on it, so it waits for the sleep."""
+    return tl.inline_asm_elementwise(
+        asm=f"nanosleep.u32 {SLEEP_NS}; mov.b64 $0, $1;",
+        constraints="=l,l",
+        args=[x],
+        dtype=x.dtype,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
 def _chain_walk(
     inputs, store, ws, row, seeds, check_pos, prev_pos, flags, num_slots, launch_tag, fill,
     HAS_EXPECTED: tl.constexpr, APPEND: tl.constexpr, UNROLL: tl.constexpr,
+    SLEEP_NS: tl.constexpr,
 ):  # fmt: skip
     """One walk of every lane's row from its seed (``seeds``: ``(has_seed,
     seed_position, seed_record)``): the flags and the suspect lanes."""
@@ -188,9 +206,12 @@ def _chain_walk(
     state = (running, flags, prev_pos + 1, suspect, prev_pos)
     # Rolled in the replay (only on a violation): its loop is not the chain's speed.
     STEP_UNROLL: tl.constexpr = 1 if APPEND else UNROLL
+    # The replay (only on a violation) at full speed: it is not beside a forward's kernels
+    # for long.
+    STEP_SLEEP: tl.constexpr = 0 if APPEND else SLEEP_NS
     _, flags, _, suspect, _ = _chain_steps(
         inputs, store, ws, row, check_pos, ahead, state, num_slots, launch_tag, fill,
-        HAS_EXPECTED, APPEND, STEP_UNROLL,
+        HAS_EXPECTED, APPEND, STEP_UNROLL, STEP_SLEEP,
     )  # fmt: skip
     return flags, suspect
 
@@ -235,6 +256,7 @@ def canary_write_chain_kernel(
     HAS_EXPECTED: tl.constexpr,
     ROWS: tl.constexpr,
     UNROLL: tl.constexpr,
+    SLEEP_NS: tl.constexpr,
 ):
     inputs = (
         input_ids_ptr,
@@ -281,13 +303,13 @@ def canary_write_chain_kernel(
     row = (first, length, request)
     flags, suspect = _chain_walk(
         inputs, store, ws, row, seeds, check_pos, prev_pos, flags, num_slots, launch_tag,
-        fill, HAS_EXPECTED, False, UNROLL,
+        fill, HAS_EXPECTED, False, UNROLL, SLEEP_NS,
     )  # fmt: skip
     if tl.max(suspect.to(tl.int32), 0) != 0:
         _chain_walk(
             inputs, store, ws, (first, tl.where(suspect, length, 0), request), seeds,
             check_pos, prev_pos, flags, num_slots, launch_tag, fill,
-            HAS_EXPECTED, True, UNROLL,
+            HAS_EXPECTED, True, UNROLL, SLEEP_NS,
         )  # fmt: skip
     raise_status(status_ptr, flags)
     if pid == 0:
@@ -498,6 +520,7 @@ def dispatch_write_chain(
             "HAS_EXPECTED": has_expected,
             "ROWS": cfg.write_rows,
             "UNROLL": CHAIN_UNROLL[has_expected],
+            "SLEEP_NS": cfg.write_chain_sleep_ns,
         },
         {"num_warps": cfg.write_warps},
     )

@@ -133,10 +133,17 @@ VARIANTS: list[tuple[str, str, str, dict[str, Any], int]] = [
             f"write chain expected={e}",
             "write_split",
             "canary_write_chain_kernel",
-            {"HAS_EXPECTED": e, "ROWS": 32, "UNROLL": 2 if e else 4},
+            {"HAS_EXPECTED": e, "ROWS": 32, "UNROLL": 2 if e else 4, "SLEEP_NS": s},
             1,
         )
-        for e in (False, True)
+        for e, s in ((False, 0), (True, 0))
+    ),
+    (  # the walk with a sleep after each token (a tree without the constant: the same line)
+        "write chain expected=True sleep=256",
+        "write_split",
+        "canary_write_chain_kernel",
+        {"HAS_EXPECTED": True, "ROWS": 32, "UNROLL": 2, "SLEEP_NS": 256},
+        1,
     ),
     *(
         (

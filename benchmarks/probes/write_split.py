@@ -66,6 +66,7 @@ from benchmarks.harness import (
 )
 from kv_canary_buffers import CanaryStore, PlanBuffers, RealKV, WriteWorkspace
 from kv_canary_kernels import launch_write, launch_write_chain, launch_write_stamp
+from kv_canary_kernels.config import launch_config
 
 CALLS = 10
 """Launches a timed replay holds (stamps, chains or writes)."""
@@ -238,8 +239,31 @@ def gemm_beside(split: Split, rounds: int) -> tuple[float, float, float, float]:
                 main.wait_stream(side)
             torch.cuda.synchronize()
             out.append(start.elapsed_time(end) * 1e3)
+    # In the graphs the GEMM is timed by event nodes around it (``external`` events are
+    # captured as record nodes): the replay's own span would also hold the chain, whose
+    # join ends it.
+    marks = {
+        name: tuple(torch.cuda.Event(enable_timing=True, external=True) for _ in range(2))
+        for name in ("alone", "beside")
+    }
+
+    def marked(name: str) -> None:
+        here = torch.cuda.current_stream()
+        marks[name][0].record(here)
+        gemm()
+        marks[name][1].record(here)
+
+    def beside_marked() -> None:
+        here = torch.cuda.current_stream()
+        forked.record(here)
+        side.wait_event(forked)
+        with torch.cuda.stream(side):
+            split.chain()
+        marked("beside")
+        here.wait_stream(side)
+
     graphs = {}
-    for name, fn in (("alone", gemm), ("beside", beside)):
+    for name, fn in (("alone", lambda: marked("alone")), ("beside", beside_marked)):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
@@ -247,12 +271,9 @@ def gemm_beside(split: Split, rounds: int) -> tuple[float, float, float, float]:
     replay_t: dict[str, list[float]] = {"alone": [], "beside": []}
     for _ in range(rounds):
         for name, graph in graphs.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
             graph.replay()
-            end.record()
-            end.synchronize()
-            replay_t[name].append(start.elapsed_time(end) * 1e3)
+            torch.cuda.synchronize()
+            replay_t[name].append(marks[name][0].elapsed_time(marks[name][1]) * 1e3)
     return (
         statistics.median(alone_t),
         statistics.median(beside_t),
@@ -274,7 +295,9 @@ def host_times(split: Split, calls: int) -> tuple[float, float, float]:
     return got["write"].median, got["chain"].median, got["pair"].median
 
 
-def run(sizes: Sizes, device: str, replays: int, rounds: int) -> int:
+def run(
+    sizes: Sizes, device: str, replays: int, rounds: int, sleeps: tuple[int, ...] = (0,)
+) -> int:
     stamp_rows, gemm_rows, host_rows = [], [], []
     for name, rows, tokens, prefix in cases(sizes):
         for mode in ("NONE", "PARTIAL"):
@@ -295,12 +318,19 @@ def run(sizes: Sizes, device: str, replays: int, rounds: int) -> int:
                     f"{h_pair - h_chain:.1f}",
                 )
             )
-            if mode == "NONE":
-                alone, beside, g_alone, g_beside = gemm_beside(split, rounds)
+            for sleep in sleeps if mode == "NONE" else ():
+                # LaunchConfig.write_chain_sleep_ns: the chain's walk sleeping after each
+                # token, its own time and the GEMM's beside it
+                with launch_config(write_chain_sleep_ns=sleep):
+                    if sleep:
+                        split.check_equal()  # the same records, slept or not
+                    slept_us = time_chains(split, replays) if sleep else chain_us
+                    alone, beside, g_alone, g_beside = gemm_beside(split, rounds)
                 gemm_rows.append(
                     (
                         name,
-                        f"{chain_us:.1f}",
+                        str(sleep),
+                        f"{slept_us:.1f}",
                         f"{alone:.1f}",
                         f"{beside:.1f}",
                         f"{100 * (beside / alone - 1):+.2f}%" if alone else "-",
@@ -323,13 +353,16 @@ def run(sizes: Sizes, device: str, replays: int, rounds: int) -> int:
     )
     print(
         f"bf16 GEMM {GEMM} x {GEMM} x {GEMM} beside the case's chain on a side stream (us, "
-        "medians; eager: the GEMM timed on the main stream; graph: one replay of the GEMM "
-        "alone (1 launch) or of fork + chain + GEMM + join (2 launches), timed from outside):"
+        "medians; eager: the GEMM timed on the main stream; graph: the GEMM timed inside "
+        "one replay of the GEMM alone (1 launch) or of fork + chain + GEMM + join (2 "
+        "launches); sleep ns: LaunchConfig.write_chain_sleep_ns, the chain's walk sleeping "
+        "after each token):"
     )
     print(
         markdown_table(
             (
                 "chain of",
+                "sleep ns",
                 "chain us",
                 "GEMM alone",
                 "GEMM beside",
@@ -363,6 +396,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
     parser.add_argument("--quick", action="store_true", help="fewer replays and rounds")
+    parser.add_argument(
+        "--chain-sleep-ns",
+        default="0",
+        help="comma-separated LaunchConfig.write_chain_sleep_ns values for the GEMM part "
+        "(CUDA only; default 0, the walk at full speed)",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         return smoke()
@@ -371,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     configure("cuda", smoke=False)
     replays, rounds = (20, 10) if args.quick else (100, 30)
-    return run(GPU_SIZES, "cuda", replays, rounds)
+    sleeps = tuple(int(v) for v in args.chain_sleep_ns.split(","))
+    return run(GPU_SIZES, "cuda", replays, rounds, sleeps)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,8 @@ def test_launch_config_restores_after_an_error():
         (dict(write_chain_tokens=-1), r"write_chain_tokens must lie in \[0, 2\*\*31\)"),
         (dict(write_chain_tokens=1 << 31), r"write_chain_tokens must lie in \[0, 2\*\*31\)"),
         (dict(write_chain_programs=0), "write_chain_programs is below 1"),
+        (dict(write_chain_sleep_ns=-1), r"write_chain_sleep_ns must lie in \[0, 2\*\*20\]"),
+        (dict(write_chain_sleep_ns=(1 << 20) + 1), r"write_chain_sleep_ns must lie in"),
     ],
 )
 def test_a_config_the_kernels_cannot_take_is_refused(changes, rule):
@@ -82,6 +84,18 @@ def test_a_config_the_kernels_cannot_take_is_refused(changes, rule):
     with pytest.raises(ValueError), launch_config(**changes):
         pass
     assert active_launch_config() is DEFAULT_LAUNCH_CONFIG
+
+
+def test_a_chain_sleep_needs_the_gpu():
+    # nanosleep has no interpreter support: a sleep is refused there, taken on a GPU
+    from kv_canary_kernels.config import INTERPRETING
+
+    if INTERPRETING:
+        with pytest.raises(ValueError, match="be 0 under the interpreter"):
+            LaunchConfig(write_chain_sleep_ns=256)
+    else:
+        assert LaunchConfig(write_chain_sleep_ns=256).write_chain_sleep_ns == 256
+    assert LaunchConfig(write_chain_sleep_ns=0) == DEFAULT_LAUNCH_CONFIG
 
 
 def test_the_config_is_frozen():
