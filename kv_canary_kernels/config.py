@@ -110,6 +110,12 @@ class LaunchConfig:
         "never, the walk at full speed). The chain runs beside the forward; sleeping leaves "
         "the issue slots of its multiprocessor to the forward's kernels there",
     )
+    write_chain_maxnreg: int = _constant(
+        0,
+        "split write: registers per thread the chain is compiled to (ptxas `maxnreg`, the "
+        "rest spilled; 0: the compiler's choice). Few enough let its one-warp program share a "
+        "multiprocessor with a forward's kernel that leaves few registers free",
+    )
     write_stamp_block: int = _constant(
         128, "split write: tokens per stamp program, one per lane (a power of two)"
     )
@@ -175,6 +181,10 @@ class LaunchConfig:
                 0 <= self.write_chain_sleep_ns <= 1 << 20
             )
             or (INTERPRETING and self.write_chain_sleep_ns != 0),
+            "write_chain_maxnreg must be 0 or lie in [16, 255], and be 0 under the interpreter": (
+                self.write_chain_maxnreg != 0
+                and (not 16 <= self.write_chain_maxnreg <= 255 or INTERPRETING)
+            ),
             "write_rows must be at least 32 * write_warps": self.write_rows < 32 * self.write_warps,
             "a block or tile is not a power of two": not all(map(_power_of_two, arange)),
             "small_row_tiles must ascend below SCAN_BLOCK": list(self.small_row_tiles)

@@ -522,7 +522,9 @@ def dispatch_write_chain(
             "UNROLL": CHAIN_UNROLL[has_expected],
             "SLEEP_NS": cfg.write_chain_sleep_ns,
         },
-        {"num_warps": cfg.write_warps},
+        {"num_warps": cfg.write_warps}
+        if not cfg.write_chain_maxnreg
+        else {"num_warps": cfg.write_warps, "maxnreg": cfg.write_chain_maxnreg},
     )
     if go is not None and fast_key is not None:
         _FAST_CHAIN.remember(fast_key, (store.device.index, programs, go, addresses(fixed), sizes))

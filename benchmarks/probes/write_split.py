@@ -296,7 +296,11 @@ def host_times(split: Split, calls: int) -> tuple[float, float, float]:
 
 
 def run(
-    sizes: Sizes, device: str, replays: int, rounds: int, sleeps: tuple[int, ...] = (0,)
+    sizes: Sizes,
+    device: str,
+    replays: int,
+    rounds: int,
+    variants: tuple[tuple[int, int], ...] = ((0, 0),),
 ) -> int:
     stamp_rows, gemm_rows, host_rows = [], [], []
     for name, rows, tokens, prefix in cases(sizes):
@@ -318,18 +322,20 @@ def run(
                     f"{h_pair - h_chain:.1f}",
                 )
             )
-            for sleep in sleeps if mode == "NONE" else ():
-                # LaunchConfig.write_chain_sleep_ns: the chain's walk sleeping after each
-                # token, its own time and the GEMM's beside it
-                with launch_config(write_chain_sleep_ns=sleep):
-                    if sleep:
-                        split.check_equal()  # the same records, slept or not
-                    slept_us = time_chains(split, replays) if sleep else chain_us
+            for sleep, maxnreg in variants if mode == "NONE" else ():
+                # LaunchConfig.write_chain_sleep_ns / write_chain_maxnreg: the chain's walk
+                # sleeping after each token, or compiled to fewer registers; its own time
+                # and the GEMM's beside it
+                with launch_config(write_chain_sleep_ns=sleep, write_chain_maxnreg=maxnreg):
+                    if sleep or maxnreg:
+                        split.check_equal()  # the same records either way
+                    slept_us = time_chains(split, replays) if sleep or maxnreg else chain_us
                     alone, beside, g_alone, g_beside = gemm_beside(split, rounds)
                 gemm_rows.append(
                     (
                         name,
                         str(sleep),
+                        str(maxnreg or "-"),
                         f"{slept_us:.1f}",
                         f"{alone:.1f}",
                         f"{beside:.1f}",
@@ -356,13 +362,14 @@ def run(
         "medians; eager: the GEMM timed on the main stream; graph: the GEMM timed inside "
         "one replay of the GEMM alone (1 launch) or of fork + chain + GEMM + join (2 "
         "launches); sleep ns: LaunchConfig.write_chain_sleep_ns, the chain's walk sleeping "
-        "after each token):"
+        "after each token; maxnreg: LaunchConfig.write_chain_maxnreg):"
     )
     print(
         markdown_table(
             (
                 "chain of",
                 "sleep ns",
+                "maxnreg",
                 "chain us",
                 "GEMM alone",
                 "GEMM beside",
@@ -402,6 +409,12 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated LaunchConfig.write_chain_sleep_ns values for the GEMM part "
         "(CUDA only; default 0, the walk at full speed)",
     )
+    parser.add_argument(
+        "--chain-maxnreg",
+        default="0",
+        help="comma-separated LaunchConfig.write_chain_maxnreg values for the GEMM part, each "
+        "with each sleep (CUDA only; default 0, the compiler's choice)",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         return smoke()
@@ -410,8 +423,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     configure("cuda", smoke=False)
     replays, rounds = (20, 10) if args.quick else (100, 30)
-    sleeps = tuple(int(v) for v in args.chain_sleep_ns.split(","))
-    return run(GPU_SIZES, "cuda", replays, rounds, sleeps)
+    variants = tuple(
+        (int(s), int(r))
+        for s in args.chain_sleep_ns.split(",")
+        for r in args.chain_maxnreg.split(",")
+    )
+    return run(GPU_SIZES, "cuda", replays, rounds, variants)
 
 
 if __name__ == "__main__":

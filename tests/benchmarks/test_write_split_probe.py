@@ -15,5 +15,7 @@ def test_the_write_split_probe_runs_its_cases(capsys):
     for case in ("decode 9 x 1", "mixed prefill 2 x 16", "long prefill 1 x 24"):
         for mode in ("NONE", "PARTIAL"):
             assert f"| {case} | {mode} |" in out, (case, mode)
-    assert "| chain of | sleep ns | chain us | GEMM alone | GEMM beside | slowdown |" in out
+    assert (
+        "| chain of | sleep ns | maxnreg | chain us | GEMM alone | GEMM beside | slowdown |" in out
+    )
     assert "| case | real-KV | launch_write | chain | chain + stamp | stamp (difference) |" in out

@@ -76,6 +76,8 @@ def test_launch_config_restores_after_an_error():
         (dict(write_chain_programs=0), "write_chain_programs is below 1"),
         (dict(write_chain_sleep_ns=-1), r"write_chain_sleep_ns must lie in \[0, 2\*\*20\]"),
         (dict(write_chain_sleep_ns=(1 << 20) + 1), r"write_chain_sleep_ns must lie in"),
+        (dict(write_chain_maxnreg=8), r"write_chain_maxnreg must be 0 or lie in \[16, 255\]"),
+        (dict(write_chain_maxnreg=256), r"write_chain_maxnreg must be 0 or lie in"),
     ],
 )
 def test_a_config_the_kernels_cannot_take_is_refused(changes, rule):
@@ -86,16 +88,19 @@ def test_a_config_the_kernels_cannot_take_is_refused(changes, rule):
     assert active_launch_config() is DEFAULT_LAUNCH_CONFIG
 
 
-def test_a_chain_sleep_needs_the_gpu():
-    # nanosleep has no interpreter support: a sleep is refused there, taken on a GPU
+def test_a_chain_sleep_or_register_cap_needs_the_gpu():
+    # nanosleep and maxnreg have no interpreter support: refused there, taken on a GPU
     from kv_canary_kernels.config import INTERPRETING
 
     if INTERPRETING:
         with pytest.raises(ValueError, match="be 0 under the interpreter"):
             LaunchConfig(write_chain_sleep_ns=256)
+        with pytest.raises(ValueError, match="be 0 under the interpreter"):
+            LaunchConfig(write_chain_maxnreg=32)
     else:
         assert LaunchConfig(write_chain_sleep_ns=256).write_chain_sleep_ns == 256
-    assert LaunchConfig(write_chain_sleep_ns=0) == DEFAULT_LAUNCH_CONFIG
+        assert LaunchConfig(write_chain_maxnreg=32).write_chain_maxnreg == 32
+    assert LaunchConfig(write_chain_sleep_ns=0, write_chain_maxnreg=0) == DEFAULT_LAUNCH_CONFIG
 
 
 def test_the_config_is_frozen():
