@@ -23,7 +23,11 @@ stream recorded, and the main stream joins it after the GEMM). The two variants
 alternate, round after round; each GEMM is timed with CUDA events on the main stream
 (its own duration, whatever the side stream does), the median over rounds; and the same
 as CUDA graphs (a graph of the GEMM alone; a graph of the fork, the chain, the GEMM and
-the join), median of replays timed from outside. Target: the GEMM at most 1% slower.
+the join), the GEMM timed inside each replay by event nodes around it (``external``
+events), median of replays. Target: the GEMM at most 1% slower. ``--chain-sleep-ns`` and
+``--chain-maxnreg`` (comma-separated, each sleep with each cap) repeat it for chains
+launched under ``LaunchConfig.write_chain_sleep_ns`` / ``write_chain_maxnreg`` (each
+first checked equal to ``launch_write``).
 
 Part 3, host time per eager call (``benchmarks.harness.host_time_stats_us``: batches of
 eager calls without a sync, medians): ``launch_write``, ``launch_write_chain`` and a chain
@@ -35,9 +39,12 @@ stubbed: ``python -m benchmarks.probes.write_split_host``.
 Last answer (H200, ``--quick``, e4f4262): the stamp 3.2 to 5.6 us on 16 x 2048 and 1 x 8192
 (NONE and PARTIAL; ``launch_write`` 239 to 6,141 us), 3.12 us for decode 4096 x 1
 (``launch_write`` 2.38); the chain 1.37x ``launch_write`` on prefill (326 and 1,295 us);
-the GEMM beside the chain +7.4 / +7.2% eager and +7.7 / +28.4% in a graph (16 x 2048 /
-1 x 8192), +0.2% / +0.04% beside a decode chain; host per eager call: the chain 15.6 to
-29.9 us, chain + stamp 26.6 to 52.8, ``launch_write`` 12.8 to 30.3. The tables are in
+host per eager call: the chain 15.6 to 29.9 us, chain + stamp 26.6 to 52.8,
+``launch_write`` 12.8 to 30.3. The GEMM part at b6d3d6e (``--quick --chain-sleep-ns
+0,128,512,2048``, the GEMM timed inside the graphs): +5.8 / +6.5% eager and +7.5 / +6.8%
+in a graph beside the chains of 16 x 2048 / 1 x 8192, +0.2% / +0.08% beside a decode
+chain; sleeping after each token did not lower it (1 x 8192: +6.8 to +6.9% in a graph up
+to 2,048 ns a token). ``--chain-maxnreg`` has not run yet. The tables are in
 docs/performance.md ("Write").
 """
 
