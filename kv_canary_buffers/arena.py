@@ -18,7 +18,7 @@ import math
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, overload
+from typing import Any, NoReturn, overload
 
 import attrs
 import torch
@@ -257,6 +257,48 @@ def check_pinned(obj: Any, arena: Arena) -> None:
         f"got another (rebound behind the frozen guard: the layout, device and addresses "
         f"every launch relies on come from it); build one with {kind}.allocate and change "
         "it only through its own methods"
+    )
+
+
+def check_private_views(
+    obj: Any,
+    get_fields: Callable[[Any], Any],
+    build_hint: str,
+    names: tuple[str, ...] | None = None,
+) -> None:
+    """The ``views=True`` half of an owner's ``check()``: every private view ``get_fields``
+    reads (the fields ``names`` only, in that order, when given) is still its view of
+    ``obj.arena``; ``obj._raise_bad_field(name)`` words the first that is not. A missing
+    view is an ``AttributeError`` ending in ``build_hint``."""
+    kind = type(obj).__name__
+    try:
+        fields = get_fields(obj)
+        if names is not None and len(names) == 1:
+            fields = (fields,)
+    except AttributeError as err:
+        raise AttributeError(
+            f"kv-canary: {kind} is missing a field ({err}); {build_hint}"
+        ) from None
+    bad = obj.arena.first_bad_field(fields, names)
+    if bad is not None:
+        obj._raise_bad_field(bad)
+
+
+def raise_moved_view(
+    kind: str, noun: str, bad: str, *, arena_noun: str | None = None, cause: str = ""
+) -> NoReturn:
+    """The error of a private view (or, ``bad == "<arena>"``, the arena's storage) that is
+    no longer the memory the owner ``kind`` (a ``noun`` in the message) was built with."""
+    if bad == "<arena>":
+        raise ValueError(
+            f"kv-canary: its arena's storage is no longer the memory the {arena_noun or noun} "
+            "was built with (the storage was resized or freed through a tensor read from a "
+            f"field); use the {noun} only through its own methods"
+        )
+    raise ValueError(
+        f"kv-canary: {kind}.{bad} is no longer the memory the {noun} was built with (its "
+        f"private view was rebound or swapped with .data/set_(){cause}); use the {noun} only "
+        "through its own methods"
     )
 
 

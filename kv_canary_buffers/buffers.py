@@ -19,7 +19,14 @@ from typing import Any, NoReturn
 import attrs
 import torch
 
-from .arena import Arena, ArenaField, FieldAlias, check_owned_arena, layout
+from .arena import (
+    Arena,
+    ArenaField,
+    FieldAlias,
+    check_owned_arena,
+    check_private_views,
+    layout,
+)
 from .checks import check_capacity, check_need, nonnegative_field
 from .devices import DeviceLike, normalize_device
 from .layout import MAX_CAPACITY, PLAN_FIELDS, plan_specs
@@ -319,18 +326,12 @@ class PlanBuffers:
         self._check(names, getter)
 
     def _check(self, names: tuple[str, ...], getter: Any) -> None:
-        try:
-            fields = getter(self)
-            if len(names) == 1:
-                fields = (fields,)
-        except AttributeError as err:
-            raise AttributeError(
-                f"kv-canary: PlanBuffers is missing a field ({err}); build buffers with "
-                "PlanBuffers.allocate and never delete their attributes"
-            ) from None
-        bad = self.arena.first_bad_field(fields, None if names is _FIELD_NAMES else names)
-        if bad is not None:
-            self._raise_bad_field(bad)
+        check_private_views(
+            self,
+            getter,
+            "build buffers with PlanBuffers.allocate and never delete their attributes",
+            None if names is _FIELD_NAMES else names,
+        )
 
     def _check_views(self) -> None:
         """The private views only (the constructor claims the arena after it)."""

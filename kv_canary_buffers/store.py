@@ -18,7 +18,15 @@ from typing import Any, NoReturn
 import attrs
 import torch
 
-from .arena import Arena, ArenaField, FieldAlias, check_owned_arena, layout
+from .arena import (
+    Arena,
+    ArenaField,
+    FieldAlias,
+    check_owned_arena,
+    check_private_views,
+    layout,
+    raise_moved_view,
+)
 from .checks import check_capacity, check_need, nonnegative_field
 from .devices import DeviceLike, normalize_device
 from .layout import STORE_FIELDS, store_specs
@@ -301,29 +309,12 @@ class CanaryStore:
 
     def _check_views(self) -> None:
         """The private views only (the constructor claims the arena after it)."""
-        try:
-            fields = _get_fields(self)
-        except AttributeError as err:
-            raise AttributeError(
-                f"kv-canary: CanaryStore is missing a field ({err}); build a store with "
-                "CanaryStore.allocate"
-            ) from None
-        bad = self.arena.first_bad_field(fields)
-        if bad is not None:
-            self._raise_bad_field(bad)
+        check_private_views(self, _get_fields, "build a store with CanaryStore.allocate")
 
     @staticmethod
     def _raise_bad_field(bad: str) -> NoReturn:
-        if bad == "<arena>":
-            raise ValueError(
-                "kv-canary: its arena's storage is no longer the memory the store was built "
-                "with (the storage was resized or freed through a tensor read from a field); "
-                "use the store only through its own methods"
-            )
-        raise ValueError(
-            f"kv-canary: CanaryStore.{bad} is no longer the memory the store was built with "
-            "(its private view was rebound or swapped with .data/set_(), or the store was "
-            "built with views of other memory); use the store only through its own methods"
+        raise_moved_view(
+            "CanaryStore", "store", bad, cause=", or the store was built with views of other memory"
         )
 
     # --- device flags ---------------------------------------------------------------

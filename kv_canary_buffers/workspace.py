@@ -30,7 +30,15 @@ from typing import Any, NamedTuple, NoReturn
 import attrs
 import torch
 
-from .arena import Arena, ArenaField, FieldAlias, check_owned_arena, layout
+from .arena import (
+    Arena,
+    ArenaField,
+    FieldAlias,
+    check_owned_arena,
+    check_private_views,
+    layout,
+    raise_moved_view,
+)
 from .buffers import _check_arena_layout
 from .checks import check_capacity, check_need, nonnegative_field
 from .devices import DeviceLike, normalize_device
@@ -260,30 +268,11 @@ class WriteWorkspace:
             self._check_views()
 
     def _check_views(self) -> None:
-        try:
-            fields = _get_fields(self)
-        except AttributeError as err:
-            raise AttributeError(
-                f"kv-canary: WriteWorkspace is missing a field ({err}); build one with "
-                "WriteWorkspace.allocate"
-            ) from None
-        bad = self.arena.first_bad_field(fields)
-        if bad is not None:
-            self._raise_bad_field(bad)
+        check_private_views(self, _get_fields, "build one with WriteWorkspace.allocate")
 
     @staticmethod
     def _raise_bad_field(bad: str) -> NoReturn:
-        if bad == "<arena>":
-            raise ValueError(
-                "kv-canary: its arena's storage is no longer the memory the WriteWorkspace "
-                "was built with (the storage was resized or freed through a tensor read from "
-                "a field); use the workspace only through its own methods"
-            )
-        raise ValueError(
-            f"kv-canary: WriteWorkspace.{bad} is no longer the memory the workspace was built "
-            "with (its private view was rebound or swapped with .data/set_()); use the "
-            "workspace only through its own methods"
-        )
+        raise_moved_view("WriteWorkspace", "workspace", bad, arena_noun="WriteWorkspace")
 
 
 WriteWorkspace.__doc__ = docstring_with_fields(WriteWorkspace.__doc__, WORKSPACE_FIELDS, "contents")
