@@ -637,8 +637,10 @@ class CanaryRuntime:
             raise RuntimeError("kv-canary: begin_step called twice without end_step")
         if not isinstance(batch, StepBatch):
             raise TypeError(f"kv-canary: batch must be a StepBatch, got {type(batch).__name__}")
-        # the current stream looked up once (a Python object made per lookup)
-        stream = None if self._index is None else torch.cuda.current_stream(self._index)
+        # the current stream looked up once, where it is needed (a Python object per lookup)
+        stream = None
+        if self._index is not None and (self.timing is not None or self.overlap_begin):
+            stream = torch.cuda.current_stream(self._index)
         if self.timing is not None:
             self.timing.mark(stream, 0)
         if self.overlap_begin and (
