@@ -353,15 +353,22 @@ def canary_write_stamp_kernel(
     CHUNK: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    # Issued together (one round trip): the ticket, the fill's words and the lanes' entry
-    # words, the latter whatever the fill (in bounds: i < n <= token_capacity).
+    # Issued together (one round trip): the ticket, the fill's words and the lanes' whole
+    # entries (the record's first three columns and the owner too: loaded under the final
+    # mask below, they were a third round trip), whatever the fill (in bounds: i < n <=
+    # token_capacity); only the stores wait for the mask.
     ticket = tl.atomic_add(stamp_tickets_ptr, 1, sem="relaxed")
     i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     in_n = i < n
     fill = tl.load(fill_ptr)
     mark = tl.load(chain_launch_ptr)
     tags = tl.load(entry_fills_ptr + i, mask=in_n, other=0)
-    slot = tl.load(entries_ptr + i * ENTRY_W + ENTRY_SLOT, mask=in_n, other=-1)
+    entry = entries_ptr + i * ENTRY_W
+    slot = tl.load(entry + ENTRY_SLOT, mask=in_n, other=-1)
+    token = tl.load(entry + REC_TOKEN, mask=in_n)
+    position = tl.load(entry + REC_POSITION, mask=in_n)
+    prev_hash = tl.load(entry + REC_PREV_HASH, mask=in_n)
+    owner = tl.load(entry_owners_ptr + i, mask=in_n, other=0)
     fresh = (ticket < programs) & (mark == launch) & (fill >= 1)  # the same in every program
     # As a lane vector (a scalar bool combined with lanes can come out as int32 in
     # Triton's interpreter, and a mask must be bool).
@@ -378,13 +385,11 @@ def canary_write_stamp_kernel(
     # Column by column in the lanes' own layout (a [BLOCK, 4] tile would go through
     # shared memory to meet it): the entry's first three columns, then the hash in the
     # place of its slot.
-    entry = entries_ptr + i * ENTRY_W
     rec = records_ptr + slot * REC_W
-    tl.store(rec + REC_TOKEN, tl.load(entry + REC_TOKEN, mask=final), mask=final)
-    tl.store(rec + REC_POSITION, tl.load(entry + REC_POSITION, mask=final), mask=final)
-    tl.store(rec + REC_PREV_HASH, tl.load(entry + REC_PREV_HASH, mask=final), mask=final)
+    tl.store(rec + REC_TOKEN, token, mask=final)
+    tl.store(rec + REC_POSITION, position, mask=final)
+    tl.store(rec + REC_PREV_HASH, prev_hash, mask=final)
     tl.store(rec + REC_REAL_KV, kv_hash, mask=final)
-    owner = tl.load(entry_owners_ptr + i, mask=final, other=0)
     tl.store(owners_ptr + slot, owner, mask=final)
     total = tl.sum(ok.to(tl.int64), 0)  # every record stored, a slot's earlier ones too
     if total > 0:
