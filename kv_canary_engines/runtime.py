@@ -463,19 +463,21 @@ class CanaryRuntime:
             split = self.device.type == "cuda" and self.stages.name == "kernels"
         self.split_write: bool = split
         """Whether the writes run split (``CanaryConfig.split_write`` resolved)."""
-        self.split_from_tokens: int = SPLIT_FROM_TOKENS if config.split_write is None else 0
+        from_tokens = _split_from_tokens(self.stages.name)
+        self.split_from_tokens: int = from_tokens if config.split_write is None else 0
         """With the split write, a step splits when some row writes at least this many
-        tokens (``split_write=True``: 0, every step; ``None``:
-        :data:`SPLIT_FROM_TOKENS`); its writes are one ``launch_write`` a store otherwise."""
+        tokens (``split_write=True``: 0, every step; ``None``: the active
+        ``LaunchConfig.write_chain_tokens + 1`` with the kernels, :data:`SPLIT_FROM_TOKENS`
+        by default); its writes are one ``launch_write`` a store otherwise."""
         overlap = config.overlap_begin
         if overlap is None:
             overlap = self.device.type == "cuda" and self.stages.name == "kernels"
         self.overlap_begin: bool = overlap
         """Whether ``begin_step``'s launches run from ``end_step`` on the side stream
         (``CanaryConfig.overlap_begin`` resolved)."""
-        self.overlap_from_tokens: int = SPLIT_FROM_TOKENS if config.overlap_begin is None else 0
+        self.overlap_from_tokens: int = from_tokens if config.overlap_begin is None else 0
         """With ``overlap_begin``, a step overlaps when some row writes at least this many
-        tokens (``overlap_begin=True``: 0, every step; ``None``: :data:`SPLIT_FROM_TOKENS`,
+        tokens (``overlap_begin=True``: 0, every step; ``None``: as ``split_from_tokens``,
         the prefill steps, where the forward's GPU time can hide the canary's host time;
         on the H200 a decode step's forward could not, and the overlap's stream switches
         and events cost about 100 us more host time there)."""
@@ -1332,11 +1334,23 @@ _NO_STREAM = contextlib.nullcontext()
 
 SPLIT_FROM_TOKENS = 17
 """With ``split_write=None``, a step's writes split only when some row writes at least this
-many tokens: rows of up to the default ``LaunchConfig.write_chain_tokens`` (16; the runtime
-does not import the kernels' config, so a changed one is not followed) are walked with their
+many tokens: the default ``LaunchConfig.write_chain_tokens`` (16) + 1 (a test holds them
+equal; a runtime with the kernels reads the active config's instead,
+:func:`_split_from_tokens`). Rows of up to ``write_chain_tokens`` are walked with their
 records by the write's side programs, so there the stamp is no cheaper than the write (H200,
 decode 4096 x 1: the stamp 3.12 us, ``launch_write`` 2.38) and the chain adds a launch
 before the forward, whose host time the GPU waits for in a host-synchronous engine."""
+
+
+def _split_from_tokens(stages: str) -> int:
+    """The fewest tokens of a row that make a step split (and, with ``overlap_begin=None``,
+    overlap): ``write_chain_tokens + 1`` of the kernels' active ``LaunchConfig`` where the
+    kernels run (imported then anyway), :data:`SPLIT_FROM_TOKENS` with the references."""
+    if stages != "kernels":
+        return SPLIT_FROM_TOKENS
+    from kv_canary_kernels.config import active_launch_config
+
+    return active_launch_config().write_chain_tokens + 1
 
 
 @contextlib.contextmanager

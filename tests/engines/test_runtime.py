@@ -232,6 +232,29 @@ def test_the_overlapped_begin_raises_the_batchs_errors_at_end_step_and_recovers(
     assert int(store.records[4, 0]) == 5 and int(store.records[5, 0]) == 6  # stamped
 
 
+def test_the_split_threshold_follows_the_kernels_chain_tokens():
+    # SPLIT_FROM_TOKENS is the default write_chain_tokens + 1; a runtime with the kernels
+    # reads the active LaunchConfig's, one with the references the constant
+    from kv_canary_kernels.config import DEFAULT_LAUNCH_CONFIG, launch_config
+
+    assert SPLIT_FROM_TOKENS == DEFAULT_LAUNCH_CONFIG.write_chain_tokens + 1
+    group = KVGroup(name="full", num_slots=64, page_size=4)
+    for stages, chain_tokens, want in (("kernels", 40, 41), ("reference", 40, SPLIT_FROM_TOKENS)):
+        with launch_config(write_chain_tokens=chain_tokens):
+            rt = CanaryRuntime(
+                default_config(stages=stages, split_write=None, overlap_begin=None),
+                [group],
+                device="cpu",
+            )
+        assert rt.split_from_tokens == rt.overlap_from_tokens == want
+    forced = CanaryRuntime(
+        default_config(stages="reference", split_write=True, overlap_begin=True),
+        [group],
+        device="cpu",
+    )
+    assert forced.split_from_tokens == forced.overlap_from_tokens == 0
+
+
 def _step_of(rows: list[Row], first: int, count: int) -> StepBatch:
     """Request "a" at positions ``first .. first + count - 1``, its blocks 1, 2, ... (page
     4: slot ``4 + position``)."""
