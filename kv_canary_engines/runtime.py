@@ -492,6 +492,11 @@ class CanaryRuntime:
         self._held: tuple[StepBatch, int] | None = None
         """With ``overlap_begin``: the batch ``begin_step`` took and its step number,
         prepared in ``end_step``."""
+        self.split_steps = 0
+        """Steps whose writes ran split (chains, then stamps): which mode ran, apart from
+        ``stats`` (what the runtime saw, the same in every mode)."""
+        self.overlapped_steps = 0
+        """Steps whose batch ``begin_step`` kept for ``end_step`` to prepare."""
         self._held_releases: list[RequestId] = []
         """Releases while a batch is held: applied once it is prepared (a request new in
         that batch gets its row there, so an earlier release would miss it)."""
@@ -652,6 +657,7 @@ class CanaryRuntime:
             if self.side_stream is not None and stream is not None:
                 self._begun.record(stream)
             self._held = (batch, self._step)
+            self.overlapped_steps += 1
         else:
             self._pending = self._prepare(batch, self._step)
         self._step += 1  # (runtime.step during the forward is as without the overlap)
@@ -794,12 +800,13 @@ class CanaryRuntime:
         step; the sweep every ``sweep_every`` steps; and every ``poll_every`` steps the
         poll, whose report it returns (None on other steps)."""
         _refuse_capture(self.device, "end_step")
-        timed = self.timing is not None and (self._pending is not None or self._held is not None)
+        begun = self._pending is not None or self._held is not None
+        timing = self.timing if begun else None
         stream = None
-        if timed and self._index is not None:  # looked up once for both marks
+        if timing is not None and self._index is not None:  # looked up once for both marks
             stream = torch.cuda.current_stream(self._index)
-        if self.timing is not None and timed:
-            self.timing.mark(stream, 2)
+        if timing is not None:
+            timing.mark(stream, 2)
         if self._held is not None:
             self._prepare_held()
         p = self._pending
@@ -836,8 +843,8 @@ class CanaryRuntime:
                 self._write(g, "TAIL", g.tail, Endpoint.TAIL_WRITE, p.step, **plain)
                 if p.verify:
                     self._verify(g, "TAIL", g.tail, g.plan, Endpoint.TAIL_VERIFY, p.step, True)
-        if self.timing is not None:
-            self.timing.mark(stream, 3)
+        if timing is not None:
+            timing.mark(stream, 3)
         self.rows.stamped(p.rows, p.ends)
         every = self.config.sweep_every
         if every and self._step % every == 0 and self.sweep_source is not None:
@@ -956,6 +963,7 @@ class CanaryRuntime:
             self._planned.record(torch.cuda.current_stream(self._index))
             side.wait_event(self._planned)
         p.chained = True
+        self.split_steps += 1
         timing = self.timing if side is not None else None
         if timing is not None and side is not None:
             timing.mark_side(side, 0)

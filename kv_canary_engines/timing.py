@@ -13,6 +13,7 @@ elapsed times become floats and its events return to the pool."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections import deque
@@ -94,7 +95,7 @@ class StepTiming:
             count = min(HARVEST, len(steps))
         else:  # up to the last step that ended: one still between its marks stays
             count = max((i + 1 for i, s in enumerate(steps) if s[3] is not None), default=0)
-        ended = [s[3] for s in list(steps)[:count] if s[3] is not None]
+        ended = [s[3] for s in itertools.islice(steps, count) if s[3] is not None]
         if ended:
             if only_if_done:
                 if not ended[-1].query():

@@ -197,6 +197,12 @@ class Step:
     events: list[Any] = attrs.Factory(list)
     fast_path: bool = False
     """The forward had a ``block_table`` (flash attention's decode fast path)."""
+    split: bool = False
+    """With the canary: the step's writes ran split (``runtime.split_steps`` grew)."""
+    overlapped: bool = False
+    """With the canary: its ``begin_step`` work ran from ``end_step``
+    (``runtime.overlapped_steps`` grew)."""
+    _counts: tuple[int, int] = (0, 0)
 
     @property
     def kind(self) -> str:
@@ -218,6 +224,14 @@ class StepProbe:
         self._pre = model.register_forward_pre_hook(self._before, with_kwargs=True, prepend=True)
         self._post: Any = None
         self._model = model
+        self.canary: Any = None
+        """The installed canary, whose runtime's counts say what each step ran."""
+
+    def _counts(self) -> tuple[int, int]:
+        runtime = None if self.canary is None else self.canary.runtime
+        if runtime is None:  # (made in the canary's hook of the first step)
+            return (0, 0)
+        return (runtime.split_steps, runtime.overlapped_steps)
 
     def attach_after(self) -> None:
         """The forward hook, registered after the canary's (hooks run in their order)."""
@@ -249,6 +263,7 @@ class StepProbe:
             start=time.perf_counter(),
             fast_path=kwargs.get("block_table") is not None,
         )
+        step._counts = self._counts()
         if self._cuda:
             step.events.append(self._event())
         self._open = step
@@ -260,6 +275,8 @@ class StepProbe:
         if self._cuda:
             step.events.append(self._event())
         step.end = time.perf_counter()
+        split, overlapped = self._counts()
+        step.split, step.overlapped = split > step._counts[0], overlapped > step._counts[1]
         self.steps.append(step)
 
 
@@ -301,8 +318,6 @@ class Run:
     overlap_begin: bool | None = None
     """With the canary: whether ``begin_step``'s launches ran from ``end_step``
     (``runtime.overlap_begin``)."""
-    overlap_from_tokens: int = 0
-    """With the canary: the runtime's ``overlap_from_tokens`` (0: every step overlapped)."""
 
     def period_ms(self, i: int) -> float | None:
         """Host ms from step ``i``'s start to the next step's (None for the last)."""
@@ -385,6 +400,7 @@ def generate(
                 overlap_begin=overlap_begin,
             )
             installed = install(model, manager, config)
+            probe.canary = installed
         probe.attach_after()
         t0 = time.perf_counter()
         manager.start()
@@ -475,7 +491,6 @@ def _canary_results(run: Run, canary: Any) -> None:
     run.runtime_steps = runtime.stats.steps
     run.split_write = runtime.split_write
     run.overlap_begin = runtime.overlap_begin
-    run.overlap_from_tokens = runtime.overlap_from_tokens
 
 
 # --- one shape -------------------------------------------------------------------------------
@@ -513,21 +528,12 @@ def _median(values: Sequence[float | None]) -> float | None:
 def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any]]:
     """One row per step kind (:data:`COLUMNS`' names): medians over every run's steps,
     each run's first step left out. ``ons`` are runs of one write mode (``write``:
-    ``split``, ``one``; ``mixed`` when they differ, ``n/a`` when none says; on CUDA per
-    step kind, from the steps that ran chains: decode steps run one write under the
-    default split)."""
-    modes = {r.split_write for r in ons} - {None}
-    write = {1: "split" if True in modes else "one", 2: "mixed"}.get(len(modes), "n/a")
-    overlapped = {r.overlap_begin for r in ons} == {True}
+    per step kind, what the runtime ran there: ``split``, ``one``, ``mixed`` when the
+    steps differ, ``n/a`` without the canary, and ``+overlap`` (``+some overlap``) where
+    the steps' ``begin_step`` work ran from ``end_step``; decode steps run one write
+    before the forward under the defaults)."""
     rows = []
     for kind in KINDS:
-        # begin_step's launches from end_step, beside the forward: with overlap_begin=None
-        # on the steps with a row of overlap_from_tokens tokens (decode steps have none)
-        suffix = (
-            "+overlap"
-            if overlapped and (kind == "prefill" or {r.overlap_from_tokens for r in ons} == {0})
-            else ""
-        )
 
         def pick(runs: list[Run]) -> list[tuple[Run, int]]:
             return [(r, i) for r in runs for i, s in enumerate(r.steps) if i and s.kind == kind]
@@ -535,15 +541,16 @@ def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any
         off, on = pick(offs), pick(ons)
         if not off and not on:
             continue
-        label = write
-        if write.startswith("split") and any(r.timing[i].gpu_us is not None for r, i in on):
-            # on CUDA the timing says which steps ran chains: with split_write=None, the
-            # steps where no row writes SPLIT_FROM_TOKENS tokens (decode) ran one write
-            chained = {r.timing[i].chain_gpu_us is not None for r, i in on}
-            label = {frozenset([False]): "one", frozenset([True, False]): "mixed"}.get(
-                frozenset(chained), "split"
-            )
-        label += suffix
+        # what the runtime ran on these steps (its counts): with the defaults only the
+        # steps with a row of split_from_tokens tokens split and overlap (decode: none)
+        split = {r.steps[i].split for r, i in on}
+        overlapped = {r.steps[i].overlapped for r, i in on}
+        label = {frozenset([True]): "split", frozenset([False]): "one"}.get(
+            frozenset(split), "mixed" if split else "n/a"
+        )
+        label += {frozenset([True]): "+overlap", frozenset([True, False]): "+some overlap"}.get(
+            frozenset(overlapped), ""
+        )
         step_off = _median([r.period_ms(i) for r, i in off])
         step_on = _median([r.period_ms(i) for r, i in on])
         delta = None if step_off is None or step_on is None else step_on - step_off

@@ -87,24 +87,35 @@ def test_the_smoke_runs_the_probe_end_to_end(tmp_path):
         assert r["write"] == "one" and r["split_write"] == "auto"  # the CPU's default
 
 
-def test_the_smoke_compares_the_split_write_with_one_write(tmp_path):
+@pytest.mark.parametrize(
+    ("flag", "writes", "runs", "labels"),
+    [
+        ("--compare-split", ("split", "one"), "(split, off, one write, off)",
+         ("on (split)", "on (one write)")),
+        ("--compare-overlap", ("one+overlap", "one"), "(overlapped, off, before the forward, off)",
+         ("on (one write, overlapped)", "on (one write)")),
+    ],
+    ids=["split", "overlap"],
+)  # fmt: skip
+def test_the_smoke_compares_two_modes_in_one_process(tmp_path, flag, writes, runs, labels):
     # --compare-split: each pair of runs becomes (split, off, one write, off) in one
-    # process, a table row per step kind and write, the same tokens in every run
-    done = _smoke(tmp_path, "--compare-split")
+    # process; --compare-overlap: (overlapped, off, before the forward, off); a table row
+    # per step kind and mode, the same tokens in every run
+    done = _smoke(tmp_path, flag)
     out = done.stdout
     body = [line.split("|") for line in out.splitlines() if line.startswith("| tiny")]
     assert {(cells[2].strip(), cells[3].strip()) for cells in body} == {
-        (kind, write) for kind in ("prefill", "decode") for write in ("split", "one")
+        (kind, write) for kind in ("prefill", "decode") for write in writes
     }
-    assert "runs: off, then 1 x (split, off, one write, off)" in out
+    assert f"runs: off, then 1 x {runs}" in out
     assert "tokens identical with and without the canary: yes (3/3, 3/3 requests)" in out
     assert "tiny: canary violations: 0 over " in out and "health executing" in out
-    assert "on (split)" in out and "on (one write)" in out
+    assert all(label in out for label in labels)
     (path,) = tmp_path.glob("engine_share-cpu-*.csv")
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
-    assert sorted(r["write"] for r in rows) == ["one", "one", "split", "split"]
-    assert {r["compare_split"] for r in rows} == {"True"}
+    assert sorted(r["write"] for r in rows) == sorted(writes * 2)
+    assert {r[flag[2:].replace("-", "_")] for r in rows} == {"True"}
 
 
 def _run(canary: bool, tokens: list[list[int]], kinds: str, **found: object) -> Run:
@@ -186,26 +197,6 @@ def test_a_canary_that_raises_in_the_engine_fails_the_probe(monkeypatch):
         engine_share.generate(model, prompts, args, canary=True, max_new=2)
 
 
-def test_the_smoke_compares_the_overlapped_begin_with_the_begin_before_the_forward(tmp_path):
-    # --compare-overlap: each pair of runs becomes (overlapped, off, before the forward,
-    # off) in one process, a table row per step kind and mode, the same tokens throughout
-    done = _smoke(tmp_path, "--compare-overlap")
-    out = done.stdout
-    body = [line.split("|") for line in out.splitlines() if line.startswith("| tiny")]
-    assert {(cells[2].strip(), cells[3].strip()) for cells in body} == {
-        (kind, write) for kind in ("prefill", "decode") for write in ("one+overlap", "one")
-    }
-    assert "runs: off, then 1 x (overlapped, off, before the forward, off)" in out
-    assert "tokens identical with and without the canary: yes (3/3, 3/3 requests)" in out
-    assert "tiny: canary violations: 0 over " in out and "health executing" in out
-    assert "on (one write, overlapped)" in out and "on (one write)" in out
-    (path,) = tmp_path.glob("engine_share-cpu-*.csv")
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    assert sorted(r["write"] for r in rows) == ["one", "one", "one+overlap", "one+overlap"]
-    assert {r["compare_overlap"] for r in rows} == {"True"}
-
-
 def test_the_two_comparisons_are_refused_together():
     done = _probe("--smoke", "--compare-split", "--compare-overlap", timeout=120)
     assert done.returncode == 2 and "pick one" in done.stderr
@@ -213,17 +204,22 @@ def test_the_two_comparisons_are_refused_together():
 
 def test_the_write_column_says_what_each_step_kind_ran():
     # with the defaults on CUDA (split_write=None, overlap_begin=None) only the prefill
-    # steps split and overlap: the decode rows say one write, before the forward
+    # steps split and overlap: the decode rows say one write, before the forward (from
+    # the runtime's counts, per step)
     same = [[1]]
     offs = [_run(False, same, "ppdd")]
-    on = _run(True, same, "ppdd", split_write=True, overlap_begin=True, overlap_from_tokens=17)
-    on.timing = [
-        StepCost(100.0, 90.0, 0.01, 70.0, 30.0, 10.0, 80.0, 300.0 if s.prefill else None)
-        for s in on.steps
-    ]
+    on = _run(True, same, "ppdd")
+    for s in on.steps:
+        s.split = s.overlapped = s.prefill
     rows = {r["kind"]: r["write"] for r in summarize("x", offs, [on])}
     assert rows == {"prefill": "split+overlap", "decode": "one"}
-    forced = _run(True, same, "ppdd", split_write=True, overlap_begin=True)  # True: every step
-    forced.timing = [StepCost(100.0, 90.0, 0.01, 70.0, 30.0, 10.0, 80.0, 300.0)] * 4
+    forced = _run(True, same, "ppdd")  # True: every step
+    for s in forced.steps:
+        s.split = s.overlapped = True
     rows = {r["kind"]: r["write"] for r in summarize("x", offs, [forced])}
     assert rows == {"prefill": "split+overlap", "decode": "split+overlap"}
+    mixed = _run(True, same, "pppd")  # a prefill step whose rows stayed short
+    for s, (split, overlapped) in zip(mixed.steps, [(1, 1), (1, 1), (0, 0), (0, 0)]):
+        s.split, s.overlapped = bool(split), bool(overlapped)
+    rows = {r["kind"]: r["write"] for r in summarize("x", offs, [mixed])}
+    assert rows == {"prefill": "mixed+some overlap", "decode": "one"}

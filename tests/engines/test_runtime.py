@@ -193,6 +193,8 @@ def test_the_overlapped_begin_leaves_what_the_begin_before_the_forward_leaves(fa
         )
         assert runtime.overlap_begin is overlap and runtime.side_stream is None
         victim, final = _faulted_run(engine, runtime, fault)
+        steps = runtime.stats.steps  # every step split / overlapped when forced
+        assert (runtime.split_steps, runtime.overlapped_steps) == (split * steps, overlap * steps)
         found = [*violations(engine), *final.violations]
         named = {rid for v in found for rid in v.request_ids()}
         seen.append(([v.line for v in found], named, _store_state(runtime), engine.finished))
@@ -288,6 +290,7 @@ def test_the_default_overlap_holds_only_the_steps_with_a_long_row():
         rt.begin_step(_step_of(decode, n, 1))
         assert rt._held is None and rt._pending is not None  # before the forward
         assert rt.end_step() is not None and rt.stats.steps == 2
+        assert rt.overlapped_steps == int(overlap) and rt.split_steps == 0
         stores.append(rt.stores("full")[0].records.clone())
     assert torch.equal(stores[0], stores[1])
     assert int(stores[0][4 + n, 0]) == tokens[n]
