@@ -108,13 +108,16 @@ class LaunchConfig:
         0,
         "split write: nanoseconds the chain's walk sleeps after each token (`nanosleep`; 0: "
         "never, the walk at full speed). The chain runs beside the forward; sleeping leaves "
-        "the issue slots of its multiprocessor to the forward's kernels there",
+        "the issue slots of its multiprocessor to the forward's kernels there (on the H200 it did "
+        "not lower a cuBLAS GEMM's slowdown beside the chain: docs/performance.md, Write)",
     )
     write_chain_maxnreg: int = _constant(
         0,
         "split write: registers per thread the chain is compiled to (ptxas `maxnreg`, the "
         "rest spilled; 0: the compiler's choice). Few enough let its one-warp program share a "
-        "multiprocessor with a forward's kernel that leaves few registers free",
+        "multiprocessor with a forward's kernel that leaves few registers free (on the H200, 32 "
+        "and 40 did not lower a cuBLAS GEMM's slowdown beside the chain: docs/performance.md, "
+        "Write)",
     )
     write_stamp_block: int = _constant(
         128, "split write: tokens per stamp program, one per lane (a power of two)"

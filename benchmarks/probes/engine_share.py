@@ -60,6 +60,10 @@ before the forward, so that their host time runs beside the forward's GPU time (
 ``--compare-overlap``: every step overlapped against the begin before the forward, in one
 process, each pair of runs becoming (overlapped, off, before the forward, off).
 
+``--phases``: after a shape's measured runs, one more run with the canary whose runtime
+methods, launcher halves and adapter hooks are timed by ``perf_counter`` wrappers
+(:mod:`benchmarks.phases`): host us a step per phase, per step kind.
+
 ``--profile N``: after a shape's measured runs, one more run with the canary (at most 16
 generated tokens) whose ``begin_step`` and ``end_step`` run under cProfile and a
 ``torch.profiler`` each: cProfile's top N functions by own time, and per method the torch
@@ -701,6 +705,8 @@ def run_shape(
     if args.profile:
         for line in profile_canary(shape, model, prompts, args):
             print(line)
+    if args.phases:
+        print(phases_canary(shape, model, prompts, args))
     del model
     gc.collect()
     if device.type == "cuda":
@@ -718,6 +724,26 @@ def write_modes(args: argparse.Namespace) -> list[tuple[bool | None, bool | None
     if args.compare_overlap:
         return [(split, True), (split, False)]
     return [(split, overlap)]
+
+
+def phases_canary(
+    shape: str, model: Any, prompts: list[list[int]], args: argparse.Namespace
+) -> str:
+    """One more run with the canary (after the measured runs) under
+    :class:`benchmarks.phases.Phases`: the host time of each phase of the step
+    inside the engine, without a profiler's inflation."""
+    from benchmarks.phases import Phases
+
+    phases = Phases()
+    try:
+        split, overlap = write_modes(args)[0]
+        generate(
+            model, prompts, args, canary=True, max_new=args.generate,
+            split_write=split, overlap_begin=overlap,
+        )  # fmt: skip
+    finally:
+        phases.remove()
+    return f"{shape}: host time per phase inside the engine (one more run):\n{phases.table()}"
 
 
 # --- where the canary's host time goes (--profile) -------------------------------------------
@@ -849,6 +875,12 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run the canary both ways in one process: (overlapped, off, before the "
         "forward, off) pairs",
+    )
+    parser.add_argument(
+        "--phases",
+        action="store_true",
+        help="after the measured runs, one more canary run with each phase of the step\n"
+        "timed (benchmarks.phases)",
     )
     parser.add_argument(
         "--profile",

@@ -4,6 +4,7 @@ step, with the launches taken out?
     python -m benchmarks.probes.runtime_host                      # CPU: launches as no-ops
     python -m benchmarks.probes.runtime_host --stages validate    # + the launchers' checks
     python -m benchmarks.probes.runtime_host --profile 20         # + cProfile's top 20
+    python -m benchmarks.probes.runtime_host --phases             # + host us per phase
     python -m benchmarks.probes.runtime_host --device cuda --stages kernels
     python -m benchmarks.probes.runtime_host --split-write on     # the chain and the stamp
 
@@ -487,6 +488,9 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="CanaryConfig(split_write=None, True, False): auto is the runtime's default",
     )
     parser.add_argument("--profile", type=int, default=0, help="print cProfile's top N")
+    parser.add_argument(
+        "--phases", action="store_true", help="one more run, each phase timed (probes.phases)"
+    )
     parser.add_argument("--no-count", dest="count", action="store_false")
     parser.add_argument(
         "--threads",
@@ -527,6 +531,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(markdown_table(HEADERS, table))
     if args.stages in ("noop", "validate"):
         print(f"stage calls over one run: {dict(stages.calls)}")
+    if args.phases:
+        from benchmarks.phases import Phases
+
+        phases = Phases(modules[0])
+        try:
+            run(modules[0], steps, args, device)
+        finally:
+            phases.remove()
+        print(f"host time per phase of {modules[0]} (one more run):")
+        print(phases.table())
     if args.profile:
         _, _, profiler = run(modules[0], steps, args, device, profile=True)
         assert profiler is not None

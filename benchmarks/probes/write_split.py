@@ -36,15 +36,16 @@ difference). Both take the write's host fast path (cached addresses) after their
 call: the figures to hold against the 30 us host budget. The same on the CPU, the launch
 stubbed: ``python -m benchmarks.probes.write_split_host``.
 
-Last answer (H200, ``--quick``, e4f4262): the stamp 3.2 to 5.6 us on 16 x 2048 and 1 x 8192
-(NONE and PARTIAL; ``launch_write`` 239 to 6,141 us), 3.12 us for decode 4096 x 1
-(``launch_write`` 2.38); the chain 1.37x ``launch_write`` on prefill (326 and 1,295 us);
-host per eager call: the chain 15.6 to 29.9 us, chain + stamp 26.6 to 52.8,
-``launch_write`` 12.8 to 30.3. The GEMM part at b6d3d6e (``--quick --chain-sleep-ns
-0,128,512,2048``, the GEMM timed inside the graphs): +5.8 / +6.5% eager and +7.5 / +6.8%
-in a graph beside the chains of 16 x 2048 / 1 x 8192, +0.2% / +0.08% beside a decode
-chain; sleeping after each token did not lower it (1 x 8192: +6.8 to +6.9% in a graph up
-to 2,048 ns a token). ``--chain-maxnreg`` has not run yet. The tables are in
+Last answer (H200, ``--quick --chain-maxnreg 0,32,40``, fe30b68): the stamp 2.8 to 5.4 us
+on 16 x 2048 and 1 x 8192 (NONE and PARTIAL; ``launch_write`` 239 to 6,141 us), 2.81 us
+for decode 4096 x 1 (``launch_write`` 2.65); the chain 1.37x ``launch_write`` on prefill
+(328 and 1,299 us); host per eager call: the chain 24.9 to 31.0 us, chain + stamp 43.1 to
+70.4, ``launch_write`` 22.3 to 29.9 (a slow host state). The GEMM beside the chains of
+16 x 2048 / 1 x 8192: +7.6 / +6.5% eager and +7.0 / +7.1% in a graph, +0.1% beside a
+decode chain; a register cap of 32 or 40 did not lower it (+5.3 to +14.8%, the chain
+spilling and 1.5x to 2x longer), nor did sleeping after each token (b6d3d6e: 1 x 8192 at
++6.8 to +6.9% in a graph up to 2,048 ns a token). ``benchmarks.probes.gemm_neighbours``
+finds the same slowdown beside a kernel that only spins. The tables are in
 docs/performance.md ("Write").
 """
 

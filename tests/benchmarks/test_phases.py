@@ -1,0 +1,39 @@
+"""``benchmarks.phases``: the per-phase host timers that ``runtime_host --phases`` and
+``engine_share --phases`` install count every call of the runtime's phases per step kind,
+and leave the runtime as it was."""
+
+from __future__ import annotations
+
+import torch
+
+import kv_canary_engines.runtime as runtime_module
+from benchmarks.phases import Phases
+from benchmarks.probes import runtime_host
+
+
+def test_phases_count_each_phase_per_step_kind_and_are_removed():
+    args = runtime_host.parse(["--requests", "6", "--prompt", "40", "--generate", "6"])
+    args.max_batch_tokens, args.page_size, args.poll_every = 64, 16, 4
+    steps = runtime_host.workload(args, torch.device("cpu"))
+    kinds = {k: sum(s.kind == k for s in steps) for k in ("prefill", "decode")}
+    assert kinds["prefill"] and kinds["decode"]
+    original = runtime_module.CanaryRuntime.__dict__["begin_step"]
+    phases = Phases()
+    try:
+        assert runtime_module.CanaryRuntime.__dict__["begin_step"] is not original
+        runtime_host.run("kv_canary_engines", steps, args, torch.device("cpu"))
+    finally:
+        phases.remove()
+    assert runtime_module.CanaryRuntime.__dict__["begin_step"] is original
+    for kind, count in kinds.items():
+        assert phases.calls[(kind, "begin_step")] == count
+        assert phases.calls[(kind, "end_step")] == count
+        assert phases.calls[(kind, "  _prepare")] == count
+        # (inclusive times: a step's preparation lies inside its begin_step)
+        assert 0 < phases.seconds[(kind, "  _prepare")] <= phases.seconds[(kind, "begin_step")]
+    # HEAD + TAIL: two writes a step, run through the probe's stand-in stages
+    assert phases.calls[("decode", "  _write")] == 2 * kinds["decode"]
+    polls = sum(phases.calls[(k, "  poll")] for k in kinds)
+    assert polls == len(steps) // args.poll_every
+    table = phases.table()
+    assert "| decode  | begin_step" in table and "| prefill | begin_step" in table
