@@ -1345,9 +1345,10 @@ SPLIT_FROM_TOKENS = 17
 many tokens: the default ``LaunchConfig.write_chain_tokens`` (16) + 1 (a test holds them
 equal; a runtime with the kernels reads the active config's instead,
 :func:`_split_from_tokens`). Rows of up to ``write_chain_tokens`` are walked with their
-records by the write's side programs, so there the stamp is no cheaper than the write (H200,
-decode 4096 x 1: the stamp 3.12 us, ``launch_write`` 2.38) and the chain adds a launch
-before the forward, whose host time the GPU waits for in a host-synchronous engine."""
+records by the write's side programs, so there the stamp is hardly cheaper than the write
+(H200, decode 4096 x 1: the stamp 2.48 us, ``launch_write`` 2.55, in one run) and the chain
+adds a launch before the forward, whose host time the GPU waits for in a host-synchronous
+engine."""
 
 
 def _split_from_tokens(stages: str) -> int:

@@ -120,9 +120,12 @@ class LaunchConfig:
         "Write)",
     )
     write_stamp_block: int = _constant(
-        128, "split write: tokens per stamp program, one per lane (a power of two)"
+        32,
+        "split write: tokens per stamp program, one per lane (a power of two). One warp of "
+        "32 rather than 4 of 128: on the H200 decode 4096 x 1 2.48 against 2.80 us, the "
+        "prefill shapes within 0.6 us (docs/performance.md, Write)",
     )
-    write_stamp_warps: int = _constant(4, "warps per stamp program")
+    write_stamp_warps: int = _constant(1, "warps per stamp program")
     verify_block: int = _constant(128, "verify entries per block, one per lane (a multiple of 32)")
     verify_warps: int = _constant(4, "warps per verify program")
     verify_programs_per_sm: int = _constant(

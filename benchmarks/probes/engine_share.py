@@ -17,10 +17,10 @@ flash attention where it is installed, and with it to its decode fast path, whos
 ``block_table`` the adapter's tests have not exercised), driven as
 ``tests/engines/test_transformers.py`` drives it, first without the canary, then with it
 (``kv_canary_engines.transformers.install``: ``CanaryConfig(timing=True,
-real_kv=PARTIAL, tail=True, stages="kernels", verify_every=1, poll_every=...,
-split_write=...)``: HEAD and TAIL, layers 0 and the last hashed), then without again
-(``--pairs N``: N such pairs after the first run), so that both see the same machine
-state. A short warm-up run of each
+real_kv=PARTIAL, tail=True, stages="kernels", verify_every=..., poll_every=...,
+split_write=...)``, ``--verify-every`` 1 by default: HEAD and TAIL, layers 0 and the
+last hashed), then without again (``--pairs N``: N such pairs after the first run), so
+that both see the same machine state. A short warm-up run of each
 (``--warmup-generate`` tokens) comes first: the Triton kernels compile there.
 
 Per step kind (``prefill``: a step where some row writes more than one token, mixed steps
@@ -39,7 +39,8 @@ mode, the first step of each run left out (the runtime is built there):
   ``chain GPU us``: with the split write on CUDA, its chains on the side stream, beside
   the forward (off the step's critical path: not in the canary's GPU time or share);
   ``share``: the canary's GPU time over the step's (before + forward + after), per step
-  as ``StepTiming.summary()`` computes it;
+  as ``StepTiming.summary()`` computes it (``mean share``: its mean over the steps, which
+  with ``--verify-every N`` weighs the verify steps in);
 - ``step ms with``, ``delta``: the engine's step with the canary against without, end to
   end (the adapter's own hook work around ``begin_step`` included; the poll, a sync every
   ``--poll-every`` steps, falls mostly outside a median: each run's wall time is printed).
@@ -180,6 +181,7 @@ COLUMNS = (
     ("end_gpu_us", "end GPU us"),
     ("chain_gpu_us", "chain GPU us"),
     ("share", "share"),
+    ("mean_share", "mean share"),
     ("step_with_ms", "step ms with"),
     ("delta_ms", "delta ms"),
     ("delta", "delta"),
@@ -397,7 +399,7 @@ def generate(
                 real_kv=RealKVMode.PARTIAL,
                 tail=True,
                 stages=args.stages,
-                verify_every=1,
+                verify_every=args.verify_every,
                 poll_every=args.poll_every,
                 sweep_every=args.sweep_every,
                 split_write=split_write,
@@ -529,6 +531,11 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(kept) if kept else None
 
 
+def _mean(values: Sequence[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.fmean(kept) if kept else None
+
+
 def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any]]:
     """One row per step kind (:data:`COLUMNS`' names): medians over every run's steps,
     each run's first step left out. ``ons`` are runs of one write mode (``write``:
@@ -576,6 +583,8 @@ def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any
                 "end_gpu_us": _median([r.timing[i].end_gpu_us for r, i in on]),
                 "chain_gpu_us": _median([r.timing[i].chain_gpu_us for r, i in on]),
                 "share": _median([r.timing[i].share for r, i in on]),
+                # (with --verify-every N > 1 the median is a step without the verifies)
+                "mean_share": _mean([r.timing[i].share for r, i in on]),
                 "step_with_ms": step_on,
                 "delta_ms": delta,
                 "delta": None if delta is None or not step_off else delta / step_off,
@@ -587,7 +596,7 @@ def summarize(shape: str, offs: list[Run], ons: list[Run]) -> list[dict[str, Any
 def _cell(column: str, value: Any) -> str:
     if value is None:
         return "n/a"
-    if column in ("share", "delta"):
+    if column in ("share", "mean_share", "delta"):
         return f"{100 * value:.2f}%"
     if column in ("rows", "tokens"):
         return f"{value:g}"
@@ -848,6 +857,13 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--pairs", type=int, default=1, help="(with, without) runs after the first")
     parser.add_argument("--warmup-generate", type=int, default=8)
     parser.add_argument("--poll-every", type=int, default=16)
+    parser.add_argument(
+        "--verify-every",
+        type=int,
+        default=1,
+        help="CanaryConfig.verify_every: the HEAD and TAIL verifies every N steps (the\n"
+        "writes run every step); 1, the target's setting, by default",
+    )
     parser.add_argument("--sweep-every", type=int, default=0)
     parser.add_argument("--stages", default="kernels", choices=("kernels", "reference"))
     parser.add_argument("--attn", default="sdpa", choices=("sdpa", "flash"))
@@ -965,7 +981,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{transformers.__version__} (the adapter supports {', '.join(SUPPORTED_VERSIONS)}); "
         f"{args.requests} requests x {args.prompt} prompt + {args.generate} generated tokens, "
         f"max_batch_tokens {args.max_batch_tokens}, page {args.page_size}; canary HEAD + TAIL, "
-        f"real-KV PARTIAL, stages {args.stages}, verify every step, poll every "
+        f"real-KV PARTIAL, stages {args.stages}, verify every {args.verify_every} step(s), "
+        "poll every "
         f"{args.poll_every}; split write {args.split_write}; overlap begin "
         f"{args.overlap_begin}; runs: off, then {args.pairs} x "
         + (

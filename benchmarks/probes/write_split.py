@@ -27,7 +27,9 @@ the join), the GEMM timed inside each replay by event nodes around it (``externa
 events), median of replays. Target: the GEMM at most 1% slower. ``--chain-sleep-ns`` and
 ``--chain-maxnreg`` (comma-separated, each sleep with each cap) repeat it for chains
 launched under ``LaunchConfig.write_chain_sleep_ns`` / ``write_chain_maxnreg`` (each
-first checked equal to ``launch_write``).
+first checked equal to ``launch_write``). ``--stamp-shapes 32x1,64x2`` times the stamp
+of part 1 again with other programs (``LaunchConfig.write_stamp_block`` tokens and
+``write_stamp_warps`` warps a program), each checked equal first.
 
 Part 3, host time per eager call (``benchmarks.harness.host_time_stats_us``: batches of
 eager calls without a sync, medians): ``launch_write``, ``launch_write_chain`` and a chain
@@ -309,6 +311,7 @@ def run(
     replays: int,
     rounds: int,
     variants: tuple[tuple[int, int], ...] = ((0, 0),),
+    stamp_shapes: tuple[tuple[int, int], ...] = (),
 ) -> int:
     stamp_rows, gemm_rows, host_rows = [], [], []
     for name, rows, tokens, prefix in cases(sizes):
@@ -318,7 +321,14 @@ def run(
             write_us = gpu_time(split.write, replays, CALLS).us
             chain_us = time_chains(split, replays)
             stamp_us = time_stamps(split, replays)
-            stamp_rows.append((name, mode, f"{write_us:.2f}", f"{chain_us:.2f}", f"{stamp_us:.2f}"))
+            row = [name, mode, f"{write_us:.2f}", f"{chain_us:.2f}", f"{stamp_us:.2f}"]
+            for block, warps in stamp_shapes:
+                # LaunchConfig.write_stamp_block / write_stamp_warps: tokens and warps a
+                # stamp program (the same records either way)
+                with launch_config(write_stamp_block=block, write_stamp_warps=warps):
+                    split.check_equal()
+                    row.append(f"{time_stamps(split, replays):.2f}")
+            stamp_rows.append(tuple(row))
             h_write, h_chain, h_pair = host_times(split, calls=50 if on_gpu() else 1)
             host_rows.append(
                 (
@@ -360,9 +370,11 @@ def run(
         f"Stamp against launch_write (GPU us per call; a CUDA graph of {CALLS} launches a "
         "replay, median of replays; the stamps' replays each after a replay of the chains'):"
     )
+    shapes = tuple(f"stamp {b} x {w}" for b, w in stamp_shapes)
     print(
         markdown_table(
-            ("case", "real-KV", "launch_write", "chain alone", "stamp alone"), stamp_rows
+            ("case", "real-KV", "launch_write", "chain alone", "stamp alone", *shapes),
+            stamp_rows,
         )
     )
     print(
@@ -399,12 +411,12 @@ def run(
     return 0
 
 
-def smoke() -> int:
+def smoke(stamp_shapes: tuple[tuple[int, int], ...] = ()) -> int:
     """The probe's code path at tiny sizes on the CPU (interpreter), with its checks."""
     global CALLS
     configure("cpu", smoke=True)
     CALLS = 2  # each program costs the interpreter milliseconds
-    return run(SMOKE_SIZES, "cpu", replays=1, rounds=1)
+    return run(SMOKE_SIZES, "cpu", replays=1, rounds=1, stamp_shapes=stamp_shapes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -423,9 +435,18 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated LaunchConfig.write_chain_maxnreg values for the GEMM part, each "
         "with each sleep (CUDA only; default 0, the compiler's choice)",
     )
+    parser.add_argument(
+        "--stamp-shapes",
+        default="",
+        help="comma-separated TOKENSxWARPS stamp programs (LaunchConfig.write_stamp_block x "
+        "write_stamp_warps) timed beside the default's, each checked equal first",
+    )
     args = parser.parse_args(argv)
+    shapes = tuple(
+        (int(b), int(w)) for b, w in (v.split("x") for v in args.stamp_shapes.split(",") if v)
+    )
     if args.smoke:
-        return smoke()
+        return smoke(shapes)
     if not torch.cuda.is_available():
         print("write_split: needs CUDA (or --smoke under TRITON_INTERPRET=1)")
         return 1
@@ -436,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in args.chain_sleep_ns.split(",")
         for r in args.chain_maxnreg.split(",")
     )
-    return run(GPU_SIZES, "cuda", replays, rounds, variants)
+    return run(GPU_SIZES, "cuda", replays, rounds, variants, shapes)
 
 
 if __name__ == "__main__":

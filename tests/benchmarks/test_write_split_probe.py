@@ -1,7 +1,8 @@
 """The split write's probe (``benchmarks.probes.write_split``, the lead's H200 run) at tiny
 sizes under the interpreter: every case's chain + stamp checked equal to ``launch_write``,
 the stamps timed from a replay of fresh fills (each stamp counted its run, none stale),
-the GEMM's code path beside the chain, host times, and the three tables printed."""
+the GEMM's code path beside the chain, host times, and the three tables printed; with
+``--stamp-shapes``, the stamp of other programs checked equal too and timed beside."""
 
 import re
 
@@ -9,9 +10,9 @@ from benchmarks.probes import write_split
 
 
 def test_the_write_split_probe_runs_its_cases(capsys):
-    assert write_split.main(["--smoke"]) == 0
+    assert write_split.main(["--smoke", "--stamp-shapes", "32x1"]) == 0
     out = re.sub(r" +", " ", capsys.readouterr().out)  # the tables' padding
-    assert "| case | real-KV | launch_write | chain alone | stamp alone |" in out
+    assert "| case | real-KV | launch_write | chain alone | stamp alone | stamp 32 x 1 |" in out
     for case in ("decode 9 x 1", "mixed prefill 2 x 16", "long prefill 1 x 24"):
         for mode in ("NONE", "PARTIAL"):
             assert f"| {case} | {mode} |" in out, (case, mode)

@@ -163,6 +163,13 @@ def test_the_summary_splits_prefill_from_decode_and_leaves_each_first_step_out()
     assert rows["prefill"]["engine_step_ms"] == pytest.approx(10.0)
     assert rows["decode"]["step_with_ms"] == pytest.approx(10.0)  # the median of 10, 10, 20
     assert rows["decode"]["canary_host_us"] == 100.0 and rows["decode"]["share"] == 0.01
+    # one decode step of the run at 5% (a verify step of --verify-every 4): the median
+    # stays, the mean weighs it in
+    costly = [_run(True, same, "ppdddd")]
+    costly[0].timing[-2] = StepCost(500.0, None, 0.05, 350.0, 150.0)
+    worse = {r["kind"]: r for r in summarize("x", offs, costly)}["decode"]
+    assert worse["share"] == 0.01
+    assert worse["mean_share"] == pytest.approx((0.01 * 3 + 0.05) / 4)
     assert (rows["decode"]["begin_host_us"], rows["decode"]["end_host_us"]) == (70.0, 30.0)
     assert rows["decode"]["begin_gpu_us"] is None  # no CUDA events
     assert rows["decode"]["tokens"] == 2 and rows["prefill"]["tokens"] == 64

@@ -25,7 +25,7 @@ from kv_canary_buffers import CanaryStore, PlanBuffers, WriteWorkspace
 from kv_canary_buffers.devices import normalize_device
 from kv_canary_kernels import fast_launch, launch_write_chain, launch_write_stamp
 from kv_canary_kernels import write_split as split_module
-from kv_canary_kernels.config import INTERPRETING
+from kv_canary_kernels.config import INTERPRETING, active_launch_config
 from kv_canary_kernels.fast_launch import FastPath, addresses
 from tests.helpers import DEVICE
 from tests.helpers.canary import covers, new_plan
@@ -75,8 +75,10 @@ def test_a_repeated_stamp_passes_the_first_launchs_addresses(recorded):
     full, fast = stamps[0][3], stamps[1][3]
     # (fixed..., n, num_slots, launch, programs, num_sources)
     assert fast[:-5] == full[:-5]
-    assert full[-5:] == (5, 32, 1, 1, 0) and fast[-5:] == (200, 32, 2, 2, 0)
-    assert stamps[1][2] == 2  # the grid: ceil(200 / 128)
+    programs = -(-200 // active_launch_config().write_stamp_block)  # one lane a token
+    assert programs > 1
+    assert full[-5:] == (5, 32, 1, 1, 0) and fast[-5:] == (200, 32, 2, programs, 0)
+    assert stamps[1][2] == programs  # the grid
     assert all(type(a) is int for a in fast)  # addresses, no tensor
 
 

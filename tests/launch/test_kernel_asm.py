@@ -34,6 +34,9 @@ from benchmarks.sass import compile_sm90
 from kv_canary_kernels.verify import canary_verify_kernel
 from kv_canary_kernels.write import canary_write_kernel
 from kv_canary_kernels.write_split import canary_write_stamp_kernel
+from kv_canary_kernels.config import active_launch_config
+
+cfg = active_launch_config()
 
 def ptx(fn, constexprs, warps):
     return compile_sm90(fn, constexprs, warps).asm["ptx"]
@@ -45,8 +48,8 @@ for expected in (False, True):
 c = {"CHECK_TOKENS": True, "MODE": 1, "BLOCK": 128, "CHUNK": 16}
 out["verify PARTIAL"] = ptx(canary_verify_kernel, c, 4)
 for mode in (0, 1):
-    c = {"MODE": mode, "BLOCK": 128, "CHUNK": 16}
-    out[f"write stamp MODE={mode}"] = ptx(canary_write_stamp_kernel, c, 4)
+    c = {"MODE": mode, "BLOCK": cfg.write_stamp_block, "CHUNK": 16}  # the default's program
+    out[f"write stamp MODE={mode}"] = ptx(canary_write_stamp_kernel, c, cfg.write_stamp_warps)
 json.dump(out, sys.stdout)
 """
 
