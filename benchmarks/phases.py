@@ -9,7 +9,10 @@ speed, inside an engine or not. Used by ``runtime_host --phases`` and ``engine_s
 
 Times are inclusive (``_prepare`` holds ``to_device``, the launches hold their halves);
 per step kind (``prefill``: some row of the batch ``begin_step`` took writes more than one
-token; ``decode``), means over the steps of that kind.
+token; ``decode``), means over the steps of that kind. The table indents each phase under
+the method that calls it on a step that does not overlap: on a step where
+``overlap_begin`` holds the batch (the prefill steps by default), ``_prepare`` and what it
+calls run inside ``end_step`` instead, so their time lies in ``end_step``'s there.
 """
 
 from __future__ import annotations
@@ -49,31 +52,42 @@ TARGETS: tuple[tuple[str, str, str], ...] = (
     ("kv_canary_kernels.launch", "dispatch_verify", "dispatch_verify"),
     ("kv_canary_kernels.launch", "validate_write_args", "validate_write_args"),
     ("kv_canary_kernels.launch", "dispatch_write", "dispatch_write"),
+    ("kv_canary_kernels.launch", "validate_write_chain_args", "validate_write_chain_args"),
+    ("kv_canary_kernels.launch", "dispatch_write_chain", "dispatch_write_chain"),
+    ("kv_canary_kernels.launch", "validate_write_stamp_args", "validate_write_stamp_args"),
+    ("kv_canary_kernels.launch", "dispatch_write_stamp", "dispatch_write_stamp"),
 )
 
 
 class Phases:
     """The installed wrappers and what they measured."""
 
+    _installed = False
+    """One set of wrappers at a time (a second would time the first one's wrappers)."""
+
     def __init__(self, module: str = "kv_canary_engines") -> None:
+        if Phases._installed:
+            raise RuntimeError("kv-canary: benchmarks.phases: Phases() is already installed")
         self.seconds: defaultdict[tuple[str, str], float] = defaultdict(float)
         self.calls: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.kind = "decode"
         self._undo: list[tuple[Any, str, Any]] = []
         for mod_name, path, label in TARGETS:
             mod_name = mod_name.replace("kv_canary_engines", module, 1)
-            try:
-                owner: Any = importlib.import_module(mod_name)
-            except ImportError:  # (the kernels off a CPU-only run without triton)
-                continue
+            owner: Any = importlib.import_module(mod_name)
             *outer, name = path.split(".")
             for part in outer:
                 owner = getattr(owner, part)
             if not hasattr(owner, name):
-                continue
+                if module == "kv_canary_engines":  # a renamed phase: say so, never drop it
+                    raise AttributeError(f"kv-canary: benchmarks.phases: no {mod_name}.{path}")
+                continue  # an older revision's copy may predate a phase
             original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+            if isinstance(original, (staticmethod, classmethod)):
+                raise TypeError(f"kv-canary: benchmarks.phases: {path} is not a plain function")
             setattr(owner, name, self._timed(original, label))
             self._undo.append((owner, name, original))
+        Phases._installed = True
 
     def _timed(self, fn: Any, label: str) -> Any:
         seconds, calls, clock = self.seconds, self.calls, time.perf_counter
@@ -82,7 +96,8 @@ class Phases:
         @functools.wraps(fn)
         def timed(*args: Any, **kwargs: Any) -> Any:
             if begin:  # the step's kind, from its batch (args: the runtime, the batch)
-                rows = getattr(args[1], "rows", ())
+                batch = args[1] if len(args) > 1 else kwargs.get("batch")
+                rows = getattr(batch, "rows", ())
                 self.kind = "prefill" if any(r.extend_len > 1 for r in rows) else "decode"
             t0 = clock()
             try:
@@ -94,14 +109,11 @@ class Phases:
 
         return timed
 
-    def reset(self) -> None:
-        self.seconds.clear()
-        self.calls.clear()
-
     def remove(self) -> None:
         for owner, name, original in reversed(self._undo):
             setattr(owner, name, original)
         self._undo.clear()
+        Phases._installed = False
 
     def table(self) -> str:
         """Per step kind and label: calls a step and host us a step (means over the steps

@@ -123,7 +123,7 @@ class LaunchConfig:
         32,
         "split write: tokens per stamp program, one per lane (a power of two). One warp of "
         "32 rather than 4 of 128: on the H200 decode 4096 x 1 2.48 against 2.80 us, the "
-        "prefill shapes within 0.6 us (docs/performance.md, Write)",
+        "prefill stamps at most 0.62 us slower (docs/performance.md, Write)",
     )
     write_stamp_warps: int = _constant(1, "warps per stamp program")
     verify_block: int = _constant(128, "verify entries per block, one per lane (a multiple of 32)")

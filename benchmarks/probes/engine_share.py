@@ -86,14 +86,17 @@ environment here, ``scripts/setup-engines.sh``). ``--smoke`` runs the same code 
 under ``TRITON_INTERPRET=1`` (set when the flag is given): the figures mean nothing there
 and there are no GPU columns.
 
-Last answer (H200, 7f888bf, transformers 5.17, the defaults: prefill steps split and
-overlapped, decode steps one write and the begin before the forward; ``--shapes 1b,8b
---pairs 2``): the target is met on prefill and NOT on decode. The canary's share of a
-step, 1B / 8B: prefill 0.05% / 0.03%, decode 1.45% / 1.07%, against engine steps of 76 /
-143 ms (prefill, 22 rows, 2048 tokens) and 59 / 80 ms (decode, 13 rows). On a decode step
-the canary's 0.96 to 1.02 ms of host time is GPU time the host-bound forward waits for;
-overlapping it too (``--compare-overlap``) gave 1.60% / 0.97% against 1.42% / 1.04%.
-Tokens identical with and without the canary, 0 violations. The table is in
+Last answer (H200, fe30b68's runtime, 2026-12-02, transformers 5.17, the defaults:
+prefill steps split and overlapped, decode steps one write and the begin before the
+forward; ``--shapes 1b,8b --pairs 2``): the target is NOT met on decode. The canary's
+share of a step, 1B / 8B: prefill 0.05% / 0.03%, decode 1.42% / 1.03%, against engine
+steps of 81 / 154 ms (prefill, 22 rows, 2048 tokens) and 80 / 93 ms (decode, 13 rows).
+Over five runs that day the 1B prefill share read 0.05% to 1.74% (in two runs the GPU
+had finished the forward before ``end_step``'s host work), 8B prefill 0.02 to 0.03%,
+decode 1.25 to 1.42% / 0.96 to 1.06%. On a decode step the canary's 1.1 to 1.3 ms of
+host time is GPU time the host-bound forward waits for (``--phases`` says where it goes);
+``--verify-every 4`` lowered the 1B decode mean share from 1.33% to 1.26%. Tokens
+identical with and without the canary, 0 violations. The table is in
 docs/performance.md ("Inside an engine").
 """
 
@@ -935,6 +938,8 @@ SETTINGS = (
     "page_size",
     "pairs",
     "poll_every",
+    "verify_every",
+    "sweep_every",
     "stages",
     "attn",
     "dtype",

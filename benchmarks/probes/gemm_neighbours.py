@@ -21,11 +21,12 @@ Eager, CUDA events on the GEMM's stream around the GEMM alone, medians of ``--ro
 rounds, the variants interleaved in each round.
 
 Last answer (H200, fe30b68, 2026-12-02, torch 2.11): every neighbour that stays resident
-while the GEMM runs costs it about one of its waves, the spinning thread as much as the
-chain: 8192^3 1,459 us alone, +6.8% beside ``sleep``, +7.4% / +8.4% beside the chains of
+while the GEMM runs costs it several percent, the spinning thread as much as the chain:
+8192^3 1,459 us alone, +6.8% beside ``sleep``, +7.4% / +8.4% beside the chains of
 1 x 8192 / 16 x 2048; the 8B up-projection +6.8% / +7.4% / +5.7%; the 1B one +7.1% /
-+8.3% / +23.5% (its 380 us GEMM inside the 16 x 2048 chain's 328 us). The 64 MiB copy:
-+0.01 to +0.26%. The table is in docs/performance.md ("Write").
++8.3% / +23.5% (the 16 x 2048 chain, 16 programs on as many multiprocessors for 328 us,
+runs through most of that 380 us GEMM). The 64 MiB copy: +0.01 to +0.26%. The table is
+in docs/performance.md ("Write").
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ SHAPES: tuple[tuple[str, int, int, int], ...] = (
 """(name, M, K, N): ``[M, K] @ [K, N]``."""
 
 CLOCK_MHZ = 1980
-"""The H200's boost clock, to turn the GEMM's time into ``_sleep`` cycles (about)."""
+"""The H200's boost clock, to turn the GEMM's time into ``_sleep`` cycles: about (a slower
+clock only makes the sleep outlast the GEMM, which is what the variant needs)."""
 
 
 def _chain(rows: int, tokens: int) -> Callable[[], None]:
@@ -57,7 +59,7 @@ def _chain(rows: int, tokens: int) -> Callable[[], None]:
         if (r, t) == (rows, tokens):
             split = Split(GPU_SIZES, r, t, prefix, "NONE", "cuda")
             return split.chain
-    raise ValueError(f"no write case {rows} x {tokens}")
+    raise ValueError(f"kv-canary: gemm_neighbours: no write case {rows} x {tokens}")
 
 
 def measure(rounds: int) -> list[list[str]]:
@@ -116,7 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--smoke", action="store_true", help="CPU: the chain's code path")
     args = parser.parse_args(argv)
-    if args.smoke or not torch.cuda.is_available():
+    if not args.smoke and not torch.cuda.is_available():
+        print("gemm_neighbours: needs CUDA (or --smoke for the CPU)", file=sys.stderr)
+        return 1
+    if args.smoke:
         from benchmarks.canary_cases import SMOKE_SIZES
         from benchmarks.probes.write_split import Split, cases
 

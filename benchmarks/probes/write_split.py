@@ -38,15 +38,17 @@ difference). Both take the write's host fast path (cached addresses) after their
 call: the figures to hold against the 30 us host budget. The same on the CPU, the launch
 stubbed: ``python -m benchmarks.probes.write_split_host``.
 
-Last answer (H200, ``--quick --chain-maxnreg 0,32,40``, fe30b68): the stamp 2.8 to 5.4 us
-on 16 x 2048 and 1 x 8192 (NONE and PARTIAL; ``launch_write`` 239 to 6,141 us), 2.81 us
-for decode 4096 x 1 (``launch_write`` 2.65); the chain 1.37x ``launch_write`` on prefill
-(328 and 1,299 us); host per eager call: the chain 24.9 to 31.0 us, chain + stamp 43.1 to
-70.4, ``launch_write`` 22.3 to 29.9 (a slow host state). The GEMM beside the chains of
-16 x 2048 / 1 x 8192: +7.6 / +6.5% eager and +7.0 / +7.1% in a graph, +0.1% beside a
-decode chain; a register cap of 32 or 40 did not lower it (+5.3 to +14.8%, the chain
-spilling and 1.5x to 2x longer), nor did sleeping after each token (b6d3d6e: 1 x 8192 at
-+6.8 to +6.9% in a graph up to 2,048 ns a token). ``benchmarks.probes.gemm_neighbours``
+Last answer (H200, 2026-12-02, fe30b68's kernels): ``--quick --stamp-shapes
+32x1,64x1,64x2,128x1,256x4``: the stamp at 32 x 1 (the default since) 2.48 us for decode
+4096 x 1 against 2.80 at 128 x 4 (the default then) and ``launch_write``'s 2.55; on
+16 x 2048 and 1 x 8192 2.8 to 5.8 us (128 x 4: 2.8 to 5.3; ``launch_write`` 238 to 6,140
+us); the chain 1.37x ``launch_write`` on prefill (326 and 1,296 us); host per eager call:
+the chain 15.9 to 30.6 us, chain + stamp 26.9 to 55.7, ``launch_write`` 13.0 to 29.2.
+``--quick --chain-maxnreg 0,32,40``: the GEMM beside the chains of 16 x 2048 / 1 x 8192
++7.6 / +6.5% eager and +7.0 / +7.1% in a graph, +0.1% beside a decode chain; a register
+cap of 32 or 40 did not lower it (+5.3 to +14.8%, the chain spilling and 1.5x to 2x
+longer), nor did sleeping after each token (b6d3d6e: 1 x 8192 at +6.8 to +6.9% in a graph
+up to 2,048 ns a token). ``benchmarks.probes.gemm_neighbours``
 finds the same slowdown beside a kernel that only spins. The tables are in
 docs/performance.md ("Write").
 """
@@ -442,9 +444,14 @@ def main(argv: list[str] | None = None) -> int:
         "write_stamp_warps) timed beside the default's, each checked equal first",
     )
     args = parser.parse_args(argv)
-    shapes = tuple(
-        (int(b), int(w)) for b, w in (v.split("x") for v in args.stamp_shapes.split(",") if v)
-    )
+    try:
+        shapes = tuple(
+            (int(b), int(w)) for b, w in (v.split("x") for v in args.stamp_shapes.split(",") if v)
+        )
+    except ValueError:
+        parser.error(
+            f"kv-canary: --stamp-shapes must be TOKENSxWARPS[,...], got {args.stamp_shapes!r}"
+        )
     if args.smoke:
         return smoke(shapes)
     if not torch.cuda.is_available():

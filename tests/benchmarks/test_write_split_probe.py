@@ -10,9 +10,10 @@ from benchmarks.probes import write_split
 
 
 def test_the_write_split_probe_runs_its_cases(capsys):
-    assert write_split.main(["--smoke", "--stamp-shapes", "32x1"]) == 0
+    # (128 x 4: not the default's 32 x 1, so the config's switch is what is checked)
+    assert write_split.main(["--smoke", "--stamp-shapes", "128x4"]) == 0
     out = re.sub(r" +", " ", capsys.readouterr().out)  # the tables' padding
-    assert "| case | real-KV | launch_write | chain alone | stamp alone | stamp 32 x 1 |" in out
+    assert "| case | real-KV | launch_write | chain alone | stamp alone | stamp 128 x 4 |" in out
     for case in ("decode 9 x 1", "mixed prefill 2 x 16", "long prefill 1 x 24"):
         for mode in ("NONE", "PARTIAL"):
             assert f"| {case} | {mode} |" in out, (case, mode)
