@@ -32,13 +32,19 @@ in docs/performance.md ("Write").
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from collections.abc import Callable, Sequence
 
+if __name__ == "__main__" and "--smoke" in sys.argv:  # before Triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 import torch
 
+from benchmarks.canary_cases import GPU_SIZES, SMOKE_SIZES
 from benchmarks.harness import markdown_table
+from benchmarks.probes.write_split import Split, cases, on_side
 
 SHAPES: tuple[tuple[str, int, int, int], ...] = (
     ("8192 x 8192 x 8192", 8192, 8192, 8192),
@@ -53,8 +59,6 @@ clock only makes the sleep outlast the GEMM, which is what the variant needs).""
 
 
 def _chain(rows: int, tokens: int) -> Callable[[], None]:
-    from benchmarks.probes.write_split import GPU_SIZES, Split, cases
-
     for _name, r, t, prefix in cases(GPU_SIZES):
         if (r, t) == (rows, tokens):
             split = Split(GPU_SIZES, r, t, prefix, "NONE", "cuda")
@@ -63,7 +67,7 @@ def _chain(rows: int, tokens: int) -> Callable[[], None]:
 
 
 def measure(rounds: int) -> list[list[str]]:
-    main = torch.cuda.current_stream()
+    here = torch.cuda.current_stream()
     side = torch.cuda.Stream()
     forked = torch.cuda.Event()
     src = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
@@ -85,19 +89,20 @@ def measure(rounds: int) -> list[list[str]]:
         times: dict[str, list[float]] = {v: [] for v in neighbours}
         for warm in range(3 + rounds):
             for variant, fn in neighbours.items():
-                if fn is not None:
-                    forked.record(main)
-                    side.wait_event(forked)
-                    with torch.cuda.stream(side):
-                        fn()
                 start, end = (
                     torch.cuda.Event(enable_timing=True),
                     torch.cuda.Event(enable_timing=True),
                 )
-                start.record(main)
-                torch.matmul(a, b, out=c)
-                end.record(main)
-                main.wait_stream(side)
+
+                def timed() -> None:
+                    start.record(here)
+                    torch.matmul(a, b, out=c)
+                    end.record(here)
+
+                if fn is None:
+                    timed()
+                else:
+                    on_side(side, forked, fn, timed)
                 torch.cuda.synchronize()
                 us = start.elapsed_time(end) * 1e3
                 if warm >= 3:
@@ -122,9 +127,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("gemm_neighbours: needs CUDA (or --smoke for the CPU)", file=sys.stderr)
         return 1
     if args.smoke:
-        from benchmarks.canary_cases import SMOKE_SIZES
-        from benchmarks.probes.write_split import Split, cases
-
         name, rows, tokens, prefix = cases(SMOKE_SIZES)[0]
         Split(SMOKE_SIZES, rows, tokens, prefix, "NONE", "cpu").chain()
         print(f"gemm_neighbours: smoke on the CPU ({name}'s chain ran); no GPU, no figures")

@@ -60,6 +60,7 @@ import copy
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 if __name__ == "__main__" and "--smoke" in sys.argv:  # before Triton is imported
@@ -197,6 +198,24 @@ def _now() -> float:
     return time.perf_counter() * 1e6
 
 
+def on_side(
+    side: torch.cuda.Stream,
+    forked: torch.cuda.Event,
+    neighbour: Callable[[], None],
+    work: Callable[[], None],
+) -> None:
+    """The split write's pattern: ``neighbour`` on ``side`` after an event recorded on the
+    current stream (the capture's stream inside ``torch.cuda.graph``), ``work`` on the
+    current stream beside it, then the current stream joins ``side``."""
+    here = torch.cuda.current_stream()
+    forked.record(here)
+    side.wait_event(forked)
+    with torch.cuda.stream(side):
+        neighbour()
+    work()
+    here.wait_stream(side)
+
+
 def gemm_beside(split: Split, rounds: int) -> tuple[float, float, float, float]:
     """The GEMM's time alone and beside the case's chain on a side stream: (eager alone,
     eager beside, graph alone, graph beside), medians in us."""
@@ -217,38 +236,24 @@ def gemm_beside(split: Split, rounds: int) -> tuple[float, float, float, float]:
     main = torch.cuda.current_stream()
     side = torch.cuda.Stream()
     forked = torch.cuda.Event()
-
-    def beside() -> None:
-        # The current stream at the call: the capture's stream inside torch.cuda.graph.
-        here = torch.cuda.current_stream()
-        forked.record(here)
-        side.wait_event(forked)
-        with torch.cuda.stream(side):
-            split.chain()
-        gemm()
-        here.wait_stream(side)
-
     for _ in range(3):  # warm-up (cuBLAS's heuristics, the chain's compile)
         gemm()
-        beside()
+        on_side(side, forked, split.chain, gemm)
     torch.cuda.synchronize()
     alone_t, beside_t = [], []
     for _ in range(rounds):
-        for fn, out in ((gemm, alone_t), (beside, beside_t)):
+        for chained, out in ((False, alone_t), (True, beside_t)):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            if fn is gemm:
+
+            def timed() -> None:
                 start.record(main)
                 gemm()
                 end.record(main)
+
+            if chained:
+                on_side(side, forked, split.chain, timed)
             else:
-                forked.record(main)
-                side.wait_event(forked)
-                with torch.cuda.stream(side):
-                    split.chain()
-                start.record(main)
-                gemm()
-                end.record(main)
-                main.wait_stream(side)
+                timed()
             torch.cuda.synchronize()
             out.append(start.elapsed_time(end) * 1e3)
     # In the graphs the GEMM is timed by event nodes around it (``external`` events are
@@ -266,13 +271,7 @@ def gemm_beside(split: Split, rounds: int) -> tuple[float, float, float, float]:
         marks[name][1].record(here)
 
     def beside_marked() -> None:
-        here = torch.cuda.current_stream()
-        forked.record(here)
-        side.wait_event(forked)
-        with torch.cuda.stream(side):
-            split.chain()
-        marked("beside")
-        here.wait_stream(side)
+        on_side(side, forked, split.chain, lambda: marked("beside"))
 
     graphs = {}
     for name, fn in (("alone", lambda: marked("alone")), ("beside", beside_marked)):
