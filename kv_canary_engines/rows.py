@@ -9,7 +9,7 @@ poll maps to the request that held its plan row in the step that launched it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -69,6 +69,12 @@ class RowTable:
         """At a poll: the rows released since the previous poll become free."""
         self._free.extend(self._released)
         self._released.clear()
+
+    @property
+    def by_request(self) -> Mapping[RequestId, int]:
+        """Live request ids to their rows (read-only use: the runtime's row pass looks
+        each request up here once, before :meth:`assign` for a new one)."""
+        return self._by_request
 
     def row_of(self, request_id: RequestId) -> int:
         """The row of a live request, 0 when it holds none."""

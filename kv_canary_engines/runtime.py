@@ -362,6 +362,17 @@ class _Group:
     """The split write's workspace of the HEAD store (None: one write a store)."""
     tail_ws: WriteWorkspace | None = None
     """The TAIL store's."""
+    plan_rows: int = 0
+    plan_entries: int = 0
+    """``plan``'s capacities, kept as ints: a step that fits them makes no
+    ``ensure_capacity`` call (each checks the buffers' arena, which the launch checks
+    again anyway)."""
+    ws_tokens: int = 0
+    """The tokens both workspaces hold (0 without the split write: never grown)."""
+
+    def __attrs_post_init__(self) -> None:
+        self.plan_rows, self.plan_entries = self.plan.write_req_capacity, self.plan.verify_capacity
+        self.ws_tokens = _ws_tokens(self)
 
     def stores(self) -> list[tuple[str, CanaryStore]]:
         out = [("HEAD", self.head)]
@@ -375,6 +386,13 @@ class _Group:
             self.head_ws = self.head_ws.ensure_capacity(tokens=n, slots=self.head.num_slots)
         if self.tail_ws is not None and self.tail is not None:
             self.tail_ws = self.tail_ws.ensure_capacity(tokens=n, slots=self.tail.num_slots)
+        self.ws_tokens = _ws_tokens(self)
+
+
+def _ws_tokens(g: _Group) -> int:
+    """The tokens every workspace of ``g`` holds (a huge number without any: never grown)."""
+    caps = [ws.token_capacity for ws in (g.head_ws, g.tail_ws) if ws is not None]
+    return min(caps) if caps else _NO_LIMIT
 
 
 @attrs.define(eq=False)
@@ -702,16 +720,19 @@ class CanaryRuntime:
         prefix: list[int] = []
         extend: list[int] = []
         tokens: list[int] = []
-        row_of, assign = table_rows.row_of, table_rows.assign
+        by_request, assign = table_rows.by_request, table_rows.assign
         hits = chunked = 0
         for r in batch.rows:
-            p, e = r.prefix_len, r.extend_len
-            if p > 0:
-                hits += not row_of(r.request_id)
-                chunked += e > 1
-            rows.append(assign(r.request_id, step))
+            p, e, rid = r.prefix_len, r.extend_len, r.request_id
+            row = by_request.get(rid)
+            if row is None:
+                hits += p > 0
+                row = assign(rid, step)
+            rows.append(row)
             prefix.append(p)
             extend.append(e)
+            if p > 0:
+                chunked += e > 1
             step_tokens = r.tokens[p : p + e]
             if len(step_tokens) != e:
                 raise ValueError(
@@ -719,7 +740,8 @@ class CanaryRuntime:
                     f"positions, the step needs [0, {p + e})"
                 )
             tokens.extend(step_tokens)
-        if len(set(rows)) != len(rows):
+        bs = len(rows)
+        if len(set(rows)) != bs:
             raise ValueError("kv-canary: a request appears twice in one batch")
         ends = [p + e for p, e in zip(prefix, extend)]
         n = len(tokens)
@@ -727,13 +749,13 @@ class CanaryRuntime:
             name = g.spec.name
             if name not in batch.tables or name not in batch.out_cache_loc:
                 raise ValueError(f"kv-canary: the batch has no table or out_cache_loc for {name!r}")
-        by_token = self._check_tables(batch.tables, self._groups, len(rows), ends)
+        by_token = self._check_tables(batch.tables, self._groups, bs, ends)
         gaps = self._pool_gaps(batch.rows, rows, prefix)
         st.prefix_hits += hits
         st.chunked_rows += chunked
         st.steps += 1
-        st.verify_steps += int(verify)
-        st.rows += len(rows)
+        st.verify_steps += verify
+        st.rows += bs
         st.tokens += n
 
         # the step's host arrays (then one copy)
@@ -742,17 +764,22 @@ class CanaryRuntime:
         self._grow_tables(rows, ends)
         for g in self._groups:  # grow before the plan, from the host's prefix lengths
             need = _verify_entries(p_np, g.spec.window) if verify else 0
-            g.plan = g.plan.ensure_capacity(write_reqs=len(rows), verify_entries=need)
-            g.grow_workspaces(n)
-        pos = np.arange(n, dtype=np.int64) + np.repeat(p_np - (np.cumsum(e_np) - e_np), e_np)
+            if bs > g.plan_rows or need > g.plan_entries:  # (host numbers: no check() call)
+                g.plan = g.plan.ensure_capacity(write_reqs=bs, verify_entries=need)
+                g.plan_rows, g.plan_entries = g.plan.write_req_capacity, g.plan.verify_capacity
+            if n > g.ws_tokens:
+                g.grow_workspaces(n)
+        widest = max(extend, default=0)
+        decode = widest == 1 and n == bs  # every row writes one token
+        pos = p_np if decode else _positions(p_np, e_np, n)
         arrays = [r_np, p_np, e_np, tok, pos]
         if self.config.check_tokens:
-            pool_rows, pool_pos, pool_tok = np.repeat(r_np, e_np), pos, tok
+            pool_rows = r_np if decode else np.repeat(r_np, e_np)
+            pool_index, pool_tok = pool_rows * self.pool.shape[1] + pos, tok
             if gaps:
-                pool_rows = np.concatenate([pool_rows, np.array(gaps[0], dtype=np.int64)])
-                pool_pos = np.concatenate([pool_pos, np.array(gaps[1], dtype=np.int64)])
-                pool_tok = np.concatenate([pool_tok, np.array(gaps[2], dtype=np.int64)])
-            arrays += [pool_rows * self.pool.shape[1] + pool_pos, pool_tok.astype(np.int32)]
+                pool_index = np.concatenate([pool_index, gaps[0] * self.pool.shape[1] + gaps[1]])
+                pool_tok = np.concatenate([pool_tok, gaps[2]])
+            arrays += [pool_index, pool_tok.astype(np.int32)]
         if by_token:
             arrays.append(_token_index(r_np, p_np + e_np, self.pool.shape[1]))
         staged = to_device(arrays, self.device)
@@ -783,7 +810,7 @@ class CanaryRuntime:
         for g, table in zip(self._groups, tables):
             kwargs = self._plan_kwargs(g, table, rows_t, prefix_t, extend_t)
             self.stages.plan(g.plan, verify=verify, **kwargs)
-        if self.split_write and max(extend, default=0) >= self.split_from_tokens:
+        if self.split_write and widest >= self.split_from_tokens:
             self._chains(pending)
         try:
             if verify:
@@ -1057,21 +1084,28 @@ class CanaryRuntime:
 
     def _pool_gaps(
         self, batch: Sequence[Row], rows: Sequence[int], prefix: Sequence[int]
-    ) -> tuple[list[int], list[int], list[int]] | None:
-        """``(rows, positions, tokens)`` of the positions a row's pool lacks below its
-        prefix (a prefix-cache hit, a row first seen mid-sequence), which the scheduler's
-        tokens fill (None: none); every row's pool is then filled to its step's end, its
-        drafts left out (the next step refills them, by then accepted or replaced)."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``(rows, positions, tokens)`` (int64 arrays) of the positions a row's pool lacks
+        below its prefix (a prefix-cache hit, a row first seen mid-sequence), which the
+        scheduler's tokens fill (None: none); every row's pool is then filled to its
+        step's end, its drafts left out (the next step refills them, by then accepted or
+        replaced)."""
         ends = [p + r.extend_len - r.draft_len for r, p in zip(batch, prefix)]
         missing = self.rows.refill(rows, prefix, ends)
         if not missing:
             return None
-        gaps: tuple[list[int], list[int], list[int]] = ([], [], [])
+        gap_rows: list[int] = []
+        gap_pos: list[int] = []
+        gap_tok: list[int] = []
         for i, lo, hi in missing:
-            gaps[0].extend([rows[i]] * (hi - lo))
-            gaps[1].extend(range(lo, hi))
-            gaps[2].extend(batch[i].tokens[lo:hi])
-        return gaps
+            gap_rows += [rows[i]] * (hi - lo)
+            gap_pos += range(lo, hi)
+            gap_tok.extend(batch[i].tokens[lo:hi])
+        return (
+            np.array(gap_rows, dtype=np.int64),
+            np.array(gap_pos, dtype=np.int64),
+            np.array(gap_tok, dtype=np.int64),
+        )
 
     # --- the slot tables ---------------------------------------------------------------
     def _check_tables(
@@ -1419,6 +1453,12 @@ def _verify_entries(prefix: np.ndarray, window: int) -> int:
     return int(prefix.sum())
 
 
+def _positions(prefix: np.ndarray, extend: np.ndarray, n: int) -> np.ndarray:
+    """Each of the step's ``n`` tokens' position: ``P + 0 .. P + E - 1`` of each row."""
+    starts: np.ndarray = np.repeat(prefix - (np.cumsum(extend) - extend), extend)
+    return starts + np.arange(n, dtype=np.int64)
+
+
 def _token_index(rows: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
     """Flat indices into a ``[*, width]`` table of positions ``0 .. lengths[b] - 1`` of
     each row ``rows[b]``, rows concatenated (the order of :class:`TokenSlots`)."""
@@ -1433,6 +1473,7 @@ def _blocks_shape(shape: Sequence[int], page_size: int) -> tuple[int, int]:
 
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_NO_LIMIT = 2**63 - 1
 
 _FIRST_VERIFY_CAPACITY = 1 << 20
 """The most verify entries a group's plan starts with (32 MiB of plan buffers)."""
