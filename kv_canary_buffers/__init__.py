@@ -14,6 +14,8 @@ Public names:
 - :func:`gather_violation_reports`: every rank's report, gathered (tensor parallelism).
 - :class:`GraphInputs`: capacity-sized per-row inputs for a captured (CUDA-graph) plan.
 - :func:`plan_reference`: the torch plan (CPU path and the kernels' oracle).
+- :func:`load_token_slots_reference`: per-token slot lists into ``req_to_token`` (the
+  engines runtime's table load; ``kv_canary_kernels.launch_load_token_slots``).
 - :class:`PlanInputs`, :class:`WriteInputs`, :class:`VerifyInputs`,
   :class:`WriteChainInputs`, :class:`WriteStampInputs`: each stage's keyword arguments
   (``TypedDict``), shared by its torch reference and its Triton launcher.
@@ -38,6 +40,7 @@ from .sizing import verify_entries_needed
 from .staging import GraphInputs
 from .status import CanaryStatus, FailBits, PlanStatus
 from .store import CanaryStore
+from .tables import load_token_slots_reference
 from .verify import VerifyInputs, verify_reference
 from .workspace import WriteWorkspace
 from .write import (
@@ -72,6 +75,7 @@ __all__ = [
     "WriteWorkspace",
     "__version__",
     "gather_violation_reports",
+    "load_token_slots_reference",
     "plan_reference",
     "plans_equal",
     "validate_plan_args",

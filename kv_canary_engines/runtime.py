@@ -85,6 +85,7 @@ from kv_canary_buffers import (
     RealKVMode,
     Violation,
     WriteWorkspace,
+    load_token_slots_reference,
     plan_reference,
     verify_entries_needed,
     verify_reference,
@@ -499,6 +500,13 @@ class CanaryRuntime:
         the prefill steps, where the forward's GPU time can hide the canary's host time;
         on the H200 a decode step's forward could not, and the overlap's stream switches
         and events cost about 100 us more host time there)."""
+        self.load_tables_on_device: bool = (
+            self.device.type == "cuda" and self.stages.name == "kernels"
+        )
+        """Whether a :class:`TokenSlots` table is loaded by ``launch_load_token_slots`` (on
+        CUDA with the kernels: one launch from the rows' starts) rather than staged per
+        token and scattered by torch (the same table; a test sets it under the
+        interpreter)."""
         self.side_stream = self._side_stream(side_stream)
         """The stream the chains (and with ``overlap_begin`` all of ``begin_step``'s
         launches) run on: None off CUDA, or with neither the split write nor the overlap."""
@@ -781,7 +789,7 @@ class CanaryRuntime:
                 pool_tok = np.concatenate([pool_tok, gaps[2]])
             arrays += [pool_index, pool_tok.astype(np.int32)]
         if by_token:
-            arrays.append(_token_index(r_np, p_np + e_np, self.pool.shape[1]))
+            arrays.append(self._table_index(r_np, p_np + e_np))
         staged = to_device(arrays, self.device)
         rows_t, prefix_t, extend_t, tok_t, pos_t = staged[:5]
         if self.config.check_tokens and staged[5].shape[0]:
@@ -914,7 +922,7 @@ class CanaryRuntime:
         r_np = np.array(rows, dtype=np.int64)
         arrays = [r_np, np.array(verified, dtype=np.int64), np.zeros(len(rows), dtype=np.int64)]
         if by_token:
-            arrays.append(_token_index(r_np, np.array(given, dtype=np.int64), self.pool.shape[1]))
+            arrays.append(self._table_index(r_np, np.array(given, dtype=np.int64)))
         staged = to_device(arrays, self.device)
         token_index = staged[3] if by_token else None
         step = self._step - 1
@@ -1160,8 +1168,10 @@ class CanaryRuntime:
         """Write the batch's rows of ``table`` into the group's own table (rows indexed by
         the runtime's rows, positions ``0 .. ends[b] - 1``): a block table's rows with one
         ``index_copy_`` (the plan then reads blocks: ``launch_plan(block_table=...)``),
-        per-token slots with one ``index_put_`` at the staged ``token_index``; the plan's
-        table arguments. One or two ops on the current stream, no sync."""
+        per-token slots with ``launch_load_token_slots`` from the staged rows' starts
+        (``load_tables_on_device``) or one ``index_put_`` at the staged per-token
+        ``token_index``; the plan's table arguments. One to three ops on the current
+        stream, no sync."""
         if isinstance(table, BlockTable):
             ps = g.spec.page_size
             blocks = -(-max(ends, default=0) // ps)
@@ -1171,11 +1181,25 @@ class CanaryRuntime:
             g.by_blocks.update(dict.fromkeys(rows, True))
             return {"block_table": g.block_table, "page_size": ps}
         assert token_index is not None  # staged for every TokenSlots step
-        total = token_index.shape[0]
-        if total:
-            g.req_to_token.view(-1).index_put_((token_index,), _int32(table.slots[:total]))
+        if self.load_tables_on_device:
+            width = max(ends, default=0)
+            if width:
+                self.stages.load_slots(
+                    g.req_to_token, table.slots, rows_t, token_index, max_len=width
+                )
+        else:
+            total = token_index.shape[0]
+            if total:
+                g.req_to_token.view(-1).index_put_((token_index,), _int32(table.slots[:total]))
         g.by_blocks.update(dict.fromkeys(rows, False))
         return {"req_to_token": g.req_to_token}
+
+    def _table_index(self, rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """What a :class:`TokenSlots` load stages: the rows' starts in the flat slot list
+        (``bs + 1``) for ``launch_load_token_slots``, else the per-token scatter index."""
+        if self.load_tables_on_device:
+            return np.concatenate([_ZERO, np.cumsum(lengths)])
+        return _token_index(rows, lengths, self.pool.shape[1])
 
     # --- polling ----------------------------------------------------------------------
     def poll(self) -> CanaryReport:
@@ -1346,8 +1370,10 @@ def _stages(name: str, device: torch.device) -> _StageSet:
             "reference",
             write_chain_reference,
             write_stamp_reference,
+            load_token_slots_reference,
         )
     from kv_canary_kernels import (
+        launch_load_token_slots,
         launch_plan,
         launch_verify,
         launch_write,
@@ -1356,7 +1382,13 @@ def _stages(name: str, device: torch.device) -> _StageSet:
     )
 
     return _StageSet(
-        launch_plan, launch_write, launch_verify, "kernels", launch_write_chain, launch_write_stamp
+        launch_plan,
+        launch_write,
+        launch_verify,
+        "kernels",
+        launch_write_chain,
+        launch_write_stamp,
+        launch_load_token_slots,
     )
 
 
@@ -1370,6 +1402,9 @@ class _StageSet:
     """The split write's chain (before the forward)."""
     stamp: _Stage
     """The split write's stamp (after the forward)."""
+    load_slots: _Stage
+    """A :class:`TokenSlots` table's load from the rows' starts
+    (``CanaryRuntime.load_tables_on_device``)."""
 
 
 _NO_STREAM = contextlib.nullcontext()
@@ -1474,6 +1509,7 @@ def _blocks_shape(shape: Sequence[int], page_size: int) -> tuple[int, int]:
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _NO_LIMIT = 2**63 - 1
+_ZERO = np.zeros(1, dtype=np.int64)
 
 _FIRST_VERIFY_CAPACITY = 1 << 20
 """The most verify entries a group's plan starts with (32 MiB of plan buffers)."""

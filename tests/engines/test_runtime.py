@@ -924,3 +924,22 @@ def test_the_chains_run_on_the_side_stream_and_the_stamps_after_them_on_cuda():
     other = FakeEngine(num_blocks=24, device="cuda")
     split = default_config(stages="kernels", split_write=None)
     assert other.attach(split, side_stream=given).side_stream is given
+
+
+@pytest.mark.parametrize("fault", [None, "off_by_one"])
+def test_the_device_table_load_leaves_what_the_torch_scatter_leaves(fault):
+    # TokenSlots tables loaded from the rows' starts (launch_load_token_slots on CUDA; its
+    # reference here) against the staged per-token scatter: the same tables, records,
+    # report lines and tokens, sweeps included
+    seen = []
+    for on_device in (False, True):
+        engine = FakeEngine(tables="token")
+        runtime = engine.attach(default_config(sweep_every=4, verify_every=2))
+        runtime.load_tables_on_device = on_device
+        victim, final = _faulted_run(engine, runtime, fault)
+        lines = [v.line for v in violations(engine)] + [v.line for v in final.violations]
+        g = runtime._groups[0]
+        seen.append((lines, _store_state(runtime), engine.finished, g.req_to_token.clone()))
+    assert seen[0][:3] == seen[1][:3]
+    assert torch.equal(seen[0][3], seen[1][3])
+    assert bool(seen[0][0]) is (fault is not None)
