@@ -94,7 +94,7 @@ from kv_canary_buffers import (
     write_stamp_reference,
 )
 
-from .host import to_device
+from .host import Staging, to_device
 from .reports import (
     MAX_GROUPS,
     CanaryReport,
@@ -527,6 +527,8 @@ class CanaryRuntime:
         """Releases while a batch is held: applied once it is prepared (a request new in
         that batch gets its row there, so an earlier release would miss it)."""
         self.rows = RowTable()
+        self._staging = Staging(self.device)
+        """The steps' staging (a sweep stages on its own: it runs between steps)."""
         shape = (max(2, expected_requests + 1), 16)  # + row 0, the padding row
         self.pool = torch.full(shape, -1, dtype=torch.int32, device=self.device)
         self._groups = [self._make_group(spec, i) for i, spec in enumerate(groups)]
@@ -790,7 +792,7 @@ class CanaryRuntime:
             arrays += [pool_index, pool_tok.astype(np.int32)]
         if by_token:
             arrays.append(self._table_index(r_np, p_np + e_np))
-        staged = to_device(arrays, self.device)
+        staged = self._staging.stage(arrays)
         rows_t, prefix_t, extend_t, tok_t, pos_t = staged[:5]
         if self.config.check_tokens and staged[5].shape[0]:
             self.pool.view(-1).index_put_((staged[5],), staged[6])

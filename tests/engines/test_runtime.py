@@ -943,3 +943,5 @@ def test_the_device_table_load_leaves_what_the_torch_scatter_leaves(fault):
     assert seen[0][:3] == seen[1][:3]
     assert torch.equal(seen[0][3], seen[1][3])
     assert bool(seen[0][0]) is (fault is not None)
+    if fault is not None:
+        assert any(f"request_id={victim.id}" in line for line in seen[1][0])

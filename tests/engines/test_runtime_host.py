@@ -83,20 +83,28 @@ def test_the_torch_calls_of_a_step_do_not_grow_with_its_rows_or_tokens(split):
     assert {t.ops for t in steady} == {common}
 
 
-def test_a_step_stages_its_host_arrays_in_one_copy(monkeypatch):
+@pytest.mark.parametrize("tables", ["block", "token"])
+def test_a_step_stages_its_host_arrays_in_one_copy(monkeypatch, tables):
+    # every step stages once: a new layout through to_device, a repeated one (decode
+    # steps of an unchanged batch) into the kept buffer; a TokenSlots step's layout
+    # repeats when its table loads from the rows' starts (as on CUDA), not per token
+    import kv_canary_engines.host as host_module
+
     calls = []
 
     def counted(arrays, device):
         calls.append(len(arrays))
         return to_device(arrays, device)
 
-    monkeypatch.setattr(runtime_module, "to_device", counted)
-    engine = FakeEngine(tables="token")
-    engine.attach(default_config(sweep_every=0))
+    monkeypatch.setattr(host_module, "to_device", counted)
+    engine = FakeEngine(tables=tables)
+    engine.attach(default_config(sweep_every=0)).load_tables_on_device = True
     engine.add("a", list(range(1, 12)), 4)
     engine.add("b", list(range(20, 29)), 4)
     engine.run(6)
-    assert calls and len(calls) == engine.runtime.stats.steps
+    staging = engine.runtime._staging
+    assert calls and len(calls) + staging.reused == engine.runtime.stats.steps
+    assert staging.reused >= 1  # the decode steps of the two requests
     assert not any(v for r in engine.reports for v in r.violations)
 
 
@@ -125,6 +133,22 @@ def test_the_verify_entries_the_runtime_counts_match_the_library(window):
         assert runtime_module._verify_entries(prefix, window) == verify_entries_needed(
             prefix.tolist(), swa_window_size=window
         )
+
+
+def test_staging_reuses_its_buffer_only_for_the_same_layout():
+    from kv_canary_engines.host import Staging
+
+    staging = Staging(torch.device("cpu"))
+    first = [np.arange(3, dtype=np.int64), np.arange(5, dtype=np.int32) + 7]
+    views = staging.stage(first)
+    second = [a * 3 for a in first]
+    again = staging.stage(second)  # the same sizes and dtypes: the same views, new values
+    assert staging.reused == 1 and all(a is b for a, b in zip(views, again))
+    assert [v.tolist() for v in again] == [a.tolist() for a in second]
+    other = staging.stage([np.arange(4, dtype=np.int64), np.arange(5, dtype=np.int32)])
+    assert staging.reused == 1 and other[0] is not views[0]  # another layout: staged anew
+    assert [v.tolist() for v in other] == [[0, 1, 2, 3], [0, 1, 2, 3, 4]]
+    assert [v.data_ptr() % 16 for v in other] == [0, 0]
 
 
 def test_to_device_keeps_values_and_aligns_each_array():

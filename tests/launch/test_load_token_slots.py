@@ -99,6 +99,8 @@ def test_a_rejected_call_writes_nothing(change, message):
     args = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
     for load in (load_token_slots_reference, launch_load_token_slots):
         with pytest.raises((TypeError, ValueError), match=message):
-            load(args["table"], args["slots"], args["rows"], args["starts"], max_len=args["max_len"])
+            load(
+                args["table"], args["slots"], args["rows"], args["starts"], max_len=args["max_len"]
+            )
         if args["table"].dtype == torch.int32:
             assert (args["table"] == POISON).all()
