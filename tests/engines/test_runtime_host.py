@@ -255,3 +255,36 @@ def test_the_fallback_attribution_reads_the_table_each_row_last_filled(kind):
         slot = req.blocks[1] * 4 + 1
         assert holders.of(group, runtime.step - 1, slot) == (req.id,)
     assert holders.of(group, runtime.step - 1, 0) == ()
+
+
+@pytest.mark.parametrize(
+    "case, paired",
+    [
+        ("rows of one tensor", True),  # transformers: input_ids and positions in one int32
+        ("reversed rows", True),
+        ("overlapping", False),
+        ("two tensors", False),
+        ("int64", False),
+    ],
+)
+def test_input_ids_and_positions_cast_once_where_they_share_a_tensor(case, paired):
+    from kv_canary_engines.runtime import _flat_inputs
+
+    bulk = torch.arange(40, dtype=torch.int32).view(4, 10)
+    n = 5
+    ids, pos = {
+        "rows of one tensor": (bulk[0, :6].unsqueeze(0), bulk[1, :6].unsqueeze(0)),
+        "reversed rows": (bulk[2, :n], bulk[0, :n]),
+        "overlapping": (bulk[0, :8], bulk[0, 2:10]),
+        "two tensors": (bulk[0], torch.arange(10, dtype=torch.int32)),
+        "int64": (torch.arange(8), torch.arange(8) + 3),
+    }[case]
+    out = _flat_inputs(ids, pos, n)
+    a, b = out["input_ids"], out["positions"]
+    assert a.dtype == b.dtype == torch.int64 and a.is_contiguous() and b.is_contiguous()
+    assert a.tolist() == ids.reshape(-1)[:n].tolist()
+    assert b.tolist() == pos.reshape(-1)[:n].tolist()
+    if case == "int64":  # no cast: views of the tensors themselves
+        assert a.data_ptr() == ids.data_ptr() and b.data_ptr() == pos.data_ptr()
+    else:  # one cast: both rows of one new tensor
+        assert (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()) is paired
