@@ -1478,7 +1478,10 @@ def _first(name: str, t: torch.Tensor, n: int) -> torch.Tensor:
 def _flat(name: str, t: torch.Tensor, n: int) -> torch.Tensor:
     """The first ``n`` values of a per-token tensor as contiguous int64 (the tensor itself
     or a view when it already is: no op then, as for an engine's own int64 buffers)."""
-    flat = _first(name, t, n)
+    return _int64(_first(name, t, n))
+
+
+def _int64(flat: torch.Tensor) -> torch.Tensor:
     if flat.dtype != torch.int64:
         flat = flat.to(torch.int64)
     return flat if flat.is_contiguous() else flat.contiguous()
@@ -1490,9 +1493,11 @@ def _flat_inputs(input_ids: torch.Tensor, positions: torch.Tensor, n: int) -> di
     of one int32 tensor): the two as rows of one strided view, cast together. A cast is a
     kernel launch and an allocation, about 12 us of host time on the H200 alone."""
     ids, pos = _first("input_ids", input_ids, n), _first("positions", positions, n)
+    if ids.dtype == pos.dtype == torch.int64:
+        return {"input_ids": _int64(ids), "positions": _int64(pos)}
     if (
         n
-        and ids.dtype == pos.dtype != torch.int64
+        and ids.dtype == pos.dtype
         and ids.device == pos.device
         and ids.is_contiguous()
         and pos.is_contiguous()
@@ -1504,7 +1509,7 @@ def _flat_inputs(input_ids: torch.Tensor, positions: torch.Tensor, n: int) -> di
             wide = first.as_strided((2, n), (abs(gap), 1)).to(torch.int64)
             a, b = (wide[0], wide[1]) if gap > 0 else (wide[1], wide[0])
             return {"input_ids": a, "positions": b}
-    return {"input_ids": _flat("input_ids", ids, n), "positions": _flat("positions", pos, n)}
+    return {"input_ids": _int64(ids), "positions": _int64(pos)}
 
 
 def _verify_entries(prefix: np.ndarray, window: int) -> int:

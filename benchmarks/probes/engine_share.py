@@ -86,18 +86,16 @@ environment here, ``scripts/setup-engines.sh``). ``--smoke`` runs the same code 
 under ``TRITON_INTERPRET=1`` (set when the flag is given): the figures mean nothing there
 and there are no GPU columns.
 
-Last answer (H200, fe30b68's runtime, 2026-12-02, transformers 5.17, the defaults:
-prefill steps split and overlapped, decode steps one write and the begin before the
-forward; ``--shapes 1b,8b --pairs 2``): the target is NOT met on decode. The canary's
-share of a step, 1B / 8B: prefill 0.05% / 0.03%, decode 1.42% / 1.03%, against engine
-steps of 81 / 154 ms (prefill, 22 rows, 2048 tokens) and 80 / 93 ms (decode, 13 rows).
-Over five runs that day the 1B prefill share read 0.05% to 1.74% (in two runs the GPU
-had finished the forward before ``end_step``'s host work), 8B prefill 0.02 to 0.03%,
-decode 1.25 to 1.42% / 0.96 to 1.06%. On a decode step the canary's 1.1 to 1.3 ms of
-host time is GPU time the host-bound forward waits for (``--phases`` says where it goes);
-``--verify-every 4`` lowered the 1B decode mean share from 1.33% to 1.26%. Tokens
-identical with and without the canary, 0 violations. The table is in
-docs/performance.md ("Inside an engine").
+Last answer (H200, 2026-12-02, transformers 5.17, the defaults: prefill steps split and
+overlapped, decode steps one write and the begin before the forward; ``--shapes 1b,8b
+--pairs 2``, two calls at edc3559 and 9b74096): the target is met at 8B and NOT at 1B.
+The canary's share of a step, 1B / 8B: decode 1.16 to 1.20% / 0.76 to 0.81% (engine
+steps of 59 to 67 / 71 to 83 ms, 13 rows), prefill 0.05% (1.61% while the host ran slow)
+/ 0.03% (22 rows, 2048 tokens). The session before, at fe30b68: decode 1.25 to 1.42% /
+0.96 to 1.06%. On a decode step the canary's 0.7 to 1.1 ms of host time is GPU time the
+host-bound forward waits for (``--phases`` says where it goes). Tokens identical with and
+without the canary, 0 violations. The table is in docs/performance.md ("Inside an
+engine").
 """
 
 from __future__ import annotations
