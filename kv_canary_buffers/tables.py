@@ -9,7 +9,9 @@ first, non-decreasing) cuts ``slots`` into the rows' lists; row ``b``'s list goe
 int32 (an int64 slot outside int32 becomes ``-2**31`` or ``2**31 - 1``, out of range for
 every store, so the plan and the verify flag it instead of wrapping onto a real slot).
 
-The data in ``rows`` and ``starts`` is the caller's (the runtime's own rows and the
+``rows`` should be distinct: two lists for one table row overwrite each other (the
+reference's last wins; the kernel's order is unspecified). The data in ``rows`` and
+``starts`` is the caller's (the runtime's own rows and the
 lengths it checked against the table's shape): lanes whose row is outside the table,
 whose position is past ``max_len`` or the table's width, or whose index is past
 ``slots`` write nothing and read nothing (no out-of-bounds access for any input); the

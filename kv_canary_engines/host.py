@@ -28,6 +28,15 @@ _ALIGN_WORDS = 2
 _DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
 
 
+def _current_stream_id(index: int) -> int:
+    return int(torch.cuda.current_stream(index).cuda_stream)
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _current_stream_id)
+"""The current stream's handle on CUDA device ``index`` (torch's raw call where this build
+has it: no Stream object)."""
+
+
 def _words(a: np.ndarray) -> int:
     """int64 words of ``a``, rounded up to a 16-byte boundary."""
     return ((a.nbytes + 15) >> 4) * _ALIGN_WORDS
@@ -88,19 +97,28 @@ class Staging:
     Reusing the buffer needs no sync: the copy is queued on the current stream after
     everything the previous step queued there, and the runtime makes that stream wait for
     whatever read the previous step's views on another stream (the split write's chains,
-    ``CanaryRuntime._join``) before the next step is staged. The caller must not keep a
-    step's views past the next :meth:`stage`."""
+    ``CanaryRuntime._join``) before the next step is staged. A step staged on another
+    current stream than the last (an engine that changes streams, the overlapped begin's
+    side stream) is another layout: staged anew, since the kept buffer's last readers are
+    not ordered before that stream's copy. The caller must not keep a step's views past
+    the next :meth:`stage`."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._key: tuple[tuple[str, int], ...] | None = None
+        self._index = 0  # the CUDA device's index, resolved once
+        if device.type == "cuda":
+            self._index = torch.cuda.current_device() if device.index is None else device.index
+        self._key: tuple[object, ...] | None = None
         self._buffer: torch.Tensor | None = None
         self._views: list[torch.Tensor] = []
         self.reused = 0
         """Steps staged into the kept buffer (a count for tests and probes)."""
 
     def stage(self, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
-        key = tuple((a.dtype.char, a.size) for a in arrays)
+        key = (
+            _raw_stream(self._index) if self.device.type == "cuda" else 0,
+            *((a.dtype.char, a.shape) for a in arrays),
+        )
         buffer = self._buffer
         if key != self._key or buffer is None:
             views = to_device(arrays, self.device)

@@ -726,19 +726,21 @@ class CanaryRuntime:
         # one pass over the rows (host numbers only): rows, lengths, this step's tokens in
         # batch order (the pool's updates at the step's positions and the HEAD write's
         # expected inputs)
-        rows: list[int] = []
+        rows: list[int] = []  # (0 for a request new here: its row is assigned below)
+        ids: list[RequestId] = []
         prefix: list[int] = []
         extend: list[int] = []
         tokens: list[int] = []
-        by_request, assign = table_rows.by_request, table_rows.assign
-        hits = chunked = 0
+        by_request = table_rows.by_request
+        hits = chunked = new = 0
         for r in batch.rows:
             p, e, rid = r.prefix_len, r.extend_len, r.request_id
-            row = by_request.get(rid)
-            if row is None:
+            row = by_request.get(rid, 0)
+            if not row:
                 hits += p > 0
-                row = assign(rid, step)
+                new += 1
             rows.append(row)
+            ids.append(rid)
             prefix.append(p)
             extend.append(e)
             if p > 0:
@@ -751,7 +753,7 @@ class CanaryRuntime:
                 )
             tokens.extend(step_tokens)
         bs = len(rows)
-        if len(set(rows)) != bs:
+        if len(set(ids)) != bs:
             raise ValueError("kv-canary: a request appears twice in one batch")
         ends = [p + e for p, e in zip(prefix, extend)]
         n = len(tokens)
@@ -760,6 +762,14 @@ class CanaryRuntime:
             if name not in batch.tables or name not in batch.out_cache_loc:
                 raise ValueError(f"kv-canary: the batch has no table or out_cache_loc for {name!r}")
         by_token = self._check_tables(batch.tables, self._groups, bs, ends)
+        # the per-token inputs checked (and cast) before anything of the canary's is written
+        inputs = _flat_inputs(batch.input_ids, batch.positions, n)
+        out_cache_loc = {
+            name: _flat(f"out_cache_loc[{name!r}]", t, n) for name, t in batch.out_cache_loc.items()
+        }
+        if new:  # every check passed: the new requests take their rows
+            assign = table_rows.assign
+            rows = [row or assign(rid, step) for row, rid in zip(rows, ids)]
         gaps = self._pool_gaps(batch.rows, rows, prefix)
         st.prefix_hits += hits
         st.chunked_rows += chunked
@@ -807,13 +817,10 @@ class CanaryRuntime:
             n=n,
             rows=rows,
             ends=ends,
-            **_flat_inputs(batch.input_ids, batch.positions, n),
+            **inputs,
             expected_ids=tok_t,
             expected_positions=pos_t,
-            out_cache_loc={
-                name: _flat(f"out_cache_loc[{name!r}]", t, n)
-                for name, t in batch.out_cache_loc.items()
-            },
+            out_cache_loc=out_cache_loc,
             staged=staged,
         )
         for g, table in zip(self._groups, tables):
@@ -1124,12 +1131,19 @@ class CanaryRuntime:
         bs: int,
         ends: Sequence[int],
     ) -> bool:
-        """Check each group's table against the batch (before anything is written);
-        whether any is a :class:`TokenSlots` (the step then stages its scatter index)."""
+        """Check each group's table against the batch (before the pool, the tables or any
+        store is written); whether any is a :class:`TokenSlots` (the step then stages its
+        rows' starts on CUDA, its per-token scatter index elsewhere)."""
         by_token = False
         width = max(ends, default=0)
         for g in groups:
             table = tables[g.spec.name]
+            given = getattr(table, "slots", getattr(table, "table", None))
+            if isinstance(given, torch.Tensor) and given.device != g.req_to_token.device:
+                raise ValueError(
+                    f"kv-canary: tables[{g.spec.name!r}] must be on the canary's device "
+                    f"{g.req_to_token.device}, got a tensor on {given.device}"
+                )
             if isinstance(table, TokenSlots):
                 by_token = True
                 total = sum(ends)
@@ -1185,8 +1199,13 @@ class CanaryRuntime:
         if self.load_tables_on_device:
             width = max(ends, default=0)
             if width:
+                slots = table.slots  # (the kernel reads it flat: TokenSlots takes any strides)
                 self.stages.load_slots(
-                    g.req_to_token, table.slots, rows_t, token_index, max_len=width
+                    g.req_to_token,
+                    slots if slots.is_contiguous() else slots.contiguous(),
+                    rows_t,
+                    token_index,
+                    max_len=width,
                 )
         else:
             total = token_index.shape[0]
@@ -1506,9 +1525,12 @@ def _flat_inputs(input_ids: torch.Tensor, positions: torch.Tensor, n: int) -> di
         gap = int(pos.storage_offset()) - int(ids.storage_offset())
         if abs(gap) >= n:  # apart: one [2, n] view over both (as_strided checks the bounds)
             first = ids if gap > 0 else pos
-            wide = first.as_strided((2, n), (abs(gap), 1)).to(torch.int64)
-            a, b = (wide[0], wide[1]) if gap > 0 else (wide[1], wide[0])
-            return {"input_ids": a, "positions": b}
+            # rows of an even length: the second starts 16-byte aligned as the first (the
+            # write's fast variant wants aligned per-token inputs); one copy casts both
+            wide = torch.empty((2, n + (n & 1)), dtype=torch.int64, device=ids.device)
+            wide[:, :n].copy_(first.as_strided((2, n), (abs(gap), 1)))
+            a, b = wide[0, :n], wide[1, :n]
+            return {"input_ids": a, "positions": b} if gap > 0 else {"input_ids": b, "positions": a}
     return {"input_ids": _int64(ids), "positions": _int64(pos)}
 
 

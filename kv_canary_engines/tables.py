@@ -2,11 +2,13 @@
 per-token ``req_to_token`` table the plan reads.
 
 Engines keep per-request **block tables** (vLLM's ``block_table``, transformers' decode
-fast path) or per-token **slot lists** (transformers' ``read_index``). The plan of
-``kv_canary_kernels`` reads ``req_to_token`` (int32 ``[rows, max_seq_len]``, a slot per
-request row and position). :func:`expand_into_req_to_token` is the one place that turns
-either form into it, on the device, with no sync: when ``launch_plan`` accepts a block table
-directly (issue 25, section 4), the :class:`BlockTable` branch is what changes.
+fast path) or per-token **slot lists** (transformers' ``read_index``). The runtime plans a
+:class:`BlockTable` directly (``launch_plan(block_table=..., page_size=...)``) and loads
+:class:`TokenSlots` into its ``req_to_token`` (int32 ``[rows, max_seq_len]``, a slot per
+request row and position) with ``launch_load_token_slots`` on CUDA, or a scatter
+elsewhere. :func:`expand_into_req_to_token` turns either form into a ``req_to_token``
+table on the device, with no sync, for a caller that wants the per-token table itself
+(the runtime does not use it).
 """
 
 from __future__ import annotations
@@ -84,7 +86,6 @@ def expand_into_req_to_token(
         return
     lens = torch.tensor(lengths, dtype=torch.int64).to(device, non_blocking=True)
     if isinstance(table, BlockTable):
-        # TODO(issue 25 section 4): launch_plan(block_table=..., page_size=...) replaces this.
         blocks = table.table
         if blocks.shape[0] < bs:
             raise ValueError(

@@ -44,7 +44,7 @@ def load_token_slots_kernel(
 ):
     """Program ``b * chunks + c``: positions ``c * BLOCK ..`` of batch row ``b``. A row
     outside the table or a negative start writes nothing; no subtraction below can wrap
-    (``lo >= 0`` once checked, ``slots_len >= 0``)."""
+    (``0 <= lo <= hi`` once checked, ``slots_len >= 0``)."""
     pid = tl.program_id(0).to(tl.int64)
     b = pid // chunks
     c = pid - b * chunks
@@ -54,7 +54,7 @@ def load_token_slots_kernel(
     ok = (row >= 0) & (row < table_rows) & (lo >= 0)
     row = tl.where(ok, row, 0)
     lo = tl.where(ok, lo, 0)
-    hi = tl.where(ok, hi, 0)
+    hi = tl.where(ok, tl.maximum(hi, lo), 0)  # a crossing list is empty: hi - lo >= 0
     count = tl.minimum(tl.minimum(hi - lo, limit), slots_len - lo)
     j = c * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     mask = ok & (j < count)
@@ -76,7 +76,8 @@ def launch_load_token_slots(
 ) -> None:
     """``req_to_token[rows[b], :n_b] = saturate_int32(slots[starts[b] : starts[b + 1]])``
     for each batch row ``b`` (``n_b`` at most ``max_len``), byte for byte
-    :func:`kv_canary_buffers.load_token_slots_reference`. Validates first (nothing is
+    :func:`kv_canary_buffers.load_token_slots_reference` for distinct ``rows`` (two lists
+    for one row: which lands is unspecified). Validates first (nothing is
     written on a rejection), then one launch on the current stream of ``bs * ceil(max_len /
     BLOCK)`` programs; no allocation, no sync."""
     bs = validate_load_token_slots_args(req_to_token, slots, rows, starts, max_len)

@@ -945,3 +945,45 @@ def test_the_device_table_load_leaves_what_the_torch_scatter_leaves(fault):
     assert bool(seen[0][0]) is (fault is not None)
     if fault is not None:
         assert any(f"request_id={victim.id}" in line for line in seen[1][0])
+
+
+@pytest.mark.parametrize("bad", ["table on another device", "short input_ids", "short tokens"])
+def test_a_rejected_batch_changes_nothing(bad):
+    # every check of a batch runs before the canary writes anything: no row assigned, no
+    # pool or table entry, no count; the same batch made right then runs clean
+    runtime = CanaryRuntime(
+        default_config(poll_every=1),
+        [KVGroup(name="full", num_slots=64, page_size=4)],
+        device="cpu",
+    )
+    runtime.load_tables_on_device = True  # (the CUDA path's staging, its reference load)
+    slots = torch.arange(4, 9, dtype=torch.int64)
+    given_ids = torch.tensor([11, 12, 13, 14, 15])
+
+    def batch(slots=slots, ids=given_ids, tokens=(11, 12, 13, 14, 15)):
+        return StepBatch(
+            rows=[Row(request_id="a", prefix_len=0, extend_len=5, tokens=tokens)],
+            tables={"full": TokenSlots(slots=slots)},
+            out_cache_loc={"full": slots},
+            input_ids=ids,
+            positions=torch.arange(5),
+        )
+
+    wrong = {
+        "table on another device": dict(slots=torch.arange(5, device="meta")),
+        "short input_ids": dict(ids=torch.tensor([11, 12])),
+        "short tokens": dict(tokens=(11, 12)),
+    }[bad]
+    pool = runtime.pool.clone()
+    table = runtime._groups[0].req_to_token.clone()
+    with pytest.raises((ValueError, TypeError), match="kv-canary: "):
+        runtime.begin_step(batch(**wrong))
+    assert runtime.live_requests() == frozenset()
+    assert runtime.stats.steps == 0
+    assert torch.equal(runtime.pool, pool)
+    assert torch.equal(runtime._groups[0].req_to_token, table)
+    runtime.discard_step()
+    runtime.begin_step(batch())
+    report = runtime.end_step()
+    assert report is not None and not report.violations
+    assert runtime.live_requests() == frozenset({"a"})

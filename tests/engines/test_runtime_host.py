@@ -282,6 +282,8 @@ def test_input_ids_and_positions_cast_once_where_they_share_a_tensor(case, paire
     out = _flat_inputs(ids, pos, n)
     a, b = out["input_ids"], out["positions"]
     assert a.dtype == b.dtype == torch.int64 and a.is_contiguous() and b.is_contiguous()
+    if paired:  # (n is odd: the second row still starts 16-byte aligned)
+        assert a.data_ptr() % 16 == 0 and b.data_ptr() % 16 == 0
     assert a.tolist() == ids.reshape(-1)[:n].tolist()
     assert b.tolist() == pos.reshape(-1)[:n].tolist()
     if case == "int64":  # no cast: views of the tensors themselves

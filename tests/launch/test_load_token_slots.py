@@ -54,11 +54,13 @@ def test_generated_batches_equal_the_reference(dtype, seed):
 def test_hostile_data_equals_the_reference_and_stays_inside():
     big = [2**40, -(2**40), 2**31, -(2**31) - 1, 2**63 - 1, -(2**63), 5, 6]
     slots = torch.tensor(big * 4, dtype=torch.int64)
-    rows = [1, 0, 3, -1, 2, 99, 2**62]
-    # row 0 is a table row like any other; -1, 99 and 2**62 are outside the 4-row table;
-    # starts: crossing (hi < lo), negative, past the slots, a huge end
-    starts = [0, 8, 4, -5, 30, 40, 2**63 - 1, 2**63 - 1]
-    ref, ker = _both((4, 6), slots, rows, starts, 6)
+    rows = [1, 0, 3, -1, 2, 99, 2**62, 4, 5]
+    # row 0 is a table row like any other; -1, 99 and 2**62 are outside the 6-row table.
+    # The lists: row 1 [0, 8) longer than max_len; row 0 [8, 4) crossing; row 3 [4, -5)
+    # crossing; row 2 [30, 40) past the slots' 32; row 4 [-3, 2) a negative start;
+    # row 5 [1, -2**63) crossing so far that hi - lo would wrap
+    starts = [0, 8, 4, -5, 30, 40, 2**63 - 1, -3, 1, -(2**63)]
+    ref, ker = _both((6, 6), slots, rows, starts, 6)
     assert torch.equal(ref, ker)
     # row 1: 8 slots cut to max_len 6, saturated to int32
     want = torch.tensor(big[:6], dtype=torch.int64).clamp(-(2**31), 2**31 - 1).to(torch.int32)
@@ -66,7 +68,9 @@ def test_hostile_data_equals_the_reference_and_stays_inside():
     assert (ref[0] == POISON).all()  # hi < lo: nothing
     assert torch.equal(ref[2, :2], slots[30:32].to(torch.int32))  # only 2 slots left
     assert (ref[2, 2:] == POISON).all()
-    assert (ref[3] == POISON).all()  # its start is negative
+    assert (ref[3] == POISON).all()  # its list crosses (4 -> -5)
+    assert (ref[4] == POISON).all()  # its start is negative
+    assert (ref[5] == POISON).all()  # its list crosses: no wrap onto slots[1:]
 
 
 def test_a_max_len_below_the_lists_cuts_them():
