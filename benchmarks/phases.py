@@ -7,7 +7,7 @@ microsecond each), so that a probe can say where a step's host time goes at its 
 speed, inside an engine or not. Used by ``runtime_host --phases`` and ``engine_share
 --phases``; the wrappers stay until :meth:`Phases.remove`.
 
-Times are inclusive (``_prepare`` holds ``to_device``, the launches hold their halves);
+Times are inclusive (``_prepare`` holds ``Staging.stage``, the launches hold their halves);
 per step kind (``prefill``: some row of the batch ``begin_step`` took writes more than one
 token; ``decode``), means over the steps of that kind. The table indents each phase under
 the method that calls it on a step that does not overlap: on a step where
@@ -34,9 +34,11 @@ TARGETS: tuple[tuple[str, str, str], ...] = (
     ("kv_canary_engines.runtime", "CanaryRuntime._check_tables", "    _check_tables"),
     ("kv_canary_engines.runtime", "CanaryRuntime._pool_gaps", "    _pool_gaps"),
     ("kv_canary_engines.runtime", "CanaryRuntime._grow_tables", "    _grow_tables"),
-    ("kv_canary_engines.runtime", "_token_index", "    _token_index"),
-    ("kv_canary_engines.runtime", "to_device", "    to_device"),
+    ("kv_canary_engines.runtime", "CanaryRuntime._table_index", "    _table_index"),
+    ("kv_canary_engines.host", "Staging.stage", "    Staging.stage"),
+    ("kv_canary_engines.host", "to_device", "      to_device (a new layout)"),
     ("kv_canary_engines.runtime", "CanaryRuntime._load_table", "    _load_table"),
+    ("kv_canary_engines.runtime", "_flat_inputs", "    _flat_inputs"),
     ("kv_canary_engines.runtime", "_flat", "    _flat"),
     ("kv_canary_engines.runtime", "CanaryRuntime._chains", "    _chains"),
     ("kv_canary_engines.runtime", "CanaryRuntime.end_step", "end_step"),

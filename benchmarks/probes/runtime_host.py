@@ -7,6 +7,8 @@ step, with the launches taken out?
     python -m benchmarks.probes.runtime_host --phases             # + host us per phase
     python -m benchmarks.probes.runtime_host --device cuda --stages kernels
     python -m benchmarks.probes.runtime_host --split-write on     # the chain and the stamp
+    python -m benchmarks.probes.runtime_host --thrash 64          # caches evicted as in an engine
+    python -m benchmarks.probes.runtime_host --device-tables      # the CUDA path's table load
 
 A simulated transformers CB workload (no engine, no model): ``--requests`` prompts of
 ``--prompt`` tokens generating ``--generate`` each, scheduled as transformers' scheduler
@@ -51,6 +53,15 @@ decode 13 rows           170          125          13 -> 4          48 -> 42
 (decode 13 rows: ``--requests 13``, where the prefill steps have 12 rows: 911 -> 216.)
 Today's tree on the same CPU makes 40 torch calls and 5 kernel ops a decode step (the
 kept staging buffer's ``copy_`` counts as one; 2026-12-02).
+
+As inside an engine (``--thrash 64 --device-tables --stages validate --timing``: the
+caches evicted before each step, the CUDA path's table load; development CPU,
+2026-12-02, 3 interleaved runs, against 29a5199's runtime as ``old_engines``): a decode
+step 699 to 755 us against 882 to 945, where the same run without ``--thrash`` reads
+about 130 to 200 us. The eviction alone multiplies the runtime's host time by 5 to 6,
+about what the H200's engine runs show against the runtime alone; so a host-time cut
+can be tried here before it costs device time (CUDA's own calls are not in it: the
+tensors are the CPU's).
 With the launchers' validation and ``timing=True`` (``--stages validate --timing``):
 prefill 757 -> 276, decode 341 -> 206. "kernel ops" are the ATen ops that launch a kernel
 on a GPU besides the launches; before, three more were pageable host-to-device copies of
@@ -74,6 +85,7 @@ import importlib
 import inspect
 import io
 import pstats
+import random
 import statistics
 import sys
 import time
@@ -251,6 +263,7 @@ class Stages:
         stages = runtime.stages
         if self.mode == "validate":
             from kv_canary_buffers.plan import validate_plan_args
+            from kv_canary_buffers.tables import validate_load_token_slots_args
             from kv_canary_buffers.verify import validate_verify_args
             from kv_canary_buffers.write import (
                 record_chain,
@@ -261,6 +274,9 @@ class Stages:
             )
 
             plan, write, verify = validate_plan_args, validate_write_args, validate_verify_args
+
+            def load_slots(table: Any, slots: Any, rows: Any, starts: Any, **k: Any) -> None:
+                validate_load_token_slots_args(table, slots, rows, starts, k["max_len"])
 
             def chain(store: Any, buffers: Any, workspace: Any, **k: Any) -> None:
                 record_chain(
@@ -276,7 +292,9 @@ class Stages:
             def plan(*_a: Any, **_k: Any) -> None:
                 return None
 
-            write = verify = chain = stamp = plan
+            write = verify = chain = stamp = load_slots = plan
+
+        has_load = hasattr(stages, "load_slots")  # (a runtime before the table load: none)
 
         def counted(name: str, fn: Any) -> Any:
             def call(*a: Any, **k: Any) -> None:
@@ -292,7 +310,32 @@ class Stages:
             verify=counted("verify", verify),
             chain=counted("chain", chain),
             stamp=counted("stamp", stamp),
+            **({"load_slots": counted("load_slots", load_slots)} if has_load else {}),
         )
+
+
+# --- an engine's forward, as the caches see it --------------------------------------------
+class Thrasher:
+    """Between two steps, outside the clock, what an engine's forward does to the host's
+    caches: a pass over ``mib`` MiB of memory (one byte a cache line) and a walk over
+    20,000 Python objects picked at random. Inside an engine the runtime's host time is
+    several times what it is alone (H200, transformers 5.17: about 4.7 times the staging's
+    parts alone), because the forward evicts its code and data between steps; this puts
+    the same in front of each step of the simulated run (``--thrash 64``: a decode step's
+    host time 5 to 6 times that without, on the development CPU)."""
+
+    def __init__(self, mib: int, seed: int = 0) -> None:
+        self._bytes = bytearray(mib << 20)
+        self._objects = [{"i": i, "s": str(i)} for i in range(200_000)]
+        self._random = random.Random(seed)
+
+    def __call__(self) -> None:
+        data = self._bytes
+        for i in range(0, len(data), 64):
+            data[i] ^= 1
+        total = 0
+        for obj in self._random.sample(self._objects, 20_000):
+            total += obj["i"]
 
 
 # --- one run ---------------------------------------------------------------------------------
@@ -364,11 +407,16 @@ def run(
     sized = "expected_requests" in inspect.signature(eng.CanaryRuntime).parameters
     extra = {"expected_requests": args.requests} if sized else {}  # as the adapter passes it
     runtime = eng.CanaryRuntime(config, [group], device=device, **extra)
+    if getattr(args, "device_tables", False) and hasattr(runtime, "load_tables_on_device"):
+        runtime.load_tables_on_device = True  # the CUDA path's table load, off CUDA
     stages = Stages(args.stages)
     stages.install(runtime)
     out: list[StepTimes] = []
     profiler = cProfile.Profile() if profile else None
+    thrash = Thrasher(args.thrash) if getattr(args, "thrash", 0) else None
     for step in steps:
+        if thrash is not None:
+            thrash()
         counter = OpCounter() if count else None
         aten = KernelCounter() if count else None
         rows = [
@@ -495,6 +543,18 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--no-count", dest="count", action="store_false")
     parser.add_argument(
+        "--device-tables",
+        action="store_true",
+        help="TokenSlots loaded from the rows' starts, as on CUDA (load_tables_on_device)",
+    )
+    parser.add_argument(
+        "--thrash",
+        type=int,
+        default=0,
+        metavar="MIB",
+        help="before each step, evict the caches as an engine's forward would (Thrasher)",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -516,6 +576,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.page_size}: {len(steps)} steps ({kinds['prefill']} prefill, "
         f"{kinds['decode']} decode); stages {args.stages}; HEAD + TAIL, PARTIAL 2 sources, "
         f"verify every step, poll every {args.poll_every}; timing={args.timing}"
+        + (f"; caches thrashed before each step ({args.thrash} MiB)" if args.thrash else "")
     )
     table: list[list[str]] = []
     results: dict[str, list[StepTimes]] = {m: [] for m in modules}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kv_canary_engines.host as host_module
 import kv_canary_engines.runtime as runtime_module
 from benchmarks.phases import Phases
 from benchmarks.probes import runtime_host
@@ -19,23 +20,24 @@ def test_phases_count_each_phase_per_step_kind_and_are_removed():
     kinds = {k: sum(s.kind == k for s in steps) for k in ("prefill", "decode")}
     assert kinds["prefill"] and kinds["decode"]
     original = runtime_module.CanaryRuntime.__dict__["begin_step"]
-    to_device, flat = runtime_module.to_device, runtime_module._flat
+    stage, flat = host_module.Staging.__dict__["stage"], runtime_module._flat
     phases = Phases()
     try:
         assert runtime_module.CanaryRuntime.__dict__["begin_step"] is not original
-        assert runtime_module.to_device is not to_device
+        assert host_module.Staging.__dict__["stage"] is not stage
         with pytest.raises(RuntimeError, match=r"kv-canary: benchmarks\.phases: .* already"):
             Phases()  # a second set would time the first one's wrappers
         runtime_host.run("kv_canary_engines", steps, args, torch.device("cpu"))
     finally:
         phases.remove()
     assert runtime_module.CanaryRuntime.__dict__["begin_step"] is original
-    assert (runtime_module.to_device, runtime_module._flat) == (to_device, flat)
+    assert (host_module.Staging.__dict__["stage"], runtime_module._flat) == (stage, flat)
     Phases().remove()  # installable again once removed
     for kind, count in kinds.items():
         assert phases.calls[(kind, "begin_step")] == count
         assert phases.calls[(kind, "end_step")] == count
         assert phases.calls[(kind, "  _prepare")] == count
+        assert phases.calls[(kind, "    Staging.stage")] == count  # one staging a step
         # (inclusive times: a step's preparation lies inside its begin_step)
         assert 0 < phases.seconds[(kind, "  _prepare")] <= phases.seconds[(kind, "begin_step")]
     # HEAD + TAIL: two writes a step, run through the probe's stand-in stages

@@ -290,3 +290,16 @@ def test_input_ids_and_positions_cast_once_where_they_share_a_tensor(case, paire
         assert a.data_ptr() == ids.data_ptr() and b.data_ptr() == pos.data_ptr()
     else:  # one cast: both rows of one new tensor
         assert (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()) is paired
+
+
+def test_the_probe_runs_the_cuda_table_load_and_thrashes_between_steps():
+    # --device-tables: every TokenSlots step loads its table from the rows' starts (the
+    # CUDA path, its stand-in counted); --thrash: the caches evicted before each step
+    args = _args(device_tables=True, thrash=1)
+    steps = runtime_host.workload(args, torch.device("cpu"))
+    times, stages, _ = runtime_host.run("kv_canary_engines", steps, args, torch.device("cpu"))
+    assert stages.calls["load_slots"] == len(steps) == len(times)
+    thrasher = runtime_host.Thrasher(1)
+    before = bytes(thrasher._bytes[:256])
+    thrasher()
+    assert bytes(thrasher._bytes[:256]) != before  # it wrote every cache line
