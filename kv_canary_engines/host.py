@@ -26,6 +26,8 @@ _ALIGN_WORDS = 2
 """16 bytes, in int64 words."""
 
 _DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
+_KINDS = {"q": np.int64, "i": np.int32, "x": None}
+_KIND = {np.dtype(np.int64): "q", np.dtype(np.int32): "i"}
 
 
 def _current_stream_id(index: int) -> int:
@@ -114,14 +116,27 @@ class Staging:
         self.reused = 0
         """Steps staged into the kept buffer (a count for tests and probes)."""
 
-    def stage(self, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
+    def stage(
+        self, arrays: Sequence[np.ndarray | list[int]], kinds: str | None = None
+    ) -> list[torch.Tensor]:
+        """Stage ``arrays``: 1-D numpy int64 / int32 arrays, or, with ``kinds`` (a numpy
+        type code a list: ``q`` int64, ``i`` int32), Python lists of ints, which the copy
+        into the pinned buffer converts (a decode step's few values: no numpy array is
+        built for each)."""
+        if kinds is None:
+            kinds = "".join(_KIND.get(a.dtype, "x") for a in arrays)  # type: ignore[union-attr]
+        elif len(kinds) != len(arrays) or kinds.strip("qi"):  # (lists: int64 or int32)
+            raise ValueError(f"kv-canary: Staging.stage kinds must be q or i a list, got {kinds!r}")
         key = (
             _raw_stream(self._index) if self.device.type == "cuda" else 0,
-            *((a.dtype.char, a.shape) for a in arrays),
+            kinds,
+            *(len(a) for a in arrays),
         )
         buffer = self._buffer
         if key != self._key or buffer is None:
-            views = to_device(arrays, self.device)
+            views = to_device(  # (an "x" array keeps its dtype: to_device refuses it)
+                [np.asarray(a, dtype=_KINDS[k]) for a, k in zip(arrays, kinds)], self.device
+            )
             # every view's storage is the one staged buffer: keep it whole
             self._buffer = (
                 torch.empty(0, dtype=torch.int64, device=self.device).set_(
@@ -137,13 +152,15 @@ class Staging:
         )
         buf = host.numpy()
         at = 0
-        for a in arrays:
-            used = (a.nbytes + 7) >> 3
-            if a.dtype == np.int64:
-                buf[at : at + used] = a
+        for a, k in zip(arrays, kinds):
+            size = len(a)
+            if k == "q":
+                buf[at : at + size] = a
+                at += size + (size & 1)  # (16-byte aligned: an even number of words)
             else:
-                buf[at : at + used].view(np.int32)[: a.size] = a
-            at += _words(a)
+                used = (size + 1) >> 1
+                buf[at : at + used].view(np.int32)[:size] = a
+                at += used + (used & 1)
         buffer.copy_(host, non_blocking=True)
         self.reused += 1
         return self._views

@@ -67,6 +67,7 @@ install. docs/engines/runtime.md says how a graph mode would stage its inputs.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -779,30 +780,49 @@ class CanaryRuntime:
         st.tokens += n
 
         # the step's host arrays (then one copy)
-        r_np, p_np, e_np = np.array([rows, prefix, extend], dtype=np.int64)
-        tok = np.array(tokens, dtype=np.int64)
         self._grow_tables(rows, ends)
-        for g in self._groups:  # grow before the plan, from the host's prefix lengths
-            need = _verify_entries(p_np, g.spec.window) if verify else 0
+        widest = max(extend, default=0)
+        width = self.pool.shape[1]
+        arrays: list[np.ndarray | list[int]]
+        if widest == 1 and n == bs and not gaps and (self.load_tables_on_device or not by_token):
+            # a decode step (every row writes one token, no pool gap, no per-token table
+            # index): its arrays are the rows' own lists (positions = prefix lengths), the
+            # staging converts them as it copies (no numpy array built for each)
+            needs = [
+                _verify_entries_of(prefix, g.spec.window) if verify else 0 for g in self._groups
+            ]
+            arrays = [rows, prefix, extend, tokens, prefix]
+            kinds = "qqqqq"
+            if self.config.check_tokens:
+                arrays += [[r * width + p for r, p in zip(rows, prefix)], tokens]
+                kinds += "qi"
+            if by_token:
+                arrays.append(self._table_index_of(ends))
+                kinds += "q"
+        else:
+            r_np, p_np, e_np = np.array([rows, prefix, extend], dtype=np.int64)
+            tok = np.array(tokens, dtype=np.int64)
+            needs = [_verify_entries(p_np, g.spec.window) if verify else 0 for g in self._groups]
+            decode = widest == 1 and n == bs  # (with pool gaps)
+            pos = p_np if decode else _positions(p_np, e_np, n)
+            arrays = [r_np, p_np, e_np, tok, pos]
+            if self.config.check_tokens:
+                pool_rows = r_np if decode else np.repeat(r_np, e_np)
+                pool_index, pool_tok = pool_rows * width + pos, tok
+                if gaps:
+                    pool_index = np.concatenate([pool_index, gaps[0] * width + gaps[1]])
+                    pool_tok = np.concatenate([pool_tok, gaps[2]])
+                arrays += [pool_index, pool_tok.astype(np.int32)]
+            if by_token:
+                arrays.append(self._table_index(r_np, p_np + e_np))
+            kinds = None
+        for g, need in zip(self._groups, needs):  # grow before the plan, from host numbers
             if bs > g.plan_rows or need > g.plan_entries:  # (host numbers: no check() call)
                 g.plan = g.plan.ensure_capacity(write_reqs=bs, verify_entries=need)
                 g.plan_rows, g.plan_entries = g.plan.write_req_capacity, g.plan.verify_capacity
             if n > g.ws_tokens:
                 g.grow_workspaces(n)
-        widest = max(extend, default=0)
-        decode = widest == 1 and n == bs  # every row writes one token
-        pos = p_np if decode else _positions(p_np, e_np, n)
-        arrays = [r_np, p_np, e_np, tok, pos]
-        if self.config.check_tokens:
-            pool_rows = r_np if decode else np.repeat(r_np, e_np)
-            pool_index, pool_tok = pool_rows * self.pool.shape[1] + pos, tok
-            if gaps:
-                pool_index = np.concatenate([pool_index, gaps[0] * self.pool.shape[1] + gaps[1]])
-                pool_tok = np.concatenate([pool_tok, gaps[2]])
-            arrays += [pool_index, pool_tok.astype(np.int32)]
-        if by_token:
-            arrays.append(self._table_index(r_np, p_np + e_np))
-        staged = self._staging.stage(arrays)
+        staged = self._staging.stage(arrays, kinds)
         rows_t, prefix_t, extend_t, tok_t, pos_t = staged[:5]
         if self.config.check_tokens and staged[5].shape[0]:
             self.pool.view(-1).index_put_((staged[5],), staged[6])
@@ -1214,6 +1234,12 @@ class CanaryRuntime:
         g.by_blocks.update(dict.fromkeys(rows, False))
         return {"req_to_token": g.req_to_token}
 
+    @staticmethod
+    def _table_index_of(lengths: list[int]) -> list[int]:
+        """:meth:`_table_index` of a decode step's lists (``load_tables_on_device``): the
+        rows' starts."""
+        return [0, *itertools.accumulate(lengths)]
+
     def _table_index(self, rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """What a :class:`TokenSlots` load stages: the rows' starts in the flat slot list
         (``bs + 1``) for ``launch_load_token_slots``, else the per-token scatter index."""
@@ -1532,6 +1558,13 @@ def _flat_inputs(input_ids: torch.Tensor, positions: torch.Tensor, n: int) -> di
             a, b = wide[0, :n], wide[1, :n]
             return {"input_ids": a, "positions": b} if gap > 0 else {"input_ids": b, "positions": a}
     return {"input_ids": _int64(ids), "positions": _int64(pos)}
+
+
+def _verify_entries_of(prefix: list[int], window: int) -> int:
+    """:func:`_verify_entries` of a Python list (a decode step's prefix lengths)."""
+    if window:
+        return sum(p if p < window else window for p in prefix)
+    return sum(prefix)
 
 
 def _verify_entries(prefix: np.ndarray, window: int) -> int:

@@ -57,7 +57,8 @@ kept staging buffer's ``copy_`` counts as one; 2026-12-02).
 As inside an engine (``--thrash 64 --device-tables --stages validate --timing``: the
 caches evicted before each step, the CUDA path's table load; development CPU,
 2026-12-02, 3 interleaved runs, against 29a5199's runtime as ``old_engines``): a decode
-step 699 to 755 us against 882 to 945, where the same run without ``--thrash`` reads
+step 599 to 625 us against 859 to 908 (699 to 755 at 28f7090, before a decode step's
+arrays were staged from the rows' lists), where the same run without ``--thrash`` reads
 about 130 to 200 us. The eviction alone multiplies the runtime's host time by 5 to 6,
 about what the H200's engine runs show against the runtime alone; so a host-time cut
 can be tried here before it costs device time (CUDA's own calls are not in it: the

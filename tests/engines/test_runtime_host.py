@@ -303,3 +303,20 @@ def test_the_probe_runs_the_cuda_table_load_and_thrashes_between_steps():
     before = bytes(thrasher._bytes[:256])
     thrasher()
     assert bytes(thrasher._bytes[:256]) != before  # it wrote every cache line
+
+
+def test_staging_takes_lists_with_their_kinds():
+    from kv_canary_engines.host import Staging
+
+    staging = Staging(torch.device("cpu"))
+    first = staging.stage([[1, 2, 3], [7, 8, 9]], "qi")
+    assert [v.dtype for v in first] == [torch.int64, torch.int32]
+    again = staging.stage([[4, 5, 6], [1, -2, 2**31 - 1]], "qi")  # the same layout: reused
+    assert staging.reused == 1 and again[0] is first[0]
+    assert [v.tolist() for v in again] == [[4, 5, 6], [1, -2, 2**31 - 1]]
+    # the same sizes as numpy arrays are the same layout too
+    arrays = [np.array([7, 7, 7], dtype=np.int64), np.array([3, 3, 3], dtype=np.int32)]
+    assert [v.tolist() for v in staging.stage(arrays)] == [[7, 7, 7], [3, 3, 3]]
+    assert staging.reused == 2
+    with pytest.raises(ValueError, match=r"kv-canary: Staging\.stage kinds must be q or i"):
+        staging.stage([[1], [2]], "qf")
