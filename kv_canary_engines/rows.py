@@ -123,17 +123,28 @@ class RowTable:
     def refill(
         self, rows: Sequence[int], prefix: Sequence[int], ends: Sequence[int]
     ) -> list[tuple[int, int, int]]:
-        """A step's pool bookkeeping: ``(i, lo, hi)`` for each batch row ``i`` whose pool
-        lacks positions ``lo .. hi - 1`` below its prefix (``hi = prefix[i]``), then every
-        row filled to ``ends[i]``."""
+        """A step's pool bookkeeping: :meth:`missing`, then every row filled to
+        ``ends[i]`` (:meth:`fill_to`)."""
+        gaps = self.missing(rows, prefix)
+        self.fill_to(rows, ends)
+        return gaps
+
+    def missing(self, rows: Sequence[int], prefix: Sequence[int]) -> list[tuple[int, int, int]]:
+        """``(i, lo, hi)`` for each batch row ``i`` whose pool lacks positions ``lo .. hi -
+        1`` below its prefix (``hi = prefix[i]``); a row 0 (a request not yet given a row)
+        lacks them all. Changes nothing."""
         filled = self._filled
         gaps = []
         for i, (row, p) in enumerate(zip(rows, prefix)):
-            lo = filled.get(row, 0)
+            lo = filled.get(row, 0) if row else 0
             if lo < p:
                 gaps.append((i, lo, p))
-        filled.update(zip(rows, ends))
         return gaps
+
+    def fill_to(self, rows: Sequence[int], ends: Sequence[int]) -> None:
+        """Pool positions ``0 .. ends[i] - 1`` of each of ``rows`` now hold the scheduler's
+        tokens."""
+        self._filled.update(zip(rows, ends))
 
     def filled(self, row: int) -> int:
         """Pool positions ``0 .. filled - 1`` of the row hold the scheduler's tokens."""

@@ -274,8 +274,9 @@ class Row:
         prefix_len: ``P``, tokens already in the cache that this step attends to.
         extend_len: ``E``, tokens this step writes (positions ``P .. P + E - 1``).
         tokens: the scheduler's token at each position, at least ``[0, P + E)`` (any
-            sequence; only the positions the pool lacks are read: this step's, and a
-            prefix the runtime has not seen, such as a prefix-cache hit).
+            sequence of int32 token ids; only the positions the pool lacks are read: this
+            step's, and a prefix the runtime has not seen, such as a prefix-cache hit; an
+            id outside int32 refuses the batch before anything is written).
         draft_len: the last ``draft_len`` of the ``E`` tokens are speculative drafts:
             the pool holds them for this step only, and the next step refills their
             positions from ``tokens`` (by then the accepted ones), so a rejected draft
@@ -768,10 +769,12 @@ class CanaryRuntime:
         out_cache_loc = {
             name: _flat(f"out_cache_loc[{name!r}]", t, n) for name, t in batch.out_cache_loc.items()
         }
+        missing = table_rows.missing(rows, prefix)  # (a new request's row is 0 here)
+        _check_token_ids(tokens, batch.rows, missing)
         if new:  # every check passed: the new requests take their rows
             assign = table_rows.assign
             rows = [row or assign(rid, step) for row, rid in zip(rows, ids)]
-        gaps = self._pool_gaps(batch.rows, rows, prefix)
+        gaps = self._pool_gaps(batch.rows, rows, prefix, missing)
         st.prefix_hits += hits
         st.chunked_rows += chunked
         st.steps += 1
@@ -1119,15 +1122,18 @@ class CanaryRuntime:
                 g.block_table = _grown(g.block_table, _blocks_shape(shape, g.spec.page_size), 0)
 
     def _pool_gaps(
-        self, batch: Sequence[Row], rows: Sequence[int], prefix: Sequence[int]
+        self,
+        batch: Sequence[Row],
+        rows: Sequence[int],
+        prefix: Sequence[int],
+        missing: list[tuple[int, int, int]],
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """``(rows, positions, tokens)`` (int64 arrays) of the positions a row's pool lacks
-        below its prefix (a prefix-cache hit, a row first seen mid-sequence), which the
-        scheduler's tokens fill (None: none); every row's pool is then filled to its
-        step's end, its drafts left out (the next step refills them, by then accepted or
-        replaced)."""
-        ends = [p + r.extend_len - r.draft_len for r, p in zip(batch, prefix)]
-        missing = self.rows.refill(rows, prefix, ends)
+        below its prefix (``missing``: a prefix-cache hit, a row first seen mid-sequence),
+        which the scheduler's tokens fill (None: none); every row's pool is then filled to
+        its step's end, its drafts left out (the next step refills them, by then accepted
+        or replaced)."""
+        self.rows.fill_to(rows, [p + r.extend_len - r.draft_len for r, p in zip(batch, prefix)])
         if not missing:
             return None
         gap_rows: list[int] = []
@@ -1508,6 +1514,25 @@ def _refuse_capture(device: torch.device, what: str) -> None:
             "being captured; the runtime launches eagerly (its host work does not replay): "
             "run the engine without CUDA graphs (docs/engines/runtime.md)"
         )
+
+
+def _check_token_ids(
+    tokens: list[int], batch: Sequence[Row], missing: list[tuple[int, int, int]]
+) -> None:
+    """The step's tokens and the pool gaps' are int32 token ids (the expected-token pool
+    holds int32: a larger id would wrap there onto another token), checked before the
+    runtime writes anything. Two passes over the step's tokens, one over a gap's."""
+    spans = [tokens] + [batch[i].tokens[lo:hi] for i, lo, hi in missing]
+    for values in spans:
+        if values and (min(values) < _INT32_MIN or max(values) > _INT32_MAX):
+            bad = next(v for v in values if not _INT32_MIN <= v <= _INT32_MAX)
+            owner = next(
+                (r.request_id for r in batch if bad in r.tokens), "?"
+            )  # (the slow path: name the request)
+            raise ValueError(
+                f"kv-canary: request {owner!r}: Row.tokens must be int32 token ids (the "
+                f"expected-token pool holds int32), got {bad}"
+            )
 
 
 def _first(name: str, t: torch.Tensor, n: int) -> torch.Tensor:

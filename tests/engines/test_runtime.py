@@ -987,3 +987,28 @@ def test_a_rejected_batch_changes_nothing(bad):
     report = runtime.end_step()
     assert report is not None and not report.violations
     assert runtime.live_requests() == frozenset({"a"})
+
+
+@pytest.mark.parametrize("prefix", [0, 2])  # 2: a prefix hit, whose tokens fill the pool
+def test_a_token_id_past_int32_is_refused_before_anything_is_written(prefix):
+    runtime = CanaryRuntime(
+        default_config(poll_every=1),
+        [KVGroup(name="full", num_slots=64, page_size=4)],
+        device="cpu",
+    )
+    tokens = [11, 12, 13, 14, 15]
+    tokens[0 if prefix else 4] = 2**31  # in the prefix's gap, or among the step's tokens
+    slots = torch.arange(4, 9, dtype=torch.int64)
+    pool = runtime.pool.clone()
+    with pytest.raises(ValueError, match=r"kv-canary: request 'a': Row.tokens must be int32"):
+        runtime.begin_step(
+            StepBatch(
+                rows=[Row(request_id="a", prefix_len=prefix, extend_len=5 - prefix, tokens=tokens)],
+                tables={"full": TokenSlots(slots=slots)},
+                out_cache_loc={"full": slots[prefix:]},
+                input_ids=torch.tensor(tokens[prefix:]),
+                positions=torch.arange(prefix, 5),
+            )
+        )
+    assert runtime.live_requests() == frozenset() and runtime.stats.steps == 0
+    assert torch.equal(runtime.pool, pool)
