@@ -66,6 +66,7 @@ install. docs/engines/runtime.md says how a graph mode would stage its inputs.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import itertools
 import logging
@@ -274,9 +275,10 @@ class Row:
         prefix_len: ``P``, tokens already in the cache that this step attends to.
         extend_len: ``E``, tokens this step writes (positions ``P .. P + E - 1``).
         tokens: the scheduler's token at each position, at least ``[0, P + E)`` (any
-            sequence of int32 token ids; only the positions the pool lacks are read: this
-            step's, and a prefix the runtime has not seen, such as a prefix-cache hit; an
-            id outside int32 refuses the batch before anything is written).
+            sequence of token ids, int32 with ``check_tokens``; only the positions the pool
+            lacks are read: this step's, and a prefix the runtime has not seen, such as a
+            prefix-cache hit; an id out of range refuses the batch before anything is
+            written).
         draft_len: the last ``draft_len`` of the ``E`` tokens are speculative drafts:
             the pool holds them for this step only, and the next step refills their
             positions from ``tokens`` (by then the accepted ones), so a rejected draft
@@ -770,11 +772,11 @@ class CanaryRuntime:
             name: _flat(f"out_cache_loc[{name!r}]", t, n) for name, t in batch.out_cache_loc.items()
         }
         missing = table_rows.missing(rows, prefix)  # (a new request's row is 0 here)
-        _check_token_ids(tokens, batch.rows, missing)
+        gap_tokens = _check_token_ids(tokens, extend, batch.rows, missing, self.config.check_tokens)
         if new:  # every check passed: the new requests take their rows
             assign = table_rows.assign
             rows = [row or assign(rid, step) for row, rid in zip(rows, ids)]
-        gaps = self._pool_gaps(batch.rows, rows, prefix, missing)
+        gaps = self._pool_gaps(batch.rows, rows, prefix, missing, gap_tokens)
         st.prefix_hits += hits
         st.chunked_rows += chunked
         st.steps += 1
@@ -1127,9 +1129,11 @@ class CanaryRuntime:
         rows: Sequence[int],
         prefix: Sequence[int],
         missing: list[tuple[int, int, int]],
+        gap_tokens: list[list[int]],
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """``(rows, positions, tokens)`` (int64 arrays) of the positions a row's pool lacks
-        below its prefix (``missing``: a prefix-cache hit, a row first seen mid-sequence),
+        below its prefix (``missing``, with their tokens ``gap_tokens``: a prefix-cache
+        hit, a row first seen mid-sequence),
         which the scheduler's tokens fill (None: none); every row's pool is then filled to
         its step's end, its drafts left out (the next step refills them, by then accepted
         or replaced)."""
@@ -1139,10 +1143,10 @@ class CanaryRuntime:
         gap_rows: list[int] = []
         gap_pos: list[int] = []
         gap_tok: list[int] = []
-        for i, lo, hi in missing:
+        for (i, lo, hi), values in zip(missing, gap_tokens):
             gap_rows += [rows[i]] * (hi - lo)
             gap_pos += range(lo, hi)
-            gap_tok.extend(batch[i].tokens[lo:hi])
+            gap_tok += values
         return (
             np.array(gap_rows, dtype=np.int64),
             np.array(gap_pos, dtype=np.int64),
@@ -1517,22 +1521,31 @@ def _refuse_capture(device: torch.device, what: str) -> None:
 
 
 def _check_token_ids(
-    tokens: list[int], batch: Sequence[Row], missing: list[tuple[int, int, int]]
-) -> None:
-    """The step's tokens and the pool gaps' are int32 token ids (the expected-token pool
-    holds int32: a larger id would wrap there onto another token), checked before the
-    runtime writes anything. Two passes over the step's tokens, one over a gap's."""
-    spans = [tokens] + [batch[i].tokens[lo:hi] for i, lo, hi in missing]
-    for values in spans:
-        if values and (min(values) < _INT32_MIN or max(values) > _INT32_MAX):
-            bad = next(v for v in values if not _INT32_MIN <= v <= _INT32_MAX)
-            owner = next(
-                (r.request_id for r in batch if bad in r.tokens), "?"
-            )  # (the slow path: name the request)
+    tokens: list[int],
+    extend: list[int],
+    batch: Sequence[Row],
+    missing: list[tuple[int, int, int]],
+    pool: bool,
+) -> list[list[int]]:
+    """The step's tokens and the pool gaps' are token ids the staging holds: int32 with
+    the expected-token pool (``pool``: a larger id would wrap there onto another token),
+    int64 without. Checked before the runtime writes anything; returns each gap's tokens
+    as a list (read once). Two passes over the step's tokens, one over a gap's."""
+    low, high = (_INT32_MIN, _INT32_MAX) if pool else (-(2**63), 2**63 - 1)
+    gaps = [list(batch[i].tokens[lo:hi]) for i, lo, hi in missing]
+    spans = [(tokens, None)] + [(g, batch[i].request_id) for g, (i, _, _) in zip(gaps, missing)]
+    for values, owner in spans:
+        if len(values) and (min(values) < low or max(values) > high):
+            j = next(k for k, v in enumerate(values) if not low <= v <= high)
+            if owner is None:  # a step token: its row by the rows' extends
+                owner = batch[bisect.bisect_right(list(itertools.accumulate(extend)), j)].request_id
             raise ValueError(
-                f"kv-canary: request {owner!r}: Row.tokens must be int32 token ids (the "
-                f"expected-token pool holds int32), got {bad}"
+                f"kv-canary: request {owner!r}: Row.tokens must be "
+                f"{'int32' if pool else 'int64'} token ids "
+                f"({'the expected-token pool holds int32' if pool else 'staged as int64'}), "
+                f"got {values[j]}"
             )
+    return gaps
 
 
 def _first(name: str, t: torch.Tensor, n: int) -> torch.Tensor:

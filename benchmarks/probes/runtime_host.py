@@ -59,7 +59,10 @@ caches evicted before each step, the CUDA path's table load; development CPU,
 2026-12-02, 3 interleaved runs, against 29a5199's runtime as ``old_engines``): a decode
 step 599 to 625 us against 859 to 908 (699 to 755 at 28f7090, before a decode step's
 arrays were staged from the rows' lists), where the same run without ``--thrash`` reads
-about 130 to 200 us. The eviction alone multiplies the runtime's host time by 5 to 6,
+about 130 to 200 us. (29a5199's runtime has no table load: there it builds its
+per-token index and runs the scatter's compute on this CPU, which on CUDA is one op, so
+that comparison overstates the gain; the one between two trees that both load tables,
+699-755 against 599-625, does not.) The eviction alone multiplies the runtime's host time by 5 to 6,
 about what the H200's engine runs show against the runtime alone; so a host-time cut
 can be tried here before it costs device time (CUDA's own calls are not in it: the
 tensors are the CPU's).
@@ -517,6 +520,13 @@ HEADERS = [
 ]
 
 
+def _mib(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 MiB, got {value}")
+    return value
+
+
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--device", default="cpu")
@@ -550,7 +560,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--thrash",
-        type=int,
+        type=_mib,
         default=0,
         metavar="MIB",
         help="before each step, evict the caches as an engine's forward would (Thrasher)",
@@ -593,6 +603,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 t.kernels, t.allocations = c.kernels, c.allocations
         table += summarize(m, results[m], 0)
     print(markdown_table(HEADERS, table))
+    if args.device_tables:  # a runtime before the table load scatters per token instead
+        for m in modules:
+            has = hasattr(importlib.import_module(m).CanaryRuntime, "_table_index")
+            print(
+                f"{m}: --device-tables "
+                + (
+                    "applied"
+                    if has
+                    else "not applied (it has no table load: its per-token index and "
+                    "scatter run, the scatter's compute on this CPU included)"
+                )
+            )
     if args.stages in ("noop", "validate"):
         print(f"stage calls over one run: {dict(stages.calls)}")
     if args.phases:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 import re
 
+import numpy as np
 import pytest
 import torch
 
-from kv_canary_buffers import CanaryStatus, FailBits
+from kv_canary_buffers import CanaryStatus, FailBits, RealKVMode
 from kv_canary_engines import (
     BlockTable,
     CanaryConfig,
@@ -1012,3 +1013,59 @@ def test_a_token_id_past_int32_is_refused_before_anything_is_written(prefix):
         )
     assert runtime.live_requests() == frozenset() and runtime.stats.steps == 0
     assert torch.equal(runtime.pool, pool)
+
+
+def test_the_refused_token_names_the_request_that_gave_it():
+    # a holds 2**31 at a position this step does not read; b's step token is 2**31
+    runtime = CanaryRuntime(
+        default_config(poll_every=1),
+        [KVGroup(name="full", num_slots=64, page_size=4)],
+        device="cpu",
+    )
+    slots = torch.arange(4, 8, dtype=torch.int64)
+    batch = StepBatch(
+        rows=[
+            Row(request_id="a", prefix_len=0, extend_len=2, tokens=[1, 2, 2**31]),
+            Row(request_id="b", prefix_len=0, extend_len=2, tokens=[3, 2**31]),
+        ],
+        tables={"full": TokenSlots(slots=slots)},
+        out_cache_loc={"full": slots},
+        input_ids=torch.tensor([1, 2, 3, 2**31]),
+        positions=torch.tensor([0, 1, 0, 1]),
+    )
+    with pytest.raises(ValueError, match=r"kv-canary: request 'b': Row.tokens must be int32"):
+        runtime.begin_step(batch)
+    # without the pool the staging's int64 holds it: accepted
+    relaxed = CanaryRuntime(
+        default_config(poll_every=1, check_tokens=False),
+        [KVGroup(name="full", num_slots=64, page_size=4)],
+        device="cpu",
+    )
+    relaxed.begin_step(batch)
+    relaxed.end_step()
+
+
+@pytest.mark.parametrize("kind", [list, tuple, np.array, torch.tensor])
+def test_a_prefix_gap_reads_tokens_of_any_sequence(kind):
+    # a request first seen with a cached prefix: its gap's tokens fill the pool, read from
+    # whatever sequence Row.tokens is (not only lists)
+    runtime = CanaryRuntime(
+        default_config(poll_every=1, real_kv=RealKVMode.NONE),
+        [KVGroup(name="full", num_slots=64, page_size=4)],
+        device="cpu",
+    )
+    slots = torch.arange(4, 9, dtype=torch.int64)
+    runtime.begin_step(
+        StepBatch(
+            rows=[
+                Row(request_id="a", prefix_len=2, extend_len=3, tokens=kind([11, 12, 13, 14, 15]))
+            ],
+            tables={"full": TokenSlots(slots=slots)},
+            out_cache_loc={"full": slots[2:]},
+            input_ids=torch.tensor([13, 14, 15]),
+            positions=torch.arange(2, 5),
+        )
+    )
+    runtime.end_step()
+    row = runtime.rows.row_of("a")
+    assert runtime.pool[row, :5].tolist() == [11, 12, 13, 14, 15]
