@@ -8,7 +8,8 @@
 # CANARY=0 skips the canary contract tests on CUDA (the CPU suite runs them under the
 # interpreter, where the write's PTX products and unrolled loop are not compiled).
 # PARTS picks sections (default: tests canary memcheck demo compile bench; also suite, the
-# whole suite in one process, and sglang, SGLang's CUDA kernels side by side) so that a device call that must stay under a time limit can
+# whole suite in one process, sglang, SGLang's CUDA kernels side by side, and engines, the
+# engines runtime on CUDA with the canary's share of a transformers step) so that a device call that must stay under a time limit can
 # run a few of them. With .whl/sglang-*.whl present (scripts/download-sglang-wheels.sh), bench
 # has SGLang's kernels as a column (--sglang require). Sections select test folders (docs/testing.md has the map).
 # Usage: PYTHONPATH=. OUT=dir [BENCH=0] [CANARY=0] [PARTS="tests canary"] bash scripts/gpu-check.sh
@@ -72,6 +73,26 @@ if part suite; then
   # The whole suite in one process (no test may depend on another's order or state).
   echo "== whole suite, one process $(date -u +%T)" >> $L
   timeout 590 python -m pytest -q tests -p no:cacheprovider >> $L 2>&1; echo "suite pytest rc=$?" >> $L
+fi
+if part engines; then
+  # The engines runtime on CUDA: its GPU tests and the table load's (under memcheck too),
+  # the runtime's host time against 29a5199's if a copy of it is carried as
+  # .gpu/old/old_engines, the staging's parts, and the canary's share of a transformers
+  # step (1B and 8B; transformers 5.17 is on the H200 image). About 6 minutes.
+  echo "== engines on CUDA $(date -u +%T)" >> $L
+  timeout 150 python -m pytest -q -m gpu tests/engines tests/launch/test_load_token_slots.py \
+    -p no:cacheprovider >> $L 2>&1; echo "engines pytest rc=$?" >> $L
+  timeout 150 compute-sanitizer --tool memcheck python -m pytest -q \
+    tests/launch/test_load_token_slots.py -p no:cacheprovider > $OUT/memcheck-tables.log 2>&1
+  echo "memcheck tables rc=$?" >> $L; grep -E "ERROR SUMMARY" $OUT/memcheck-tables.log >> $L
+  if [ -d .gpu/old/old_engines ]; then
+    PYTHONPATH=.gpu/old:. timeout 90 python -m benchmarks.probes.runtime_host --device cuda \
+      --stages kernels --requests 13 --timing --module kv_canary_engines,old_engines >> $L 2>&1
+    echo "runtime_host rc=$?" >> $L
+  fi
+  timeout 60 python -m benchmarks.probes.staging_parts >> $L 2>&1; echo "staging_parts rc=$?" >> $L
+  timeout 300 python -m benchmarks.probes.engine_share --shapes 1b,8b --pairs 2 >> $L 2>&1
+  echo "engine_share rc=$?" >> $L
 fi
 if [ "${BENCH:-1}" = 1 ] && part bench; then
   echo "== bench $(date -u +%T)" >> $L
