@@ -66,7 +66,10 @@ def load_token_slots_reference(
     max_len: int,
 ) -> None:
     """The torch reference of ``launch_load_token_slots`` (module docstring): the same
-    writes, the same lanes skipped. A host read of ``rows`` and ``starts`` (a reference)."""
+    writes, the same lanes skipped. A host read of ``rows`` and ``starts`` (a reference).
+    ``req_to_token`` int32 ``[table_rows, width]``; ``slots`` int32 or int64 ``[n]``
+    (cut at n); ``rows`` int64 ``[bs]``; ``starts`` int64 ``[bs + 1]``; ``max_len`` a
+    host int in ``[0, width]``; all contiguous, on one device."""
     validate_load_token_slots_args(req_to_token, slots, rows, starts, max_len)
     table_rows, width = req_to_token.shape
     limit = min(max_len, width)

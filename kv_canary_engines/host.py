@@ -25,8 +25,8 @@ import torch
 _ALIGN_WORDS = 2
 """16 bytes, in int64 words."""
 
-_DTYPES = (np.dtype(np.int64), np.dtype(np.int32))
 _KINDS = {"q": np.int64, "i": np.int32, "x": None}
+"""The staged kinds' dtypes (``x``: an array of another dtype, which to_device refuses)."""
 _KIND = {np.dtype(np.int64): "q", np.dtype(np.int32): "i"}
 
 
@@ -39,9 +39,30 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", _current_stream_id)
 has it: no Stream object)."""
 
 
-def _words(a: np.ndarray) -> int:
-    """int64 words of ``a``, rounded up to a 16-byte boundary."""
-    return ((a.nbytes + 15) >> 4) * _ALIGN_WORDS
+def _sizes(kinds: str, lengths: Sequence[int]) -> list[int]:
+    """The staged buffer's layout, as ``split_with_sizes`` takes it: per array its int64
+    words (an int32 array two values a word), then its padding (0 or 1 word: every array
+    starts 16 bytes after the last)."""
+    sizes: list[int] = []
+    for kind, n in zip(kinds, lengths):
+        used = n if kind == "q" else (n + 1) >> 1
+        sizes += (used, used & 1)
+    return sizes
+
+
+def _fill(
+    buf: np.ndarray, arrays: Sequence[np.ndarray | list[int]], kinds: str, sizes: list[int]
+) -> None:
+    """Write ``arrays`` (numpy arrays or lists of ints) into ``buf`` at the offsets of
+    ``sizes`` (:func:`_sizes`); numpy converts a list as it copies it."""
+    at = 0
+    for i, (a, kind) in enumerate(zip(arrays, kinds)):
+        used = sizes[2 * i]
+        if kind == "q":
+            buf[at : at + used] = a
+        else:
+            buf[at : at + used].view(np.int32)[: len(a)] = a
+        at += used + sizes[2 * i + 1]
 
 
 def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
@@ -52,41 +73,25 @@ def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.
     The views come from one ``split_with_sizes`` (each array's values, then its padding)
     rather than a slice each: a decode step's eight arrays cost one torch call instead of
     eight, each a few microseconds on a serving host."""
-    sizes: list[int] = []  # per array: its int64 words, its padding words
     for a in arrays:
-        if a.ndim != 1 or a.dtype not in _DTYPES:
+        if a.ndim != 1 or a.dtype not in _KIND:
             raise TypeError(
                 f"kv-canary: to_device takes 1-D int64 or int32 arrays, got {a.dtype} {a.shape}"
             )
-        used = (a.nbytes + 7) >> 3
-        sizes += (used, _words(a) - used)
+    kinds = "".join(_KIND[a.dtype] for a in arrays)
+    sizes = _sizes(kinds, [a.size for a in arrays])
     total = sum(sizes)
     pinned = device.type == "cuda"
     host = torch.empty(max(total, _ALIGN_WORDS), dtype=torch.int64, pin_memory=pinned)
-    buf = host.numpy()
-    at = 0
-    for i, a in enumerate(arrays):
-        used = sizes[2 * i]
-        if a.dtype == np.int64:
-            buf[at : at + used] = a
-        else:
-            buf[at : at + used].view(np.int32)[: a.size] = a
-        at += used + sizes[2 * i + 1]
+    _fill(host.numpy(), arrays, kinds, sizes)
     staged = host.to(device, non_blocking=True) if device.type != "cpu" else host
     if total < staged.shape[0]:
         sizes.append(staged.shape[0] - total)
-    return _views(staged, arrays, sizes)
-
-
-def _views(
-    staged: torch.Tensor, arrays: Sequence[np.ndarray], sizes: list[int]
-) -> list[torch.Tensor]:
     views = staged.split_with_sizes(sizes)
-    out = []
-    for i, a in enumerate(arrays):
-        v = views[2 * i]
-        out.append(v if a.dtype == np.int64 else v.view(torch.int32)[: a.size])
-    return out
+    return [
+        views[2 * i] if kind == "q" else views[2 * i].view(torch.int32)[: a.size]
+        for i, (a, kind) in enumerate(zip(arrays, kinds))
+    ]
 
 
 class Staging:
@@ -113,25 +118,26 @@ class Staging:
         self._key: tuple[object, ...] | None = None
         self._buffer: torch.Tensor | None = None
         self._views: list[torch.Tensor] = []
+        self._sizes: list[int] = []
         self.reused = 0
         """Steps staged into the kept buffer (a count for tests and probes)."""
 
     def stage(
         self, arrays: Sequence[np.ndarray | list[int]], kinds: str | None = None
     ) -> list[torch.Tensor]:
-        """Stage ``arrays``: 1-D numpy int64 / int32 arrays, or, with ``kinds`` (a numpy
-        type code a list: ``q`` int64, ``i`` int32), Python lists of ints, which the copy
-        into the pinned buffer converts (a decode step's few values: no numpy array is
-        built for each)."""
+        """Stage ``arrays``: 1-D numpy int64 / int32 arrays, or, with ``kinds`` (a letter an
+        array: ``q`` int64, ``i`` int32), Python lists of ints, which the copy into the
+        pinned buffer converts (a decode step's few values: no numpy array is built for
+        each). Both go through :func:`_sizes` and :func:`_fill`, as :func:`to_device`."""
         if kinds is None:
             kinds = "".join(_KIND.get(a.dtype, "x") for a in arrays)  # type: ignore[union-attr]
         elif len(kinds) != len(arrays) or kinds.strip("qi"):  # (lists: int64 or int32)
-            raise ValueError(f"kv-canary: Staging.stage kinds must be q or i a list, got {kinds!r}")
-        key = (
-            _raw_stream(self._index) if self.device.type == "cuda" else 0,
-            kinds,
-            *(len(a) for a in arrays),
-        )
+            raise ValueError(
+                f"kv-canary: Staging.stage kinds must be q or i an array, one an array "
+                f"({len(arrays)}), got {kinds!r}"
+            )
+        lengths = [len(a) for a in arrays]
+        key = (_raw_stream(self._index) if self.device.type == "cuda" else 0, kinds, *lengths)
         buffer = self._buffer
         if key != self._key or buffer is None:
             views = to_device(  # (an "x" array keeps its dtype: to_device refuses it)
@@ -146,21 +152,12 @@ class Staging:
                 else None
             )
             self._key, self._views = key, views
+            self._sizes = _sizes(kinds, lengths)
             return views
         host = torch.empty(
             buffer.shape[0], dtype=torch.int64, pin_memory=self.device.type == "cuda"
         )
-        buf = host.numpy()
-        at = 0
-        for a, k in zip(arrays, kinds):
-            size = len(a)
-            if k == "q":
-                buf[at : at + size] = a
-                at += size + (size & 1)  # (16-byte aligned: an even number of words)
-            else:
-                used = (size + 1) >> 1
-                buf[at : at + used].view(np.int32)[:size] = a
-                at += used + (used & 1)
+        _fill(host.numpy(), arrays, kinds, self._sizes)
         buffer.copy_(host, non_blocking=True)
         self.reused += 1
         return self._views

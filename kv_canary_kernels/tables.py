@@ -79,7 +79,15 @@ def launch_load_token_slots(
     :func:`kv_canary_buffers.load_token_slots_reference` for distinct ``rows`` (two lists
     for one row: which lands is unspecified). Validates first (nothing is
     written on a rejection), then one launch on the current stream of ``bs * ceil(max_len /
-    BLOCK)`` programs; no allocation, no sync."""
+    BLOCK)`` programs; no allocation, no sync.
+
+    Args:
+        req_to_token: int32 ``[table_rows, width]``, contiguous: the table written.
+        slots: int32 or int64 ``[n]``, contiguous: the rows' lists, concatenated (cut at n).
+        rows: int64 ``[bs]``: each list's table row.
+        starts: int64 ``[bs + 1]``: list ``b`` is ``slots[starts[b] : starts[b + 1]]``.
+        max_len: a host int in ``[0, width]``: the most slots written a row.
+    All on one device."""
     bs = validate_load_token_slots_args(req_to_token, slots, rows, starts, max_len)
     table_rows, width = req_to_token.shape
     limit = min(max_len, width)
