@@ -15,7 +15,11 @@ reference's last wins; the kernel's order is unspecified). The data in ``rows`` 
 lengths it checked against the table's shape): lanes whose row is outside the table,
 whose position is past ``max_len`` or the table's width, or whose index is past
 ``slots`` write nothing and read nothing (no out-of-bounds access for any input); the
-validation proves, on host numbers only, that ``max_len`` fits the table.
+validation proves, on host numbers only, that ``max_len`` fits the table. The load has
+no status word: a skipped lane is not flagged. Its one caller, the engines runtime, gives
+only its own rows (inside the table, which it grows first) and starts from lengths it
+checked against ``slots``, so none is skipped there; another caller must give data as
+valid.
 """
 
 from __future__ import annotations
