@@ -20,6 +20,18 @@ no status word: a skipped lane is not flagged. Its one caller, the engines runti
 only its own rows (inside the table, which it grows first) and starts from lengths it
 checked against ``slots``, so none is skipped there; another caller must give data as
 valid.
+
+Two more parts ride on the same launch, each optional, so that a step's host-side ops
+before the forward are one launch instead of three (on the H200 an op costs the engine's
+GPU the 30 to 75 us of host time it waits for in a host-bound decode step):
+
+- **the pool scatter** (``pool``, ``pool_index``, ``pool_tokens``): ``pool.view(-1)[
+  pool_index[i]] = pool_tokens[i]``, the expected-token pool's updates of the step (what
+  ``index_put_`` did). An index outside the pool writes nothing (the runtime's indices are
+  ``row * width + position`` of rows and positions it grew the pool for).
+- **the widening** (``input_ids``, ``positions``, ``wide``): ``wide[0, :n] = input_ids``,
+  ``wide[1, :n] = positions`` as int64 (the write's per-token inputs: what a cast of the
+  engine's int32 ``input_ids`` and ``positions`` did).
 """
 
 from __future__ import annotations
@@ -61,6 +73,66 @@ def validate_load_token_slots_args(
     return bs
 
 
+def validate_step_parts(
+    device: torch.device,
+    pool: object,
+    pool_index: object,
+    pool_tokens: object,
+    input_ids: object,
+    positions: object,
+    wide: object,
+) -> tuple[int, int]:
+    """Check the optional pool scatter and widening (module docstring), each all or
+    nothing; returns ``(m, n)``: the scatter's entries and the widened tokens (0 where
+    absent)."""
+    m = n = 0
+    scatter = (pool, pool_index, pool_tokens)
+    if any(t is not None for t in scatter):
+        if any(t is None for t in scatter):
+            raise ValueError(
+                "kv-canary: pool, pool_index and pool_tokens must be given together, got "
+                f"{', '.join(name for name, t in zip(_SCATTER, scatter) if t is not None)}"
+            )
+        check_tensor("pool", pool, torch.int32, 2, device)
+        m = check_tensor("pool_index", pool_index, torch.int64, 1, device).shape[0]
+        tokens = check_tensor("pool_tokens", pool_tokens, torch.int32, 1, device)
+        if tokens.shape[0] != m:
+            raise ValueError(
+                f"kv-canary: pool_tokens must have pool_index's {m} entries, got {tokens.shape[0]}"
+            )
+    widen = (input_ids, positions, wide)
+    if any(t is not None for t in widen):
+        if any(t is None for t in widen):
+            raise ValueError(
+                "kv-canary: input_ids, positions and wide must be given together, got "
+                f"{', '.join(name for name, t in zip(_WIDEN, widen) if t is not None)}"
+            )
+        for name, t in (("input_ids", input_ids), ("positions", positions)):
+            if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
+                raise ValueError(
+                    f"kv-canary: {name} must be an int32 or int64 tensor, got "
+                    f"{getattr(t, 'dtype', type(t).__name__)}"
+                )
+            check_tensor(name, t, t.dtype, 1, device)
+        assert isinstance(input_ids, torch.Tensor) and isinstance(positions, torch.Tensor)
+        n = input_ids.shape[0]
+        if positions.shape[0] != n:
+            raise ValueError(
+                f"kv-canary: positions must have input_ids' {n} entries, got {positions.shape[0]}"
+            )
+        out = check_tensor("wide", wide, torch.int64, 2, device)
+        if out.shape[0] != 2 or out.shape[1] < n:
+            raise ValueError(
+                f"kv-canary: wide must be int64 [2, >= {n}] (input_ids' entries), got shape "
+                f"{tuple(out.shape)}"
+            )
+    return m, n
+
+
+_SCATTER = ("pool", "pool_index", "pool_tokens")
+_WIDEN = ("input_ids", "positions", "wide")
+
+
 def load_token_slots_reference(
     req_to_token: torch.Tensor,
     slots: torch.Tensor,
@@ -68,13 +140,34 @@ def load_token_slots_reference(
     starts: torch.Tensor,
     *,
     max_len: int,
+    pool: torch.Tensor | None = None,
+    pool_index: torch.Tensor | None = None,
+    pool_tokens: torch.Tensor | None = None,
+    input_ids: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    wide: torch.Tensor | None = None,
 ) -> None:
     """The torch reference of ``launch_load_token_slots`` (module docstring): the same
-    writes, the same lanes skipped. A host read of ``rows`` and ``starts`` (a reference).
-    ``req_to_token`` int32 ``[table_rows, width]``; ``slots`` int32 or int64 ``[n]``
-    (cut at n); ``rows`` int64 ``[bs]``; ``starts`` int64 ``[bs + 1]``; ``max_len`` a
-    host int in ``[0, width]``; all contiguous, on one device."""
+    writes, the same lanes skipped. A host read of ``rows``, ``starts`` and ``pool_index``
+    (a reference). ``req_to_token`` int32 ``[table_rows, width]``; ``slots`` int32 or
+    int64 ``[n]`` (cut at n); ``rows`` int64 ``[bs]``; ``starts`` int64 ``[bs + 1]``;
+    ``max_len`` a host int in ``[0, width]``; the pool scatter: ``pool`` int32 ``[rows,
+    width]``, ``pool_index`` int64 ``[m]``, ``pool_tokens`` int32 ``[m]``; the widening:
+    ``input_ids`` and ``positions`` int32 or int64 ``[n]``, ``wide`` int64 ``[2, >= n]``;
+    all contiguous, on one device."""
     validate_load_token_slots_args(req_to_token, slots, rows, starts, max_len)
+    validate_step_parts(
+        req_to_token.device, pool, pool_index, pool_tokens, input_ids, positions, wide
+    )
+    if pool is not None and pool_index is not None and pool_tokens is not None:
+        flat = pool.view(-1)
+        for i, index in enumerate(pool_index.tolist()):
+            if 0 <= index < flat.shape[0]:
+                flat[index] = pool_tokens[i]
+    if input_ids is not None and positions is not None and wide is not None:
+        n = input_ids.shape[0]
+        wide[0, :n] = input_ids.to(torch.int64)
+        wide[1, :n] = positions.to(torch.int64)
     table_rows, width = req_to_token.shape
     limit = min(max_len, width)
     bounds = starts.tolist()

@@ -533,6 +533,9 @@ class CanaryRuntime:
         self.rows = RowTable()
         self._staging = Staging(self.device)
         """The steps' staging (a sweep stages on its own: it runs between steps)."""
+        self._wide: torch.Tensor | None = None
+        """The widened ``input_ids`` and ``positions`` of a step whose table load widens
+        them (:meth:`_wide_inputs`)."""
         shape = (max(2, expected_requests + 1), 16)  # + row 0, the padding row
         self.pool = torch.full(shape, -1, dtype=torch.int32, device=self.device)
         self._groups = [self._make_group(spec, i) for i, spec in enumerate(groups)]
@@ -766,8 +769,12 @@ class CanaryRuntime:
             if name not in batch.tables or name not in batch.out_cache_loc:
                 raise ValueError(f"kv-canary: the batch has no table or out_cache_loc for {name!r}")
         by_token = self._check_tables(batch.tables, self._groups, bs, ends)
-        # the per-token inputs checked (and cast) before anything of the canary's is written
-        inputs = _flat_inputs(batch.input_ids, batch.positions, n)
+        # the per-token inputs checked (and cast) before anything of the canary's is written;
+        # where a table load runs, it widens them on its launch instead of a cast
+        in_ids = _first("input_ids", batch.input_ids, n)
+        in_pos = _first("positions", batch.positions, n)
+        widen = by_token and self.load_tables_on_device and _widens(in_ids, in_pos, self.device)
+        inputs = None if widen else _flat_inputs(in_ids, in_pos, n)
         out_cache_loc = {
             name: _flat(f"out_cache_loc[{name!r}]", t, n) for name, t in batch.out_cache_loc.items()
         }
@@ -829,13 +836,29 @@ class CanaryRuntime:
                 g.grow_workspaces(n)
         staged = self._staging.stage(arrays, kinds)
         rows_t, prefix_t, extend_t, tok_t, pos_t = staged[:5]
-        if self.config.check_tokens and staged[5].shape[0]:
+        # the pool's updates and the inputs' widening ride on the first TokenSlots load
+        # where one runs (one launch instead of three ops), else an index_put_ and the cast
+        fused: dict[str, torch.Tensor] = {}
+        scatter = self.config.check_tokens and staged[5].shape[0] > 0
+        if by_token and self.load_tables_on_device and max(ends, default=0) > 0:
+            if scatter:
+                fused.update(pool=self.pool, pool_index=staged[5], pool_tokens=staged[6])
+            if widen:
+                wide = self._wide_inputs(n)
+                fused.update(input_ids=in_ids, positions=in_pos, wide=wide)
+                inputs = {"input_ids": wide[0, :n], "positions": wide[1, :n]}
+        elif scatter:
             self.pool.view(-1).index_put_((staged[5],), staged[6])
+        assert inputs is not None
         token_index = staged[-1] if by_token else None
-        tables = [
-            self._load_table(g, batch.tables[g.spec.name], rows, rows_t, ends, token_index)
-            for g in self._groups
-        ]
+        tables = []
+        for g in self._groups:
+            given = batch.tables[g.spec.name]
+            with_parts = fused if isinstance(given, TokenSlots) else {}
+            tables.append(self._load_table(g, given, rows, rows_t, ends, token_index, with_parts))
+            if with_parts:
+                fused = {}
+        assert not fused, "a TokenSlots step has a TokenSlots table"
         pending = _Pending(
             step=step,
             verify=verify,
@@ -1209,14 +1232,16 @@ class CanaryRuntime:
         rows_t: torch.Tensor,
         ends: Sequence[int],
         token_index: torch.Tensor | None,
+        parts: Mapping[str, torch.Tensor] | None = None,
     ) -> dict[str, object]:
         """Write the batch's rows of ``table`` into the group's own table (rows indexed by
         the runtime's rows, positions ``0 .. ends[b] - 1``): a block table's rows with one
         ``index_copy_`` (the plan then reads blocks: ``launch_plan(block_table=...)``),
         per-token slots with ``launch_load_token_slots`` from the staged rows' starts
         (``load_tables_on_device``) or one ``index_put_`` at the staged per-token
-        ``token_index``; the plan's table arguments. One to three ops on the current
-        stream, no sync."""
+        ``token_index``; the plan's table arguments. ``parts``: the step's pool scatter and
+        inputs' widening for the TokenSlots load's launch (``launch_load_token_slots``'s
+        keywords). One to three ops on the current stream, no sync."""
         if isinstance(table, BlockTable):
             ps = g.spec.page_size
             blocks = -(-max(ends, default=0) // ps)
@@ -1236,6 +1261,7 @@ class CanaryRuntime:
                     rows_t,
                     token_index,
                     max_len=width,
+                    **(parts or {}),
                 )
         else:
             total = token_index.shape[0]
@@ -1243,6 +1269,20 @@ class CanaryRuntime:
                 g.req_to_token.view(-1).index_put_((token_index,), _int32(table.slots[:total]))
         g.by_blocks.update(dict.fromkeys(rows, False))
         return {"req_to_token": g.req_to_token}
+
+    def _wide_inputs(self, n: int) -> torch.Tensor:
+        """The runtime's int64 ``[2, >= n]`` buffer that the table load widens the step's
+        ``input_ids`` and ``positions`` into (rows of an even length: the second starts
+        16-byte aligned as the first, as the write's fast variant wants), grown by doubling.
+        Reused every step: the previous step's readers (its writes, its chains, which the
+        current stream joins in ``end_step``) precede this step's load on the GPU."""
+        wide = self._wide
+        if wide is None or wide.shape[1] < n:
+            width = _doubled(0 if wide is None else wide.shape[1], n + (n & 1))
+            wide = self._wide = torch.empty(
+                (2, width + (width & 1)), dtype=torch.int64, device=self.device
+            )
+        return wide
 
     @staticmethod
     def _table_index_of(lengths: list[int]) -> list[int]:
@@ -1568,6 +1608,25 @@ def _int64(flat: torch.Tensor) -> torch.Tensor:
     if flat.dtype != torch.int64:
         flat = flat.to(torch.int64)
     return flat if flat.is_contiguous() else flat.contiguous()
+
+
+def _widens(ids: torch.Tensor, pos: torch.Tensor, device: torch.device) -> bool:
+    """Whether the table load can widen the step's ``input_ids`` and ``positions`` (their
+    first ``n`` values, flat) instead of a cast: some token, int32 or int64 (not both
+    int64, which needs nothing), contiguous, on the canary's device."""
+    return (
+        ids.shape[0] > 0
+        and not ids.dtype == pos.dtype == torch.int64
+        and ids.dtype in _WIDENED
+        and pos.dtype in _WIDENED
+        and ids.device == device
+        and pos.device == device
+        and ids.is_contiguous()
+        and pos.is_contiguous()
+    )
+
+
+_WIDENED = (torch.int32, torch.int64)
 
 
 def _flat_inputs(input_ids: torch.Tensor, positions: torch.Tensor, n: int) -> dict[str, Any]:

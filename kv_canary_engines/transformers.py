@@ -102,6 +102,11 @@ class _Layout:
         ``read_index``)."""
         raise NotImplementedError
 
+    def read_slots(self, physical: torch.Tensor) -> torch.Tensor:
+        """:meth:`slots` of ``read_index`` for a :class:`TokenSlots` table, which takes
+        int32 as well (a layout whose index is the slot skips the cast)."""
+        return self.slots(physical)
+
     def kernel_blocks(self, table: torch.Tensor) -> torch.Tensor:
         """Canary block ids of the decode fast path's ``block_table`` entries."""
         raise NotImplementedError
@@ -177,6 +182,9 @@ class _BlockLayout(_Layout):
 
     def slots(self, physical: torch.Tensor) -> torch.Tensor:
         return physical.to(torch.int64)
+
+    def read_slots(self, physical: torch.Tensor) -> torch.Tensor:
+        return physical  # (the index is the slot; int32 or int64, one op less a step)
 
     def kernel_blocks(self, table: torch.Tensor) -> torch.Tensor:
         return table  # int32 or int64: the runtime takes either
@@ -431,7 +439,7 @@ class TransformersCanary:
                     )
                 table = TokenSlots(slots=out)
             else:
-                table = TokenSlots(slots=layout.slots(read))
+                table = TokenSlots(slots=layout.read_slots(read))
         if isinstance(layout, _BlockLayout) and layout.holds_block0([r.request_id for r in rows]):
             self.slot0_steps += 1  # 5.17: block 0 is real, its slot 0 goes unchecked
         runtime.begin_step(

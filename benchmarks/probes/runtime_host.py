@@ -267,7 +267,10 @@ class Stages:
         stages = runtime.stages
         if self.mode == "validate":
             from kv_canary_buffers.plan import validate_plan_args
-            from kv_canary_buffers.tables import validate_load_token_slots_args
+            from kv_canary_buffers.tables import (
+                validate_load_token_slots_args,
+                validate_step_parts,
+            )
             from kv_canary_buffers.verify import validate_verify_args
             from kv_canary_buffers.write import (
                 record_chain,
@@ -280,7 +283,9 @@ class Stages:
             plan, write, verify = validate_plan_args, validate_write_args, validate_verify_args
 
             def load_slots(table: Any, slots: Any, rows: Any, starts: Any, **k: Any) -> None:
-                validate_load_token_slots_args(table, slots, rows, starts, k["max_len"])
+                validate_load_token_slots_args(table, slots, rows, starts, k.pop("max_len"))
+                parts = ("pool", "pool_index", "pool_tokens", "input_ids", "positions", "wide")
+                validate_step_parts(table.device, *(k.get(name) for name in parts))
 
             def chain(store: Any, buffers: Any, workspace: Any, **k: Any) -> None:
                 record_chain(

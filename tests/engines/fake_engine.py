@@ -77,6 +77,7 @@ class FakeEngine:
     allocations: list[tuple[str, int]] = attrs.Factory(list)
     doubled: tuple[str, str, int] | None = None  # (first, second, block) of double_alloc
     window: int = 0  # also a sliding-window group "swa" over the same slots (identity LUT)
+    input_dtype: torch.dtype = torch.int64  # input_ids' and positions' (transformers: int32)
 
     def __attrs_post_init__(self) -> None:
         self.kv = torch.zeros(self.num_blocks, PAGE, KV_ELEMS, device=self.device)
@@ -195,12 +196,12 @@ class FakeEngine:
         out = torch.tensor(slots, dtype=torch.int64, device=self.device)
         ids = torch.tensor(
             [t for req, e in zip(batch, extends) for t in req.tokens[req.cached : req.cached + e]],
-            dtype=torch.int64,
+            dtype=self.input_dtype,
             device=self.device,
         )
         positions = torch.tensor(
             [p for req, e in zip(batch, extends) for p in range(req.cached, req.cached + e)],
-            dtype=torch.int64,
+            dtype=self.input_dtype,
             device=self.device,
         )
         if self.runtime is not None:

@@ -780,14 +780,23 @@ def test_bad_steps_are_refused_with_kv_canary_errors():
     ("split", "overlap"), [(False, False), (True, False), (True, True), (False, True)],
     ids=["one-write", "split", "split-overlapped", "one-write-overlapped"],
 )  # fmt: skip
-def test_a_short_run_with_the_triton_kernels(device, split, overlap):
+@pytest.mark.parametrize("tables", ["block", "token"])
+def test_a_short_run_with_the_triton_kernels(device, split, overlap, tables):
     # CUDA where the machine has it (the kernels compiled; with the overlap, the step's
     # preparation launched from end_step on the side stream: the same fault caught), else
-    # the interpreter on CPU
-    engine = FakeEngine(num_blocks=24, device=str(device))
+    # the interpreter on CPU. Token tables with int32 inputs as transformers gives them:
+    # the table load's launch also scatters the pool and widens the inputs
+    token = tables == "token"
+    engine = FakeEngine(
+        num_blocks=24,
+        device=str(device),
+        tables=tables,
+        input_dtype=torch.int32 if token else torch.int64,
+    )
     runtime = engine.attach(
         default_config(stages="kernels", split_write=split, overlap_begin=overlap)
     )
+    runtime.load_tables_on_device |= token  # (on CUDA it is already; the interpreter too)
     assert runtime.stages.name == "kernels" and runtime.split_write is split
     for i in range(3):
         engine.add(f"k{i}", engine.rand_tokens(6 + i), 3)
@@ -797,6 +806,7 @@ def test_a_short_run_with_the_triton_kernels(device, split, overlap):
     engine.run(2)
     named = {rid for v in violations(engine) for rid in v.request_ids()}
     assert named == {victim.id}
+    assert (runtime._wide is not None) is token
 
 
 @pytest.mark.parametrize("slot0_real", [False, True])
@@ -928,21 +938,28 @@ def test_the_chains_run_on_the_side_stream_and_the_stamps_after_them_on_cuda():
 
 
 @pytest.mark.parametrize("fault", [None, "off_by_one"])
-def test_the_device_table_load_leaves_what_the_torch_scatter_leaves(fault):
+@pytest.mark.parametrize("inputs", [torch.int64, torch.int32])
+def test_the_device_table_load_leaves_what_the_torch_scatter_leaves(fault, inputs):
     # TokenSlots tables loaded from the rows' starts (launch_load_token_slots on CUDA; its
-    # reference here) against the staged per-token scatter: the same tables, records,
-    # report lines and tokens, sweeps included
+    # reference here), with the pool's updates and (int32 inputs, as transformers gives
+    # them) the inputs' widening on the same launch, against the staged per-token scatter,
+    # the pool's index_put_ and the cast: the same tables, pool, records, report lines and
+    # tokens, sweeps included
     seen = []
     for on_device in (False, True):
-        engine = FakeEngine(tables="token")
+        engine = FakeEngine(tables="token", input_dtype=inputs)
         runtime = engine.attach(default_config(sweep_every=4, verify_every=2))
         runtime.load_tables_on_device = on_device
         victim, final = _faulted_run(engine, runtime, fault)
         lines = [v.line for v in violations(engine)] + [v.line for v in final.violations]
         g = runtime._groups[0]
         seen.append((lines, _store_state(runtime), engine.finished, g.req_to_token.clone()))
+        seen[-1] += (runtime.pool.clone(),)
+        # the widening ran on the load's launch exactly where the inputs needed a cast
+        assert (runtime._wide is not None) is (on_device and inputs == torch.int32)
     assert seen[0][:3] == seen[1][:3]
     assert torch.equal(seen[0][3], seen[1][3])
+    assert torch.equal(seen[0][4], seen[1][4])
     assert bool(seen[0][0]) is (fault is not None)
     if fault is not None:
         assert any(f"request_id={victim.id}" in line for line in seen[1][0])

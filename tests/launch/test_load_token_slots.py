@@ -108,3 +108,144 @@ def test_a_rejected_call_writes_nothing(change, message):
             )
         if args["table"].dtype == torch.int32:
             assert (args["table"] == POISON).all()
+
+
+# --- the step's other parts on the same launch: the pool scatter and the widening --------
+def _parts(seed, m, n, ids_dtype, pos_dtype, pool_shape=(5, 7)):
+    gen = torch.Generator().manual_seed(seed)
+    numel = pool_shape[0] * pool_shape[1]
+    # distinct indices, some outside the pool on both sides (they write nothing)
+    inside = torch.randperm(numel, generator=gen)[: max(m - 3, 0)]
+    index = torch.cat([inside, torch.tensor([-1, numel, 2**62])])[:m]
+    return dict(
+        pool_index=index[torch.randperm(m, generator=gen)].to(torch.int64),
+        pool_tokens=torch.randint(-(2**31), 2**31 - 1, (m,), generator=gen, dtype=torch.int32),
+        input_ids=torch.randint(-(2**31), 2**31 - 1, (n,), generator=gen).to(ids_dtype),
+        positions=torch.randint(0, 2**40, (n,), generator=gen).to(pos_dtype),
+    )
+
+
+def _both_parts(parts, *, table_rows=3, max_len=4, pool_shape=(5, 7), wide_width=None, lists=True):
+    n = parts["input_ids"].shape[0] if "input_ids" in parts else 0
+    starts = [0, 3, 5] if lists else [0, 0, 0]
+    out = []
+    for load in (load_token_slots_reference, launch_load_token_slots):
+        table = torch.full((table_rows, 4), POISON, dtype=torch.int32, device=DEVICE)
+        kwargs = {k: v.to(DEVICE) for k, v in parts.items()}
+        pool = wide = None
+        if "pool_index" in parts:
+            pool = kwargs["pool"] = torch.full(pool_shape, POISON, dtype=torch.int32, device=DEVICE)
+        if "input_ids" in parts:
+            width = n + 3 if wide_width is None else wide_width
+            wide = kwargs["wide"] = torch.full((2, width), POISON, dtype=torch.int64, device=DEVICE)
+        load(
+            table,
+            torch.arange(10, 20, dtype=torch.int64, device=DEVICE),
+            torch.tensor([2, 0], dtype=torch.int64, device=DEVICE),
+            torch.tensor(starts, dtype=torch.int64, device=DEVICE),
+            max_len=max_len,
+            **kwargs,
+        )
+        out.append([x.cpu() if x is not None else None for x in (table, pool, wide)])
+    return out
+
+
+@pytest.mark.parametrize(
+    "ids_dtype, pos_dtype",
+    [(torch.int32, torch.int32), (torch.int32, torch.int64), (torch.int64, torch.int64)],
+)
+@pytest.mark.parametrize("m, n", [(13, 13), (BLOCK + 5, 2), (3, BLOCK + 7)])
+def test_the_pool_scatter_and_the_widening_equal_the_reference(ids_dtype, pos_dtype, m, n):
+    pool_shape = (40, 40) if m > 100 else (5, 7)
+    parts = _parts(m + n, m, n, ids_dtype, pos_dtype, pool_shape)
+    (t_ref, p_ref, w_ref), (t_ker, p_ker, w_ker) = _both_parts(parts, pool_shape=pool_shape)
+    assert torch.equal(t_ref, t_ker) and torch.equal(p_ref, p_ker) and torch.equal(w_ref, w_ker)
+    # what each part writes, independently of both loads
+    assert t_ref[2, :3].tolist() == [10, 11, 12] and t_ref[0, :2].tolist() == [13, 14]
+    flat = p_ref.view(-1)
+    index, tokens = parts["pool_index"], parts["pool_tokens"]
+    hit = (index >= 0) & (index < flat.shape[0])
+    assert torch.equal(flat[index[hit]], tokens[hit])
+    assert int((flat != POISON).sum()) <= int(hit.sum())  # nothing written off the hits
+    assert torch.equal(w_ref[0, :n], parts["input_ids"].to(torch.int64))
+    assert torch.equal(w_ref[1, :n], parts["positions"].to(torch.int64))
+    assert (w_ref[:, n:] == POISON).all()
+
+
+@pytest.mark.parametrize("which", ["pool", "widen"])
+def test_one_part_alone_and_without_any_list(which):
+    parts = _parts(3, 6, 5, torch.int32, torch.int32)
+    keep = ("pool_index", "pool_tokens") if which == "pool" else ("input_ids", "positions")
+    parts = {k: parts[k] for k in keep}
+    for lists, max_len in ((True, 4), (False, 0)):  # max_len 0: no slot program at all
+        (t_ref, p_ref, w_ref), (t_ker, p_ker, w_ker) = _both_parts(
+            parts, max_len=max_len, lists=lists
+        )
+        assert torch.equal(t_ref, t_ker)
+        if which == "pool":
+            assert w_ref is None and torch.equal(p_ref, p_ker) and (p_ref != POISON).any()
+        else:
+            assert p_ref is None and torch.equal(w_ref, w_ker)
+            assert torch.equal(w_ref[0, :5], parts["input_ids"].to(torch.int64))
+        if max_len == 0:
+            assert (t_ref == POISON).all()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            dict(pool=None),
+            "pool, pool_index and pool_tokens must be given together, got pool_index, pool_tokens",
+        ),
+        (
+            dict(pool_tokens=torch.zeros(3, dtype=torch.int32)),
+            "pool_tokens must have pool_index's 2 entries, got 3",
+        ),
+        (
+            dict(pool_index=torch.zeros(2, dtype=torch.int32)),
+            "pool_index must have dtype torch.int64",
+        ),
+        (dict(pool=torch.zeros(2, 2, dtype=torch.int64)), "pool must have dtype torch.int32"),
+        (
+            dict(wide=None),
+            "input_ids, positions and wide must be given together, got input_ids, positions",
+        ),
+        (
+            dict(positions=torch.zeros(3, dtype=torch.int32)),
+            "positions must have input_ids' 2 entries, got 3",
+        ),
+        (
+            dict(input_ids=torch.zeros(2, dtype=torch.float32)),
+            "input_ids must be an int32 or int64",
+        ),
+        (dict(wide=torch.zeros(2, 1, dtype=torch.int64)), "wide must be int64 \\[2, >= 2\\]"),
+        (dict(wide=torch.zeros(3, 4, dtype=torch.int64)), "wide must be int64 \\[2, >= 2\\]"),
+    ],
+)
+def test_a_rejected_part_writes_nothing(change, message):
+    parts = dict(
+        pool=torch.full((2, 2), POISON, dtype=torch.int32),
+        pool_index=torch.tensor([0, 3]),
+        pool_tokens=torch.tensor([5, 6], dtype=torch.int32),
+        input_ids=torch.tensor([1, 2], dtype=torch.int32),
+        positions=torch.tensor([3, 4], dtype=torch.int32),
+        wide=torch.full((2, 2), POISON, dtype=torch.int64),
+    )
+    parts.update(change)
+    parts = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in parts.items()}
+    table = torch.full((2, 4), POISON, dtype=torch.int32, device=DEVICE)
+    for load in (load_token_slots_reference, launch_load_token_slots):
+        with pytest.raises((TypeError, ValueError), match=message):
+            load(
+                table,
+                torch.arange(4, dtype=torch.int64, device=DEVICE),
+                torch.tensor([0, 1], device=DEVICE),
+                torch.tensor([0, 2, 4], device=DEVICE),
+                max_len=2,
+                **parts,
+            )
+        assert (table == POISON).all()
+        for name in ("pool", "wide"):
+            if name not in change:  # (the poisoned ones)
+                assert (parts[name] == POISON).all()
