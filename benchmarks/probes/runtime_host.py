@@ -179,7 +179,11 @@ def workload(args: argparse.Namespace, device: torch.device) -> list[StepInputs]
         def t(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=device)
 
-        steps.append(StepInputs(tuple(rows), t(read), t(write), t(ids), t(pos), tuple(finished)))
+        # input_ids and positions as transformers gives them: int32 rows of one tensor
+        inputs = torch.tensor([ids, pos], dtype=torch.int32, device=device)
+        steps.append(
+            StepInputs(tuple(rows), t(read), t(write), inputs[0], inputs[1], tuple(finished))
+        )
     return steps
 
 
