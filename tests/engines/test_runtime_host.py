@@ -25,8 +25,8 @@ MOST_TORCH_CALLS = 64
 """Torch calls of one step (``begin_step`` + ``end_step``, launches excluded), measured
 at 61 (TokenSlots, HEAD + TAIL, pool on, int32 ``input_ids`` and ``positions`` as rows of
 one tensor, as transformers gives them: their one cast's storage checks, strided view,
-allocation and slices are 13 of them; int64 inputs, which need no cast, made 40 to 42):
-slicing the staged views, the pool's and the table's scatters, the per-token inputs'
+allocation and slices are about 20 of them; int64 inputs, which need no cast, made 40
+to 42): slicing the staged views, the pool's and the table's scatters, the per-token inputs'
 dtype checks. Before the host arrays were staged in one copy a decode step made 48 with
 int64 inputs and a prefill step 239 (its lists turned into tensors, the tables expanded
 per token with repeat_interleave)."""
