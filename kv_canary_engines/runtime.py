@@ -534,6 +534,7 @@ class CanaryRuntime:
         self._staging = Staging(self.device)
         """The steps' staging (a sweep stages on its own: it runs between steps)."""
         self._wide: torch.Tensor | None = None
+        self._wide_views: tuple[int, dict[str, torch.Tensor]] = (0, {})
         """The widened ``input_ids`` and ``positions`` of a step whose table load widens
         them (:meth:`_wide_inputs`)."""
         shape = (max(2, expected_requests + 1), 16)  # + row 0, the padding row
@@ -844,9 +845,8 @@ class CanaryRuntime:
             if scatter:
                 fused.update(pool=self.pool, pool_index=staged[5], pool_tokens=staged[6])
             if widen:
-                wide = self._wide_inputs(n)
+                wide, inputs = self._wide_inputs(n)
                 fused.update(input_ids=in_ids, positions=in_pos, wide=wide)
-                inputs = {"input_ids": wide[0, :n], "positions": wide[1, :n]}
         elif scatter:
             self.pool.view(-1).index_put_((staged[5],), staged[6])
         assert inputs is not None
@@ -1270,19 +1270,24 @@ class CanaryRuntime:
         g.by_blocks.update(dict.fromkeys(rows, False))
         return {"req_to_token": g.req_to_token}
 
-    def _wide_inputs(self, n: int) -> torch.Tensor:
+    def _wide_inputs(self, n: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The runtime's int64 ``[2, >= n]`` buffer that the table load widens the step's
         ``input_ids`` and ``positions`` into (rows of an even length: the second starts
-        16-byte aligned as the first, as the write's fast variant wants), grown by doubling.
-        Reused every step: the previous step's readers (its writes, its chains, which the
-        current stream joins in ``end_step``) precede this step's load on the GPU."""
+        16-byte aligned as the first, as the write's fast variant wants), grown by
+        doubling, and its first ``n`` columns as the writes' inputs (kept while ``n``
+        repeats, as a decode step's does: two slices fewer a step). Reused every step: the
+        previous step's readers (its writes, its chains, which the current stream joins in
+        ``end_step``) precede this step's load on the GPU."""
         wide = self._wide
         if wide is None or wide.shape[1] < n:
             width = _doubled(0 if wide is None else wide.shape[1], n + (n & 1))
             wide = self._wide = torch.empty(
                 (2, width + (width & 1)), dtype=torch.int64, device=self.device
             )
-        return wide
+            self._wide_views = (0, {})
+        if self._wide_views[0] != n:
+            self._wide_views = (n, {"input_ids": wide[0, :n], "positions": wide[1, :n]})
+        return wide, self._wide_views[1]
 
     @staticmethod
     def _table_index_of(lengths: list[int]) -> list[int]:
