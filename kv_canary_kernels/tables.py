@@ -6,7 +6,9 @@ CUDA: the per-token scatter index it replaces was built on the host with numpy o
 position the step's rows attend to, staged, and followed by a saturating cast and an
 ``index_put_`` (three torch calls beside the numpy); here the rows' starts (``bs + 1``
 int64) are the only host array, and one program per (row, block of positions) copies,
-saturates and stores.
+saturates and stores. The step's pool scatter and its inputs' widening ride on the same
+launch (programs after the table's), so that the runtime's step makes one launch where it
+made a load, an ``index_put_`` and a cast.
 """
 
 from __future__ import annotations

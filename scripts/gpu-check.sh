@@ -22,7 +22,7 @@ export PYTHONPATH=. PYTHONUNBUFFERED=1
 L=$OUT/run.log
 # The sources' digest beside the commit (a copied working tree may carry a stale .git), in
 # C order: a glob's order follows the locale.
-{ date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; echo "sources $(find kv_canary_buffers kv_canary_kernels kv_canary_demo -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
+{ date -u; nvidia-smi -L; git log --oneline -1 2>/dev/null; echo "sources $(find kv_canary_buffers kv_canary_kernels kv_canary_demo -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16) engines $(find kv_canary_engines benchmarks -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"; python -c "import torch, triton; print(torch.__version__, triton.__version__)"; } > $L 2>&1
 if part tests; then
 echo "== GPU tests $(date -u +%T)" >> $L
 timeout 400 python -m pytest -q tests/launch tests/plan tests/buffers tests/api tests/demo -p no:cacheprovider >> $L 2>&1; echo "pytest rc=$?" >> $L
