@@ -466,9 +466,13 @@ class CanaryRuntime:
         current_stream`` and ``Event.record`` given None, or a device without an index,
         look the current device up through ``torch.cuda.is_available()`` (an environment
         read) on every call, tens of microseconds a step on the H200's host."""
+        self._tensor_device = self.device
+        """``device`` as its tensors report it (``cuda:0`` for ``cuda``): what a given
+        tensor's device is compared with."""
         if self.device.type == "cuda":
             index = self.device.index
             self._index = torch.cuda.current_device() if index is None else index
+            self._tensor_device = torch.device("cuda", self._index)
         self.sweep_source = sweep_source
         self.stages = _stages(config.stages, self.device)
         if type(expected_requests) is not int or expected_requests < 0:
@@ -774,7 +778,9 @@ class CanaryRuntime:
         # where a table load runs, it widens them on its launch instead of a cast
         in_ids = _first("input_ids", batch.input_ids, n)
         in_pos = _first("positions", batch.positions, n)
-        widen = by_token and self.load_tables_on_device and _widens(in_ids, in_pos, self.device)
+        widen = (
+            by_token and self.load_tables_on_device and _widens(in_ids, in_pos, self._tensor_device)
+        )
         inputs = None if widen else _flat_inputs(in_ids, in_pos, n)
         out_cache_loc = {
             name: _flat(f"out_cache_loc[{name!r}]", t, n) for name, t in batch.out_cache_loc.items()
