@@ -88,15 +88,14 @@ and there are no GPU columns.
 
 Last answer (H200, 2026-12-03, transformers 5.17, the defaults: prefill steps split and
 overlapped, decode steps one write and the begin before the forward; ``--shapes 1b,8b
---pairs 2``, two calls at f206069 and fc178ab, both with the host slow): met at 8B, and
-at 1B on decode since fc178ab but not on prefill in that call. The canary's share of a
-step, 1B / 8B: decode 1.08% (f206069) and 0.98% (fc178ab) / 0.75% and 0.71% (engine steps
-of 78 to 106 ms, 13 rows), prefill 0.05% and 1.23% / 0.03% (22 rows, 2048 tokens): at 1B
-the prefill's share follows the host's state (the GPU finishes the forward before the
-canary's host work after it when the host runs slow). On a decode step the canary's 0.8
-to 0.9 ms of host time is GPU time the host-bound forward waits for (``--phases`` says
-where it goes). Tokens identical with and without the canary, 0 violations. The table is
-in docs/performance.md ("Inside an engine").
+--pairs 2``, three calls at f206069, fc178ab and 2c3ca3f): met at 8B, NOT at 1B. The
+canary's share of a step, 1B / 8B: decode 1.08%, 0.98% and 1.01% / 0.75%, 0.71% and 0.64%
+(engine steps of 67 to 106 ms, 13 rows), prefill 0.05%, 1.23% and 0.05% / 0.03% (22 rows,
+2048 tokens): at 1B the prefill's share follows the host's state (the GPU finishes the
+forward before the canary's host work after it when the host runs slow). On a decode
+step the canary's 0.7 to 0.9 ms of host time is GPU time the host-bound forward waits for
+(``--phases`` says where it goes). Tokens identical with and without the canary, 0
+violations. The table is in docs/performance.md ("Inside an engine").
 """
 
 from __future__ import annotations
