@@ -52,7 +52,9 @@ def validate_load_token_slots_args(
         )
     device = req_to_token.device
     table = check_tensor("req_to_token", req_to_token, torch.int32, 2, device)
-    if not isinstance(slots, torch.Tensor) or slots.dtype not in (torch.int32, torch.int64):
+    if not isinstance(slots, torch.Tensor):
+        raise TypeError(f"kv-canary: slots must be a torch.Tensor, got {type(slots).__name__}")
+    if slots.dtype not in (torch.int32, torch.int64):
         raise ValueError(
             f"kv-canary: slots must be an int32 or int64 tensor, got "
             f"{getattr(slots, 'dtype', type(slots).__name__)}"
@@ -108,7 +110,9 @@ def validate_step_parts(
                 f"{', '.join(name for name, t in zip(_WIDEN, widen) if t is not None)}"
             )
         for name, t in (("input_ids", input_ids), ("positions", positions)):
-            if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int32, torch.int64):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"kv-canary: {name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype not in (torch.int32, torch.int64):
                 raise ValueError(
                     f"kv-canary: {name} must be an int32 or int64 tensor, got "
                     f"{getattr(t, 'dtype', type(t).__name__)}"

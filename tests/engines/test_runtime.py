@@ -1086,3 +1086,26 @@ def test_a_prefix_gap_reads_tokens_of_any_sequence(kind):
     runtime.end_step()
     row = runtime.rows.row_of("a")
     assert runtime.pool[row, :5].tolist() == [11, 12, 13, 14, 15]
+
+
+def test_the_widened_inputs_buffer_grows_and_keeps_its_views_while_n_repeats():
+    # the runtime's int64 [2, >= n] buffer the table load widens into: even rows (the
+    # second row 16-byte aligned as the first), grown by doubling when a step needs more,
+    # its first n columns kept as views while n repeats and rebuilt when n changes
+    runtime = CanaryRuntime(
+        default_config(), [KVGroup(name="full", num_slots=64, page_size=4)], device="cpu"
+    )
+    wide, views = runtime._wide_inputs(5)
+    assert wide.dtype == torch.int64 and wide.shape[0] == 2 and wide.shape[1] >= 5
+    assert wide.shape[1] % 2 == 0
+    assert views["input_ids"].data_ptr() == wide[0].data_ptr()
+    assert views["positions"].data_ptr() == wide[1].data_ptr()
+    assert views["input_ids"].shape == views["positions"].shape == (5,)
+    again, same = runtime._wide_inputs(5)
+    assert again is wide and same is views  # n repeats: nothing rebuilt
+    fewer, cut = runtime._wide_inputs(3)
+    assert fewer is wide and cut["input_ids"].shape == (3,)
+    grown, big = runtime._wide_inputs(wide.shape[1] + 1)
+    assert grown is not wide and grown.shape[1] >= 2 * wide.shape[1]
+    assert big["positions"].data_ptr() == grown[1].data_ptr()
+    assert big["positions"].shape == (wide.shape[1] + 1,)

@@ -85,6 +85,7 @@ def test_a_max_len_below_the_lists_cuts_them():
     [
         (dict(table=torch.zeros(2, 4, dtype=torch.int64)), "req_to_token must have dtype"),
         (dict(slots=torch.zeros(4, dtype=torch.float32)), "slots must be an int32 or int64"),
+        (dict(slots=[0, 1, 2, 3]), "slots must be a torch.Tensor, got list"),
         (dict(rows=torch.zeros(2, dtype=torch.int32)), "rows must have dtype"),
         (dict(starts=torch.zeros(2, dtype=torch.int64)), "starts must have bs \\+ 1 = 3"),
         (dict(max_len=5), "max_len must be an int in \\[0, req_to_token.shape\\[1\\] = 4\\]"),
@@ -125,6 +126,21 @@ def _parts(seed, m, n, ids_dtype, pos_dtype, pool_shape=(5, 7)):
     )
 
 
+GUARD = 64  # poisoned entries around the pool and the wide buffer: no lane may touch them
+
+
+def _guarded(shape, dtype):
+    """A poisoned contiguous ``shape`` tensor inside a poisoned buffer ``GUARD`` entries
+    larger on each side (and the buffer, to check that its guards stayed poisoned)."""
+    numel = shape[0] * shape[1]
+    buffer = torch.full((numel + 2 * GUARD,), POISON, dtype=dtype, device=DEVICE)
+    return buffer[GUARD : GUARD + numel].view(shape), buffer
+
+
+def _guards_intact(buffer):
+    return bool((buffer[:GUARD] == POISON).all() and (buffer[-GUARD:] == POISON).all())
+
+
 def _both_parts(parts, *, table_rows=3, max_len=4, pool_shape=(5, 7), wide_width=None, lists=True):
     n = parts["input_ids"].shape[0] if "input_ids" in parts else 0
     starts = [0, 3, 5] if lists else [0, 0, 0]
@@ -133,11 +149,16 @@ def _both_parts(parts, *, table_rows=3, max_len=4, pool_shape=(5, 7), wide_width
         table = torch.full((table_rows, 4), POISON, dtype=torch.int32, device=DEVICE)
         kwargs = {k: v.to(DEVICE) for k, v in parts.items()}
         pool = wide = None
+        buffers = []
         if "pool_index" in parts:
-            pool = kwargs["pool"] = torch.full(pool_shape, POISON, dtype=torch.int32, device=DEVICE)
+            pool, buffer = _guarded(pool_shape, torch.int32)
+            kwargs["pool"] = pool
+            buffers.append(buffer)
         if "input_ids" in parts:
             width = n + 3 if wide_width is None else wide_width
-            wide = kwargs["wide"] = torch.full((2, width), POISON, dtype=torch.int64, device=DEVICE)
+            wide, buffer = _guarded((2, width), torch.int64)
+            kwargs["wide"] = wide
+            buffers.append(buffer)
         load(
             table,
             torch.arange(10, 20, dtype=torch.int64, device=DEVICE),
@@ -146,6 +167,9 @@ def _both_parts(parts, *, table_rows=3, max_len=4, pool_shape=(5, 7), wide_width
             max_len=max_len,
             **kwargs,
         )
+        # nothing outside the pool and the wide buffer was written (an index one past the
+        # pool, or the second row's stride, would land in a guard)
+        assert all(_guards_intact(b) for b in buffers), load.__name__
         out.append([x.cpu() if x is not None else None for x in (table, pool, wide)])
     return out
 
@@ -219,6 +243,7 @@ def test_one_part_alone_and_without_any_list(which):
             dict(input_ids=torch.zeros(2, dtype=torch.float32)),
             "input_ids must be an int32 or int64",
         ),
+        (dict(input_ids=[1, 2]), "input_ids must be a torch.Tensor, got list"),
         (dict(wide=torch.zeros(2, 1, dtype=torch.int64)), "wide must be int64 \\[2, >= 2\\]"),
         (dict(wide=torch.zeros(3, 4, dtype=torch.int64)), "wide must be int64 \\[2, >= 2\\]"),
     ],
