@@ -735,36 +735,22 @@ class CanaryRuntime:
         verify = step % self.config.verify_every == 0
         st = self.stats
         table_rows = self.rows
-        # one pass over the rows (host numbers only): rows, lengths, this step's tokens in
-        # batch order (the pool's updates at the step's positions and the HEAD write's
-        # expected inputs)
-        rows: list[int] = []  # (0 for a request new here: its row is assigned below)
-        ids: list[RequestId] = []
-        prefix: list[int] = []
-        extend: list[int] = []
-        tokens: list[int] = []
-        by_request = table_rows.by_request
-        hits = chunked = new = 0
-        for r in batch.rows:
-            p, e, rid = r.prefix_len, r.extend_len, r.request_id
-            row = by_request.get(rid, 0)
-            if not row:
-                hits += p > 0
-                new += 1
-            rows.append(row)
-            ids.append(rid)
-            prefix.append(p)
-            extend.append(e)
-            if p > 0:
-                chunked += e > 1
-            step_tokens = r.tokens[p : p + e]
-            if len(step_tokens) != e:
-                raise ValueError(
-                    f"kv-canary: request {r.request_id!r}: tokens holds {len(r.tokens)} "
-                    f"positions, the step needs [0, {p + e})"
-                )
-            tokens.extend(step_tokens)
+        # the rows' host numbers, a list comprehension each (a decode step's cost is
+        # per-row Python: comprehensions run fewer bytecodes than one loop's appends), then
+        # this step's tokens in batch order (the pool's updates at the step's positions and
+        # the HEAD write's expected inputs)
+        batch_rows = batch.rows
+        ids: list[RequestId] = [r.request_id for r in batch_rows]
+        prefix: list[int] = [r.prefix_len for r in batch_rows]
+        extend: list[int] = [r.extend_len for r in batch_rows]
+        get_row = table_rows.by_request.get
+        rows: list[int] = [get_row(rid, 0) for rid in ids]  # (0: new here, assigned below)
         bs = len(rows)
+        new = rows.count(0)
+        hits = sum(1 for row, p in zip(rows, prefix) if not row and p > 0) if new else 0
+        widest = max(extend, default=0)
+        chunked = sum(1 for p, e in zip(prefix, extend) if p > 0 and e > 1) if widest > 1 else 0
+        tokens = _step_tokens(batch_rows, prefix, extend, widest)
         if len(set(ids)) != bs:
             raise ValueError("kv-canary: a request appears twice in one batch")
         ends = [p + e for p, e in zip(prefix, extend)]
@@ -786,7 +772,12 @@ class CanaryRuntime:
             name: _flat(f"out_cache_loc[{name!r}]", t, n) for name, t in batch.out_cache_loc.items()
         }
         missing = table_rows.missing(rows, prefix)  # (a new request's row is 0 here)
-        gap_tokens = _check_token_ids(tokens, extend, batch.rows, missing, self.config.check_tokens)
+        # a step of many tokens has them as numpy from here (its staging needs the array:
+        # the range check then reads it instead of two passes over the list)
+        tok_np = _int64_array(tokens) if widest > 1 else None
+        gap_tokens = _check_token_ids(
+            tokens, extend, batch.rows, missing, self.config.check_tokens, tok_np
+        )
         if new:  # every check passed: the new requests take their rows
             assign = table_rows.assign
             rows = [row or assign(rid, step) for row, rid in zip(rows, ids)]
@@ -800,7 +791,6 @@ class CanaryRuntime:
 
         # the step's host arrays (then one copy)
         self._grow_tables(rows, ends)
-        widest = max(extend, default=0)
         width = self.pool.shape[1]
         arrays: list[np.ndarray | list[int]]
         if widest == 1 and n == bs and not gaps and (self.load_tables_on_device or not by_token):
@@ -820,7 +810,7 @@ class CanaryRuntime:
                 kinds += "q"
         else:
             r_np, p_np, e_np = np.array([rows, prefix, extend], dtype=np.int64)
-            tok = np.array(tokens, dtype=np.int64)
+            tok = tok_np if tok_np is not None else np.array(tokens, dtype=np.int64)
             needs = [_verify_entries(p_np, g.spec.window) if verify else 0 for g in self._groups]
             decode = widest == 1 and n == bs  # (with pool gaps)
             pos = p_np if decode else _positions(p_np, e_np, n)
@@ -1577,16 +1567,22 @@ def _check_token_ids(
     batch: Sequence[Row],
     missing: list[tuple[int, int, int]],
     pool: bool,
+    array: np.ndarray | None = None,
 ) -> list[list[int]]:
     """The step's tokens and the pool gaps' are token ids the staging holds: int32 with
     the expected-token pool (``pool``: a larger id would wrap there onto another token),
     int64 without. Checked before the runtime writes anything; returns each gap's tokens
-    as a list (read once). Two passes over the step's tokens, one over a gap's."""
+    as a list (read once). Two passes over the step's tokens (over ``array``, the same
+    tokens as int64, where given), one over a gap's."""
     low, high = (_INT32_MIN, _INT32_MAX) if pool else (-(2**63), 2**63 - 1)
     gaps = [list(batch[i].tokens[lo:hi]) for i, lo, hi in missing]
     spans = [(tokens, None)] + [(g, batch[i].request_id) for g, (i, _, _) in zip(gaps, missing)]
     for values, owner in spans:
-        if len(values) and (min(values) < low or max(values) > high):
+        if owner is None and array is not None and len(array):
+            bad = int(array.min()) < low or int(array.max()) > high
+        else:
+            bad = bool(len(values)) and (min(values) < low or max(values) > high)
+        if bad:
             j = next(k for k, v in enumerate(values) if not low <= v <= high)
             if owner is None:  # a step token: its row by the rows' extends
                 owner = batch[bisect.bisect_right(list(itertools.accumulate(extend)), j)].request_id
@@ -1597,6 +1593,38 @@ def _check_token_ids(
                 f"got {values[j]}"
             )
     return gaps
+
+
+def _step_tokens(
+    batch: Sequence[Row], prefix: list[int], extend: list[int], widest: int
+) -> list[int]:
+    """The scheduler's tokens at the step's positions, rows in batch order: a decode
+    step's (every row one token) indexed one a row, else sliced; a row whose ``tokens``
+    stop short of its step's end refuses the batch."""
+    if widest == 1 and min(extend) == 1:
+        try:
+            return [r.tokens[p] for r, p in zip(batch, prefix)]
+        except IndexError:
+            pass  # (the loop below names the row)
+    tokens: list[int] = []
+    for r, p, e in zip(batch, prefix, extend):
+        step_tokens = r.tokens[p : p + e]
+        if len(step_tokens) != e:
+            raise ValueError(
+                f"kv-canary: request {r.request_id!r}: tokens holds {len(r.tokens)} "
+                f"positions, the step needs [0, {p + e})"
+            )
+        tokens.extend(step_tokens)
+    return tokens
+
+
+def _int64_array(tokens: list[int]) -> np.ndarray | None:
+    """``tokens`` as an int64 array, or None where one is outside int64 (the range check
+    of the list then names it)."""
+    try:
+        return np.array(tokens, dtype=np.int64)
+    except (OverflowError, TypeError, ValueError):
+        return None
 
 
 def _first(name: str, t: torch.Tensor, n: int) -> torch.Tensor:

@@ -6,17 +6,21 @@ GPU time of its chains on the side stream, beside the forward. Turned on with
 ``CanaryConfig(timing=True)``; a read syncs (:meth:`StepTiming.gpu_ms`).
 
 The instrument keeps its own cost small, since it runs inside what it measures: its CUDA
-events are made once and recorded again (a new ``torch.cuda.Event`` creates its CUDA
-event at its first record), and every :data:`HARVEST` steps, once the newest of a batch
-of recorded steps has completed (one ``Event.query``, never a sync), that batch's
-elapsed times become floats and its events return to the pool."""
+events are made ahead, between steps, and recorded again; a span's closing event is
+recorded first thing and its opening one last, each with the driver's ``cuEventRecord``
+on the raw handles (about a microsecond against several for ``torch.cuda.Event.record``);
+and every :data:`HARVEST` steps, once the newest of a batch of recorded steps has
+completed (one ``Event.query``, never a sync), that batch's elapsed times become floats
+and its events return to the pool."""
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 
 import attrs
 import torch
@@ -26,6 +30,27 @@ _KEPT = 10_000
 
 HARVEST = 32
 """Steps whose events are read back together, once the newest of them has completed."""
+
+
+def _driver_event_record() -> Callable[[int, int], int] | None:
+    """The CUDA driver's ``cuEventRecord(event, stream)`` (raw handles), or None where the
+    driver library does not load. A mark records its event with it: a call of about a
+    microsecond, where ``torch.cuda.Event.record`` (its Python frame, the stream object's
+    unpacking, a device guard and the GIL's release) costs several, and a mark's call lies
+    inside the span it measures."""
+    try:
+        record = ctypes.CDLL("libcuda.so.1").cuEventRecord
+    except (OSError, AttributeError):
+        return None
+    record.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
+    record.restype = ctypes.c_int
+    return record
+
+
+_cu_event_record = _driver_event_record()
+
+_MADE = 64
+"""Events made at a time when the pool runs low (before a step's first mark)."""
 
 _SLOTS = 6
 """A step's events: begin_step's start and end, end_step's start and end, the chains'
@@ -47,26 +72,38 @@ class StepTiming:
     """Read back: ``(before, forward, after, chains or None)`` ms per complete step."""
     _free: list[torch.cuda.Event] = attrs.Factory(list)
     """Events read back, recorded again by later steps."""
+    _handles: dict[int, int] = attrs.Factory(dict)
+    """Each event's raw CUDA handle, by ``id`` (every event stays in this object)."""
     _start: float = 0.0
+    driver_records: int = 0
+    """Marks recorded through the driver's call (the rest through torch's, where the
+    driver library did not load or its call failed)."""
 
     def mark(self, stream: torch.cuda.Stream | None, which: int) -> None:
         """``which``: 0 begin_step starts, 1 it ends, 2 end_step starts, 3 it ends;
         ``stream``: the current stream, which gets the event (None: no event, off CUDA)."""
-        now = time.perf_counter()
         if which in (1, 3):
+            now = time.perf_counter()
+            # the end of a span: its event first (what follows is the instrument's own
+            # bookkeeping, outside the span on both clocks)
+            if stream is not None and self._events:
+                self._record(self._events[-1], which, stream)
             (self.host_pre_s if which == 1 else self.host_post_s).append(now - self._start)
-        else:
-            self._start = now
-        if stream is None:
             return
-        if which == 0:
-            if len(self._events) >= 2 * HARVEST:
-                self._harvest(only_if_done=True)
-            if len(self._events) >= _KEPT:  # as a deque of _KEPT would: the oldest go
-                self._free.extend(e for e in self._events.popleft() if e is not None)
-            self._events.append([None] * _SLOTS)
-        if self._events:
-            self._record(self._events[-1], which, stream)
+        if stream is not None:
+            if which == 0:
+                if len(self._free) < _SLOTS:  # every event of the step made before it
+                    self._make_events(stream)
+                if len(self._events) >= 2 * HARVEST:
+                    self._harvest(only_if_done=True)
+                if len(self._events) >= _KEPT:  # as a deque of _KEPT would: the oldest go
+                    self._free.extend(e for e in self._events.popleft() if e is not None)
+                self._events.append([None] * _SLOTS)
+            if self._events:
+                self._record(self._events[-1], which, stream)
+        # the start of a span: its event last, then the host clock (the bookkeeping
+        # above is outside the span on both)
+        self._start = time.perf_counter()
 
     def mark_side(self, stream: torch.cuda.Stream, which: int) -> None:
         """``which``: 0 the split write's chains start on ``stream``, 1 they end."""
@@ -78,9 +115,25 @@ class StepTiming:
     ) -> None:
         event = step[at]
         if event is None:
-            event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
-            step[at] = event
+            if not self._free:  # (mark(0) made the step's events: not reached)
+                self._make_events(stream)
+            event = step[at] = self._free.pop()
+        if _cu_event_record is not None and (
+            _cu_event_record(self._handles[id(event)], stream.cuda_stream) == 0
+        ):
+            self.driver_records += 1
+            return
         event.record(stream)
+
+    def _make_events(self, stream: torch.cuda.Stream) -> None:
+        """:data:`_MADE` more events for the pool, each recorded once on ``stream`` (where a
+        step is about to start, outside any span): torch creates a CUDA event at its first
+        record, and a mark's driver call needs its handle."""
+        for _ in range(_MADE):
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(stream)
+            self._handles[id(event)] = event._as_parameter_.value
+            self._free.append(event)
 
     def _harvest(self, *, only_if_done: bool) -> None:
         """Read the oldest :data:`HARVEST` recorded steps back once the newest of them

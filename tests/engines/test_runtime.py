@@ -890,6 +890,36 @@ def test_a_discarded_step_leaves_no_false_violation(split):
 
 
 @pytest.mark.gpu
+def test_the_timing_records_its_events_through_the_driver_on_cuda():
+    # runs on the H200 (skipped without CUDA): every mark after the pool's events exist is
+    # the driver's cuEventRecord, and the spans it times read as torch's events would
+    # (each step's three spans non-negative, the forward's the step's largest)
+    engine = FakeEngine(num_blocks=40, chunk=40, device="cuda")
+    runtime = engine.attach(default_config(stages="kernels", timing=True))
+    assert runtime.timing is not None
+    for i in range(3):
+        engine.add(f"t{i}", engine.rand_tokens(20 + i), 60)
+    engine.run(40)  # past one harvest: its events are recorded again
+    timing = runtime.timing
+    spans = timing.gpu_ms()
+    assert len(spans) == runtime.step == 40
+    assert all(a >= 0 and b >= 0 and c >= 0 for a, b, c in spans)
+    assert timing.driver_records >= 4 * runtime.step  # every mark of every step
+    torch.cuda.synchronize()
+    # the same spans through torch's own record (the driver call taken away)
+    import kv_canary_engines.timing as timing_module
+
+    driver = timing_module._cu_event_record
+    timing_module._cu_event_record = None
+    try:
+        before = timing.driver_records
+        engine.run(4)
+        assert timing.driver_records == before and len(timing.gpu_ms()) == runtime.step
+    finally:
+        timing_module._cu_event_record = driver
+
+
+@pytest.mark.gpu
 def test_the_chains_run_on_the_side_stream_and_the_stamps_after_them_on_cuda():
     # runs on the H200 (skipped without CUDA): the default on CUDA with the kernels is the
     # split write, the chains on the runtime's side stream (or the engine's), the stamps on
@@ -1060,6 +1090,34 @@ def test_the_refused_token_names_the_request_that_gave_it():
     )
     relaxed.begin_step(batch)
     relaxed.end_step()
+    # past int64 even the staging cannot hold it: refused, naming the request (the step's
+    # tokens are checked as an array there, which such a token cannot become)
+    wide = StepBatch(
+        rows=[
+            Row(request_id="a", prefix_len=0, extend_len=2, tokens=[1, 2]),
+            Row(request_id="b", prefix_len=0, extend_len=2, tokens=[3, 2**63]),
+        ],
+        tables={"full": TokenSlots(slots=slots)},
+        out_cache_loc={"full": slots},
+        input_ids=torch.tensor([1, 2, 3, 4]),
+        positions=torch.tensor([0, 1, 0, 1]),
+    )
+    with pytest.raises(ValueError, match=r"kv-canary: request 'b': Row.tokens must be int64"):
+        relaxed.begin_step(wide)
+    assert relaxed.stats.steps == 1
+
+
+def test_a_decode_row_whose_tokens_stop_short_is_refused_by_name():
+    # every row one token (the decode path indexes each row's tokens): a row without its
+    # step's token is named as on the sliced path
+    rt = _runtime()
+    rows = [
+        Row(request_id="a", prefix_len=0, extend_len=1, tokens=[5]),
+        Row(request_id="b", prefix_len=1, extend_len=1, tokens=[7]),
+    ]
+    with pytest.raises(ValueError, match=r"kv-canary: request 'b': tokens holds 1 positions, "):
+        rt.begin_step(_batch(rows=rows))
+    assert rt.stats.steps == 0 and rt.live_requests() == frozenset()
 
 
 @pytest.mark.parametrize("kind", [list, tuple, np.array, torch.tensor])
