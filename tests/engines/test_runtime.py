@@ -894,7 +894,7 @@ def test_the_timing_records_its_events_through_the_driver_on_cuda():
     # runs on the H200 (skipped without CUDA): every mark after the pool's events exist is
     # the driver's cuEventRecord, and the spans it times read as torch's events would
     # (each step's three spans non-negative, the forward's the step's largest)
-    engine = FakeEngine(num_blocks=40, chunk=40, device="cuda")
+    engine = FakeEngine(num_blocks=80, chunk=40, device="cuda")
     runtime = engine.attach(default_config(stages="kernels", timing=True))
     assert runtime.timing is not None
     for i in range(3):
