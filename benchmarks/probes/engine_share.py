@@ -86,14 +86,15 @@ environment here, ``scripts/setup-engines.sh``). ``--smoke`` runs the same code 
 under ``TRITON_INTERPRET=1`` (set when the flag is given): the figures mean nothing there
 and there are no GPU columns.
 
-Last answer (H200, 2026-12-03, transformers 5.17, the defaults: prefill steps split and
+Last answer (H200, 2026-12-04, transformers 5.17, the defaults: prefill steps split and
 overlapped, decode steps one write and the begin before the forward; ``--shapes 1b,8b
---pairs 2``, three calls at f206069, fc178ab and 2c3ca3f): met at 8B, NOT at 1B. The
-canary's share of a step, 1B / 8B: decode 1.08%, 0.98% and 1.01% / 0.75%, 0.71% and 0.64%
-(engine steps of 67 to 106 ms, 13 rows), prefill 0.05%, 1.23% and 0.05% / 0.03% (22 rows,
-2048 tokens): at 1B the prefill's share follows the host's state (the GPU finishes the
-forward before the canary's host work after it when the host runs slow). On a decode
-step the canary's 0.7 to 0.9 ms of host time is GPU time the host-bound forward waits for
+--pairs 2``, two calls at c207d5b and 8dbb1e6): met on every row in both. The canary's
+share of a step, 1B / 8B: decode 0.99% and 0.98% / 0.60% and 0.61% (engine steps of 57
+to 76 ms, 13 rows), prefill 0.05% / 0.03% (22 rows, 2048 tokens). The 1B rows have no
+margin: its decode read 0.98 to 1.08% over the five calls since 2026-12-03, and its
+prefill follows the host's state (1.23% in one of them: the GPU finishes the forward
+before the canary's host work after it when the host runs slow). On a decode step the
+canary's 0.5 to 0.9 ms of host time is GPU time the host-bound forward waits for
 (``--phases`` says where it goes). Tokens identical with and without the canary, 0
 violations. The table is in docs/performance.md ("Inside an engine").
 """
