@@ -90,11 +90,11 @@ Last answer (H200, 2026-12-04, transformers 5.17, the defaults: prefill steps sp
 overlapped, decode steps one write and the begin before the forward; ``--shapes 1b,8b
 --pairs 2``, three calls at c207d5b, 8dbb1e6 and a135c58): met on every row in each. The
 canary's share of a step, 1B / 8B: decode 0.99%, 0.98% and 0.98% / 0.60%, 0.61% and 0.66%
-(engine steps of 57 to 111 ms, 13 rows), prefill 0.05% / 0.03% (22 rows, 2048 tokens). The 1B rows have no
-margin: its decode read 0.98 to 1.08% over the five calls since 2026-12-03, and its
-prefill follows the host's state (1.23% in one of them: the GPU finishes the forward
-before the canary's host work after it when the host runs slow). On a decode step the
-canary's 0.5 to 0.9 ms of host time is GPU time the host-bound forward waits for
+(engine steps of 57 to 111 ms, 13 rows), prefill 0.05% / 0.03% (22 rows, 2048 tokens).
+The 1B rows have no margin: its decode read 0.98 to 1.08% over the six calls since
+2026-12-03, and its prefill follows the host's state (1.23% in one of them: the GPU
+finishes the forward before the canary's host work after it when the host runs slow). On
+a decode step the canary's 0.5 to 0.9 ms of host time is GPU time the host-bound forward waits for
 (``--phases`` says where it goes). Tokens identical with and without the canary, 0
 violations. The table is in docs/performance.md ("Inside an engine").
 """
