@@ -7,6 +7,7 @@ Public names:
 - :class:`RealKV`, :class:`RealKVSource`, :class:`RealKVMode`: KV layers whose bytes the
   records fingerprint, each source with its own geometry.
 - :func:`write_reference`, :func:`verify_reference`: the torch write and verify stages.
+- :func:`write_pair_reference`: a step's HEAD and TAIL writes (two stores, one call).
 - :class:`WriteWorkspace`, :func:`write_chain_reference`, :func:`write_stamp_reference`:
   the split write (the chain before the forward, the stamp after it), in torch.
 - :class:`ViolationReport`, :class:`Violation`, :class:`FailBits`: decoded violations.
@@ -48,6 +49,7 @@ from .write import (
     WriteInputs,
     WriteStampInputs,
     write_chain_reference,
+    write_pair_reference,
     write_reference,
     write_stamp_reference,
 )
@@ -82,6 +84,7 @@ __all__ = [
     "verify_entries_needed",
     "verify_reference",
     "write_chain_reference",
+    "write_pair_reference",
     "write_reference",
     "write_stamp_reference",
 ]

@@ -464,6 +464,80 @@ def write_reference(
     _write(store, plan_buffers, args)
 
 
+# --- two stores' writes of one step: HEAD (with the expected inputs) and TAIL ------------------
+class WritePairArgs(NamedTuple):
+    """The validated arguments of one pair write: each store's :class:`WriteArgs`."""
+
+    head: WriteArgs
+    tail: WriteArgs
+
+
+def validate_write_pair_args(
+    head: object,
+    tail: object,
+    plan_buffers: object,
+    *,
+    tail_launch_tag: int = 0,
+    **inputs: Unpack[WriteInputs],
+) -> WritePairArgs:
+    """Every host-side check of a pair write: :func:`validate_write_args` of ``head`` with
+    ``inputs`` and of ``tail`` with the same per-token inputs and ``real_kv``, its own tag
+    and no expected inputs; ``tail`` another store than ``head``; and the expected inputs
+    outside ``tail``'s arena too (the head's programs read them while the tail's write
+    there). ``TypeError`` / ``ValueError`` as :func:`validate_write_args`; reads no data."""
+    h = validate_write_args(head, plan_buffers, **inputs)
+    if tail is head:
+        raise ValueError(
+            "kv-canary: tail must be another CanaryStore than head, got the same store twice "
+            "(both halves of the launch would write its records)"
+        )
+    tag = (
+        tail_launch_tag
+        if type(tail_launch_tag) is int and INT64_MIN <= tail_launch_tag <= INT64_MAX
+        else check_int64("tail_launch_tag", tail_launch_tag)
+    )
+    t = validate_write_args(
+        tail,
+        plan_buffers,
+        input_ids=h.input_ids,
+        positions=h.positions,
+        out_cache_loc=h.out_cache_loc,
+        launch_tag=tag,
+        real_kv=inputs.get("real_kv"),
+    )
+    st: CanaryStore = tail  # type: ignore[assignment]
+    for name, e in (
+        ("expected_input_ids", h.expected_input_ids),
+        ("expected_positions", h.expected_positions),
+    ):
+        if e is not None:
+            check_not_aliasing_store(name, e, st)
+    return WritePairArgs(h, t)
+
+
+def write_pair_reference(
+    head: CanaryStore,
+    tail: CanaryStore,
+    plan_buffers: PlanBuffers,
+    *,
+    tail_launch_tag: int = 0,
+    **inputs: Unpack[WriteInputs],
+) -> None:
+    """:func:`write_reference` of ``head`` with ``inputs``, then of ``tail`` with the same
+    ``input_ids``, ``positions``, ``out_cache_loc`` and ``real_kv``, ``tail_launch_tag``
+    and no expected inputs: a step's HEAD and TAIL writes (what
+    ``kv_canary_kernels.launch_write_pair`` does in one launch). Both are checked first
+    (:func:`validate_write_pair_args`): on a rejection neither store is written."""
+    args = validate_write_pair_args(
+        head, tail, plan_buffers, tail_launch_tag=tail_launch_tag, **inputs
+    )
+    for store in (head, tail):
+        store.check(views=True)
+    plan_buffers.check(views=True)
+    _write(head, plan_buffers, args.head)
+    _write(tail, plan_buffers, args.tail)
+
+
 # --- the split write: chain before the forward, stamp after it ------------------------------
 class WriteChainArgs(NamedTuple):
     """The validated arguments of one chain call."""

@@ -92,6 +92,7 @@ from kv_canary_buffers import (
     verify_entries_needed,
     verify_reference,
     write_chain_reference,
+    write_pair_reference,
     write_reference,
     write_stamp_reference,
 )
@@ -916,20 +917,27 @@ class CanaryRuntime:
                 positions=p.positions,
                 out_cache_loc=p.out_cache_loc[g.spec.name],
             )
-            self._write(
-                g,
-                "HEAD",
+            expected = dict(
+                expected_input_ids=p.expected_ids, expected_positions=p.expected_positions
+            )
+            if g.tail is None:
+                self._write(g, "HEAD", g.head, Endpoint.HEAD_WRITE, p.step, **expected, **plain)
+                continue
+            # both stores' writes in one launch (one launch's host time less a step)
+            self.stages.write_pair(
                 g.head,
-                Endpoint.HEAD_WRITE,
-                p.step,
-                expected_input_ids=p.expected_ids,
-                expected_positions=p.expected_positions,
+                g.tail,
+                g.plan,
+                launch_tag=launch_tag(p.step, g.index, Endpoint.HEAD_WRITE),
+                tail_launch_tag=launch_tag(p.step, g.index, Endpoint.TAIL_WRITE),
+                real_kv=g.real_kv,
+                **expected,
                 **plain,
             )
-            if g.tail is not None:
-                self._write(g, "TAIL", g.tail, Endpoint.TAIL_WRITE, p.step, **plain)
-                if p.verify:
-                    self._verify(g, "TAIL", g.tail, g.plan, Endpoint.TAIL_VERIFY, p.step, True)
+            self._count(g, "HEAD")
+            self._count(g, "TAIL")
+            if p.verify:
+                self._verify(g, "TAIL", g.tail, g.plan, Endpoint.TAIL_VERIFY, p.step, True)
         if timing is not None:
             timing.mark(stream, 3)
         self.rows.stamped(p.rows, p.ends)
@@ -1468,6 +1476,7 @@ def _stages(name: str, device: torch.device) -> _StageSet:
             write_chain_reference,
             write_stamp_reference,
             load_token_slots_reference,
+            write_pair_reference,
         )
     from kv_canary_kernels import (
         launch_load_token_slots,
@@ -1475,6 +1484,7 @@ def _stages(name: str, device: torch.device) -> _StageSet:
         launch_verify,
         launch_write,
         launch_write_chain,
+        launch_write_pair,
         launch_write_stamp,
     )
 
@@ -1486,6 +1496,7 @@ def _stages(name: str, device: torch.device) -> _StageSet:
         launch_write_chain,
         launch_write_stamp,
         launch_load_token_slots,
+        launch_write_pair,
     )
 
 
@@ -1502,6 +1513,8 @@ class _StageSet:
     load_slots: _Stage
     """A :class:`TokenSlots` table's load from the rows' starts
     (``CanaryRuntime.load_tables_on_device``)."""
+    write_pair: _Stage
+    """A group's HEAD and TAIL writes in one call (one launch with the kernels)."""
 
 
 _NO_STREAM = contextlib.nullcontext()

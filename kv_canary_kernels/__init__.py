@@ -23,6 +23,7 @@ from .launch import (
     launch_verify,
     launch_write,
     launch_write_chain,
+    launch_write_pair,
     launch_write_stamp,
 )
 from .tables import launch_load_token_slots
@@ -34,5 +35,6 @@ __all__ = [
     "launch_verify",
     "launch_write",
     "launch_write_chain",
+    "launch_write_pair",
     "launch_write_stamp",
 ]

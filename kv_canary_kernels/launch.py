@@ -38,13 +38,14 @@ from kv_canary_buffers.write import (
     record_stamp,
     validate_write_args,
     validate_write_chain_args,
+    validate_write_pair_args,
     validate_write_stamp_args,
 )
 
 from . import compiled
 from .plan import dispatch_plan
 from .verify import dispatch_verify
-from .write import dispatch_write
+from .write import dispatch_write, dispatch_write_pair
 from .write_split import dispatch_write_chain, dispatch_write_stamp
 
 
@@ -92,6 +93,40 @@ def launch_write(
         return
     args = validate_write_args(store, plan_buffers, **inputs)
     dispatch_write(store, plan_buffers, args)
+
+
+def launch_write_pair(
+    head: CanaryStore,
+    tail: CanaryStore,
+    plan_buffers: PlanBuffers,
+    *,
+    tail_launch_tag: int = 0,
+    **inputs: Unpack[WriteInputs],
+) -> None:
+    """A step's HEAD and TAIL writes in one launch: :func:`launch_write` of ``head`` with
+    ``inputs`` and of ``tail`` with the same ``input_ids``, ``positions``,
+    ``out_cache_loc`` and ``real_kv``, ``tail_launch_tag`` and no expected inputs; byte
+    for byte :func:`kv_canary_buffers.write_pair_reference` (violation rows of one store
+    in unspecified order). One launch instead of two: an engine that keeps both stores
+    pays one launch's host time a step.
+
+    Validates both first (:func:`kv_canary_buffers.write.validate_write_pair_args`: a
+    rejected call writes neither store), then one kernel launch on the current stream of
+    twice :func:`launch_write`'s programs. Never allocates, never syncs, never recompiles
+    for a new ``n`` or capacity, safe to capture in a CUDA graph. Under ``torch.compile``
+    it is the two writes' operators, one after the other.
+    """
+    if is_compiling():
+        launch_write(head, plan_buffers, **inputs)
+        plain = {k: inputs[k] for k in ("input_ids", "positions", "out_cache_loc")}
+        launch_write(
+            tail, plan_buffers, launch_tag=tail_launch_tag, real_kv=inputs.get("real_kv"), **plain
+        )
+        return
+    args = validate_write_pair_args(
+        head, tail, plan_buffers, tail_launch_tag=tail_launch_tag, **inputs
+    )
+    dispatch_write_pair(head, tail, plan_buffers, args)
 
 
 def launch_verify(

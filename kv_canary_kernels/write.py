@@ -35,7 +35,7 @@ import triton.language as tl
 
 from kv_canary_buffers.buffers import PlanBuffers
 from kv_canary_buffers.store import CanaryStore
-from kv_canary_buffers.write import WriteArgs
+from kv_canary_buffers.write import WriteArgs, WritePairArgs
 
 from . import config
 from .config import INTERPRETING
@@ -467,8 +467,9 @@ def _seed_hash(has_seed, seed_record, seed_position):
     )
 
 
-@triton.jit(do_not_specialize=_RUNTIME_INTS)
-def canary_write_kernel(
+@triton.jit
+def _write_program(
+    pid,
     # the step's inputs
     input_ids_ptr,
     positions_ptr,
@@ -508,6 +509,9 @@ def canary_write_kernel(
     CHUNK: tl.constexpr,
     CHAIN_UNROLL: tl.constexpr,
 ):
+    """Program ``pid`` of one store's write (:func:`canary_write_kernel`'s arguments):
+    the kernel's whole body, so that :func:`canary_write_pair_kernel` runs it for two
+    stores in one launch."""
     # The arguments the helpers take together (tuples: a grouping, no code of their own).
     inputs = (
         input_ids_ptr,
@@ -525,7 +529,6 @@ def canary_write_kernel(
         violation_context_ptr,
     )
     kv = (source_table_ptr, num_sources)
-    pid = tl.program_id(0)
     if pid == 0:
         tl.atomic_add(kernel_runs_ptr, 1, sem="relaxed")  # relaxed: see append_violations
     raw_rows = tl.load(write_num_valid_reqs_ptr).to(tl.int64)
@@ -588,6 +591,239 @@ def canary_write_kernel(
             flags, num_slots, slot_limit, launch_tag,
             HAS_EXPECTED, MODE, CHUNK, False, CHAIN_UNROLL,
         )  # fmt: skip
+
+
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
+def canary_write_kernel(
+    # the step's inputs
+    input_ids_ptr,
+    positions_ptr,
+    out_cache_loc_ptr,
+    expected_input_ids_ptr,
+    expected_positions_ptr,
+    # the plan
+    write_offsets_ptr,
+    write_seed_slot_indices_ptr,
+    write_num_valid_reqs_ptr,
+    row_req_pool_indices_ptr,
+    # the store
+    records_ptr,
+    violations_ptr,
+    violation_count_ptr,
+    kernel_runs_ptr,
+    slots_processed_ptr,
+    chain_position_check_ptr,
+    status_ptr,
+    owners_ptr,
+    violation_context_ptr,
+    # real-KV sources (a RealKV's source table)
+    source_table_ptr,
+    # runtime sizes (int64 whatever their values: one compiled variant for all)
+    n: tl.int64,
+    write_capacity: tl.int64,
+    num_slots: tl.int64,
+    violation_capacity: tl.int64,
+    launch_tag: tl.int64,
+    num_sources: tl.int64,
+    slot_limit: tl.int64,
+    chain_programs: tl.int64,
+    chain_tokens: tl.int64,
+    HAS_EXPECTED: tl.constexpr,
+    MODE: tl.constexpr,
+    ROWS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    CHAIN_UNROLL: tl.constexpr,
+):
+    _write_program(
+        tl.program_id(0),
+        input_ids_ptr,
+        positions_ptr,
+        out_cache_loc_ptr,
+        expected_input_ids_ptr,
+        expected_positions_ptr,
+        write_offsets_ptr,
+        write_seed_slot_indices_ptr,
+        write_num_valid_reqs_ptr,
+        row_req_pool_indices_ptr,
+        records_ptr,
+        violations_ptr,
+        violation_count_ptr,
+        kernel_runs_ptr,
+        slots_processed_ptr,
+        chain_position_check_ptr,
+        status_ptr,
+        owners_ptr,
+        violation_context_ptr,
+        source_table_ptr,
+        n,
+        write_capacity,
+        num_slots,
+        violation_capacity,
+        launch_tag,
+        num_sources,
+        slot_limit,
+        chain_programs,
+        chain_tokens,
+        HAS_EXPECTED,
+        MODE,
+        ROWS,
+        CHUNK,
+        CHAIN_UNROLL,
+    )
+
+
+_PAIR_RUNTIME_INTS = [
+    "n",
+    "write_capacity",
+    "head_num_slots",
+    "tail_num_slots",
+    "head_violation_capacity",
+    "tail_violation_capacity",
+    "head_launch_tag",
+    "tail_launch_tag",
+    "num_sources",
+    "head_slot_limit",
+    "tail_slot_limit",
+    "chain_programs",
+    "chain_tokens",
+]
+
+
+@triton.jit(do_not_specialize=_PAIR_RUNTIME_INTS)
+def canary_write_pair_kernel(
+    # the step's inputs (the expected ones the HEAD store's)
+    input_ids_ptr,
+    positions_ptr,
+    out_cache_loc_ptr,
+    expected_input_ids_ptr,
+    expected_positions_ptr,
+    # the plan
+    write_offsets_ptr,
+    write_seed_slot_indices_ptr,
+    write_num_valid_reqs_ptr,
+    row_req_pool_indices_ptr,
+    # the HEAD store, then the TAIL store
+    head_records_ptr,
+    head_violations_ptr,
+    head_violation_count_ptr,
+    head_kernel_runs_ptr,
+    head_slots_processed_ptr,
+    head_chain_position_check_ptr,
+    head_status_ptr,
+    head_owners_ptr,
+    head_violation_context_ptr,
+    tail_records_ptr,
+    tail_violations_ptr,
+    tail_violation_count_ptr,
+    tail_kernel_runs_ptr,
+    tail_slots_processed_ptr,
+    tail_chain_position_check_ptr,
+    tail_status_ptr,
+    tail_owners_ptr,
+    tail_violation_context_ptr,
+    # real-KV sources (one RealKV's source table, both stores')
+    source_table_ptr,
+    n: tl.int64,
+    write_capacity: tl.int64,
+    head_num_slots: tl.int64,
+    tail_num_slots: tl.int64,
+    head_violation_capacity: tl.int64,
+    tail_violation_capacity: tl.int64,
+    head_launch_tag: tl.int64,
+    tail_launch_tag: tl.int64,
+    num_sources: tl.int64,
+    head_slot_limit: tl.int64,
+    tail_slot_limit: tl.int64,
+    chain_programs: tl.int64,
+    chain_tokens: tl.int64,
+    HAS_EXPECTED: tl.constexpr,
+    MODE: tl.constexpr,
+    ROWS: tl.constexpr,
+    CHUNK: tl.constexpr,
+    HEAD_UNROLL: tl.constexpr,
+    TAIL_UNROLL: tl.constexpr,
+):
+    """Two stores' writes of one step in one launch: the first ``programs`` programs are
+    the HEAD store's write (:func:`canary_write_kernel`'s programs, with the expected
+    inputs where ``HAS_EXPECTED``), the next ``programs`` the TAIL store's (no expected
+    inputs). The stores share no memory (two owners' arenas) and the plan and the inputs
+    are only read, so the halves are two independent writes."""
+    pid = tl.program_id(0).to(tl.int64)
+    programs = chain_programs + (write_capacity + ROWS - 1) // ROWS
+    if pid < programs:
+        _write_program(
+            pid,
+            input_ids_ptr,
+            positions_ptr,
+            out_cache_loc_ptr,
+            expected_input_ids_ptr,
+            expected_positions_ptr,
+            write_offsets_ptr,
+            write_seed_slot_indices_ptr,
+            write_num_valid_reqs_ptr,
+            row_req_pool_indices_ptr,
+            head_records_ptr,
+            head_violations_ptr,
+            head_violation_count_ptr,
+            head_kernel_runs_ptr,
+            head_slots_processed_ptr,
+            head_chain_position_check_ptr,
+            head_status_ptr,
+            head_owners_ptr,
+            head_violation_context_ptr,
+            source_table_ptr,
+            n,
+            write_capacity,
+            head_num_slots,
+            head_violation_capacity,
+            head_launch_tag,
+            num_sources,
+            head_slot_limit,
+            chain_programs,
+            chain_tokens,
+            HAS_EXPECTED,
+            MODE,
+            ROWS,
+            CHUNK,
+            HEAD_UNROLL,
+        )
+    else:
+        _write_program(
+            pid - programs,
+            input_ids_ptr,
+            positions_ptr,
+            out_cache_loc_ptr,
+            input_ids_ptr,
+            positions_ptr,
+            write_offsets_ptr,
+            write_seed_slot_indices_ptr,
+            write_num_valid_reqs_ptr,
+            row_req_pool_indices_ptr,
+            tail_records_ptr,
+            tail_violations_ptr,
+            tail_violation_count_ptr,
+            tail_kernel_runs_ptr,
+            tail_slots_processed_ptr,
+            tail_chain_position_check_ptr,
+            tail_status_ptr,
+            tail_owners_ptr,
+            tail_violation_context_ptr,
+            source_table_ptr,
+            n,
+            write_capacity,
+            tail_num_slots,
+            tail_violation_capacity,
+            tail_launch_tag,
+            num_sources,
+            tail_slot_limit,
+            chain_programs,
+            chain_tokens,
+            False,
+            MODE,
+            ROWS,
+            CHUNK,
+            TAIL_UNROLL,
+        )
 
 
 CHAIN_UNROLL = {False: 4, True: 2}
@@ -687,3 +923,97 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
 
 _FAST = FastPath()
 _WRITE = Launcher(canary_write_kernel)
+
+
+def dispatch_write_pair(
+    head: CanaryStore, tail: CanaryStore, buffers: PlanBuffers, args: WritePairArgs
+) -> None:
+    """Launch the pair kernel on validated arguments (no check at all): ``args.head``'s
+    write into ``head`` and ``args.tail``'s into ``tail``, one launch of twice the
+    programs of :func:`dispatch_write`'s."""
+    variant, cfg = config.active
+    h, t = args.head, args.tail
+    has_expected = h.expected_input_ids is not None
+    # one set of input pointers serves both halves (the tail's are the head's first three)
+    aligned = True if h.aligned else tuple(p % 16 == 0 for p in h.addresses)
+    fast_key = stage_key(head, buffers, h.real_kv, variant, has_expected, aligned, tail.arena._key)
+    if fast_key is not None:
+        fast = _FAST_PAIR.get(fast_key)
+        if fast is not None:
+            index, programs, go, fixed, sizes, rest = fast
+            if index == current_device():
+                go(
+                    programs, stream_of(index), *h.addresses, *fixed, h.n, *sizes,
+                    h.launch_tag, t.launch_tag, *rest,
+                )  # fmt: skip
+                return
+    check_views(head, tail, buffers)  # their views go to Triton as tensors below
+    exp_ids = h.input_ids if h.expected_input_ids is None else h.expected_input_ids
+    exp_pos = h.positions if h.expected_positions is None else h.expected_positions
+    inputs = (h.input_ids, h.positions, h.out_cache_loc, exp_ids, exp_pos)
+    src = source_args(h.real_kv, head.records)
+    key = ("pair", variant, has_expected, src.mode, aligned)
+    plan = (
+        buffers.write_offsets,
+        buffers.write_seed_slot_indices,
+        buffers.write_num_valid_reqs,
+        buffers.row_req_pool_indices,
+    )
+    stores = tuple(
+        field
+        for store in (head, tail)
+        for field in (
+            store.records,
+            store.violations,
+            store.violation_count,
+            store.kernel_runs,
+            store.slots_processed,
+            store.chain_position_check,
+            store.status,
+            store.owners,
+            store.violation_context,
+        )
+    )
+    fixed = (*plan, *stores, src.table)
+    capacity = buffers.write_req_capacity
+    sizes = (
+        capacity,
+        head.num_slots,
+        tail.num_slots,
+        head.violation_capacity,
+        tail.violation_capacity,
+    )
+    side_programs = cdiv(capacity, cfg.write_rows)
+    fewest = 1 if INTERPRETING else cfg.write_chain_programs  # (as dispatch_write's)
+    chain_programs = min(capacity, max(side_programs, fewest))
+    rest = (
+        src.num_sources,
+        slot_limit(head.num_slots, src),
+        slot_limit(tail.num_slots, src),
+        chain_programs,
+        cfg.write_chain_tokens,
+    )
+    programs = 2 * (chain_programs + side_programs)
+    go = _WRITE_PAIR.launch(
+        head.device,
+        (programs, 1, 1),
+        key,
+        (*inputs, *fixed, h.n, *sizes, h.launch_tag, t.launch_tag, *rest),
+        {
+            "HAS_EXPECTED": has_expected,
+            "MODE": src.mode,
+            "ROWS": cfg.write_rows,
+            "CHUNK": cfg.real_kv_chunk,
+            "HEAD_UNROLL": CHAIN_UNROLL[has_expected],
+            "TAIL_UNROLL": CHAIN_UNROLL[False],
+        },
+        {"num_warps": cfg.write_warps},
+    )
+    if go is not None and fast_key is not None:
+        _FAST_PAIR.remember(
+            fast_key, (head.device.index, programs, go, addresses(fixed), sizes, rest)
+        )
+
+
+_FAST_PAIR = FastPath()
+_WRITE_PAIR = Launcher(canary_write_pair_kernel)

@@ -281,10 +281,12 @@ class Stages:
                 record_stamp,
                 validate_write_args,
                 validate_write_chain_args,
+                validate_write_pair_args,
                 validate_write_stamp_args,
             )
 
             plan, write, verify = validate_plan_args, validate_write_args, validate_verify_args
+            write_pair = validate_write_pair_args
 
             def load_slots(table: Any, slots: Any, rows: Any, starts: Any, **k: Any) -> None:
                 validate_load_token_slots_args(table, slots, rows, starts, k.pop("max_len"))
@@ -305,9 +307,10 @@ class Stages:
             def plan(*_a: Any, **_k: Any) -> None:
                 return None
 
-            write = verify = chain = stamp = load_slots = plan
+            write = verify = chain = stamp = load_slots = write_pair = plan
 
         has_load = hasattr(stages, "load_slots")  # (a runtime before the table load: none)
+        has_pair = hasattr(stages, "write_pair")  # (nor before the pair write)
 
         def counted(name: str, fn: Any) -> Any:
             def call(*a: Any, **k: Any) -> None:
@@ -324,6 +327,7 @@ class Stages:
             chain=counted("chain", chain),
             stamp=counted("stamp", stamp),
             **({"load_slots": counted("load_slots", load_slots)} if has_load else {}),
+            **({"write_pair": counted("write_pair", write_pair)} if has_pair else {}),
         )
 
 

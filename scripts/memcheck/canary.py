@@ -9,7 +9,8 @@ int64 range, with real-KV sources of several geometries. Sources that do not cov
 store are refused by the launchers; their cases go to the stages' dispatch past that
 check (as the bounds check behind it). Every write case runs as the split write too
 (stage ``split``: the chain, then the stamp), and a stamp replayed without its chain
-(``WRITE_CHAIN_STALE``). Runs on the CPU too (``TRITON_INTERPRET=1``), without the
+(``WRITE_CHAIN_STALE``), and as the pair write (stage ``pair``: HEAD and TAIL in one
+launch, the TAIL its own store, which must raise the same bit). Runs on the CPU too (``TRITON_INTERPRET=1``), without the
 sanitizer.
 """
 
@@ -31,10 +32,16 @@ from kv_canary_buffers import (
     WriteWorkspace,
 )
 from kv_canary_buffers.verify import validate_verify_args
-from kv_canary_buffers.write import WriteStampArgs, validate_write_args
-from kv_canary_kernels import launch_verify, launch_write, launch_write_chain, launch_write_stamp
+from kv_canary_buffers.write import WritePairArgs, WriteStampArgs, validate_write_args
+from kv_canary_kernels import (
+    launch_verify,
+    launch_write,
+    launch_write_chain,
+    launch_write_pair,
+    launch_write_stamp,
+)
 from kv_canary_kernels.verify import dispatch_verify
-from kv_canary_kernels.write import dispatch_write
+from kv_canary_kernels.write import dispatch_write, dispatch_write_pair
 from kv_canary_kernels.write_split import dispatch_write_stamp
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -76,8 +83,14 @@ def case(name, mutate, expected, stage):
     if stage == "split":  # each chain's stamp is replayed once without it: stale
         expected |= CanaryStatus.WRITE_CHAIN_STALE
     assert flags == expected, (name, flags, expected)
+    if stage == "pair":  # the TAIL half skipped and flagged the same data
+        tail_flags = TAILS.pop(id(store)).take_status()
+        assert tail_flags == expected, (name, "tail", tail_flags, expected)
     print(f"{stage:6s} {name:34s} status={flags!r}")
 
+
+TAILS: dict[int, CanaryStore] = {}
+"""A pair launch's TAIL store per HEAD store (by the store's id, as WORKSPACES)."""
 
 WORKSPACES: dict[int, WriteWorkspace] = {}
 """A workspace per store (by the store's id: the cases' stores live until their case ends)."""
@@ -100,6 +113,22 @@ def launch(stage, store, plan, step, real_kv):
         else:
             dispatch_write_stamp(store, ws, stamp)  # past the door's coverage check
         dispatch_write_stamp(store, ws, stamp)  # replayed without its chain: stale
+        return
+    if stage == "pair":  # HEAD and TAIL in one launch: the tail its own store and ring
+        tail = TAILS.get(id(store))
+        if tail is None or tail.num_slots != store.num_slots:
+            tail = TAILS[id(store)] = CanaryStore.allocate(
+                num_slots=store.num_slots, violation_capacity=8, device=DEV
+            )
+        plain = {k: step[k] for k in ("input_ids", "positions", "out_cache_loc")}
+        if covers:
+            launch_write_pair(store, tail, plan, tail_launch_tag=1, **step, real_kv=real_kv)
+            return
+        pair = WritePairArgs(
+            validate_write_args(store, plan, **step)._replace(real_kv=real_kv),
+            validate_write_args(tail, plan, **plain, launch_tag=1)._replace(real_kv=real_kv),
+        )
+        dispatch_write_pair(store, tail, plan, pair)  # past the door's coverage check
         return
     if covers:
         if stage == "write":
@@ -251,6 +280,7 @@ def hostile(seed, rows, entries):
         short = RealKV(mode=mode, sources=(kv, kv[:5], *others), page_size=4, bytes_per_token=64)
         for real_kv in (covering, short):
             launch("write", store, plan, step, real_kv)
+            launch("pair", store, plan, step, real_kv)
             launch("split", store, plan, step, real_kv)
             launch("verify", store, plan, {}, real_kv)
     if DEV == "cuda":
@@ -268,6 +298,7 @@ def main() -> int:
         if stage == "write":
             case(name, mutate, expected, "split")
             WORKSPACES.clear()
+            case(name, mutate, expected, "pair")
     for seed in range(3):
         hostile(seed, rows=40 if DEV == "cpu" else 3000, entries=300 if DEV == "cpu" else 200_000)
     print("gpu_memcheck_canary: every case raised its status bit; hostile plans finished")

@@ -153,7 +153,7 @@ def test_the_split_by_step_length_leaves_what_one_write_leaves(fault):
         if mode == "by length":
             runtime.split_from_tokens = SPLIT_FROM_TOKENS
         calls: list[str] = []
-        for name in ("chain", "write"):
+        for name in ("chain", "write", "write_pair"):
             real = getattr(runtime.stages, name)
 
             def call(
@@ -176,7 +176,8 @@ def test_the_split_by_step_length_leaves_what_one_write_leaves(fault):
         launched.append(calls)
     assert seen[0] == seen[1]
     assert "chain" not in launched[0]
-    assert 0 < launched[1].count("chain") and 0 < launched[1].count("write")  # both kinds
+    assert 0 < launched[1].count("chain") and 0 < launched[1].count("write_pair")  # both kinds
+    assert "write" not in launched[0] + launched[1]  # (HEAD and TAIL: the pair, one call)
     assert bool(seen[0][0]) is (fault is not None)
 
 
@@ -641,7 +642,7 @@ def test_the_health_check_says_when_launches_did_not_run(caplog, split):
     runtime = engine.attach(default_config(split_write=split))
     workload(engine, n=3)
     engine.run(2)
-    which = "stamp" if split else "write"  # the stamp counts the split write's run
+    which = "stamp" if split else "write_pair"  # the stamp counts the split write's run
     real_write = getattr(runtime.stages, which)
     object.__setattr__(runtime.stages, which, lambda *a, **k: None)  # the canary stops
     with caplog.at_level(logging.ERROR, logger="kv_canary"):
@@ -942,7 +943,7 @@ def test_the_chains_run_on_the_side_stream_and_the_stamps_after_them_on_cuda():
 
         object.__setattr__(runtime.stages, name, call)
 
-    for name in ("chain", "stamp", "write"):
+    for name in ("chain", "stamp", "write_pair"):
         spy(name)
     for i in range(3):
         engine.add(f"g{i}", engine.rand_tokens(20 + i), 6)  # one prefill step of 20 to 22
@@ -951,9 +952,9 @@ def test_the_chains_run_on_the_side_stream_and_the_stamps_after_them_on_cuda():
     names = [n for n, _ in seen]
     assert runtime.side_stream.cuda_stream != main
     assert {s for n, s in seen if n == "chain"} == {runtime.side_stream.cuda_stream}
-    assert {s for n, s in seen if n in ("stamp", "write")} == {main}
+    assert {s for n, s in seen if n in ("stamp", "write_pair")} == {main}
     assert names.count("chain") == names.count("stamp") > 0  # the prefill step
-    assert names.count("write") > 0  # the decode steps
+    assert names.count("write_pair") > 0  # the decode steps (HEAD and TAIL, one launch)
     victim = _decoding(engine, min_blocks=1)
     engine.kv.view(-1, 8)[victim.blocks[0] * PAGE, 0] += 1.0
     engine.run(2)
@@ -1167,3 +1168,28 @@ def test_the_widened_inputs_buffer_grows_and_keeps_its_views_while_n_repeats():
     assert grown is not wide and grown.shape[1] >= 2 * wide.shape[1]
     assert big["positions"].data_ptr() == grown[1].data_ptr()
     assert big["positions"].shape == (wide.shape[1] + 1,)
+
+
+@pytest.mark.parametrize("tail", [True, False])
+def test_the_head_and_tail_writes_are_one_call_and_a_head_alone_one_write(tail):
+    # with a TAIL store a step's two writes are one write_pair call (one launch with the
+    # kernels); without one the HEAD write is launch_write's; a fault is caught either way
+    engine = FakeEngine(num_blocks=60)
+    runtime = engine.attach(default_config(tail=tail, split_write=False))
+    calls: list[str] = []
+    for name in ("write", "write_pair"):
+        real = getattr(runtime.stages, name)
+
+        def call(*args: object, _name: str = name, _real=real, **kwargs: object) -> None:
+            calls.append(_name)
+            _real(*args, **kwargs)
+
+        object.__setattr__(runtime.stages, name, call)
+    workload(engine, n=3)
+    engine.run(3)
+    victim = _decoding(engine, min_blocks=1)
+    engine.kv.view(-1, 8)[victim.blocks[0] * PAGE, 0] += 1.0
+    engine.run(3)
+    assert calls == ["write_pair" if tail else "write"] * runtime.step
+    assert (runtime.stores("full")[1] is None) is not tail
+    assert {rid for v in violations(engine) for rid in v.request_ids()} == {victim.id}

@@ -47,8 +47,10 @@ def _steps_of(args: argparse.Namespace) -> list[runtime_host.StepTimes]:
     )
     assert stages.calls["plan"] == len(steps)  # the counters stood in for every launch
     split = args.split_write == "on"
-    # a write a store a step: one call, or the split write's chain and stamp
-    assert stages.calls["write"] == (0 if split else 2 * len(steps))
+    # a write a store a step: the pair's one call for both stores, or the split write's
+    # chain and stamp a store
+    assert stages.calls["write"] == 0
+    assert stages.calls["write_pair"] == (0 if split else len(steps))
     assert stages.calls["chain"] == stages.calls["stamp"] == (2 * len(steps) if split else 0)
     assert stages.calls["verify"] == 2 * len(steps)  # HEAD and TAIL, every step
     return times
