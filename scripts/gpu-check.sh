@@ -90,7 +90,7 @@ if part engines; then
     tests/launch/test_load_token_slots.py -p no:cacheprovider > $OUT/memcheck-tables.log 2>&1
   echo "memcheck tables rc=$?" >> $L; grep -E "ERROR SUMMARY" $OUT/memcheck-tables.log >> $L
   if [ -d .gpu/old/old_engines ]; then
-    PYTHONPATH=.gpu/old:. timeout 90 python -m benchmarks.probes.runtime_host --device cuda \
+    PYTHONPATH=.gpu/old:. timeout 180 python -m benchmarks.probes.runtime_host --device cuda \
       --stages kernels --requests 13 --timing --module kv_canary_engines,old_engines >> $L 2>&1
     echo "runtime_host rc=$?" >> $L
   fi

@@ -10,8 +10,8 @@ store are refused by the launchers; their cases go to the stages' dispatch past 
 check (as the bounds check behind it). Every write case runs as the split write too
 (stage ``split``: the chain, then the stamp), and a stamp replayed without its chain
 (``WRITE_CHAIN_STALE``), and as the pair write (stage ``pair``: HEAD and TAIL in one
-launch, the TAIL its own store, which must raise the same bit). Runs on the CPU too (``TRITON_INTERPRET=1``), without the
-sanitizer.
+launch, the TAIL its own store, which must raise the same bit). Runs on the CPU too
+(``TRITON_INTERPRET=1``), without the sanitizer.
 """
 
 import os
