@@ -923,19 +923,7 @@ class CanaryRuntime:
             if g.tail is None:
                 self._write(g, "HEAD", g.head, Endpoint.HEAD_WRITE, p.step, **expected, **plain)
                 continue
-            # both stores' writes in one launch (one launch's host time less a step)
-            self.stages.write_pair(
-                g.head,
-                g.tail,
-                g.plan,
-                launch_tag=launch_tag(p.step, g.index, Endpoint.HEAD_WRITE),
-                tail_launch_tag=launch_tag(p.step, g.index, Endpoint.TAIL_WRITE),
-                real_kv=g.real_kv,
-                **expected,
-                **plain,
-            )
-            self._count(g, "HEAD")
-            self._count(g, "TAIL")
+            self._write_pair(g, p.step, **expected, **plain)
             if p.verify:
                 self._verify(g, "TAIL", g.tail, g.plan, Endpoint.TAIL_VERIFY, p.step, True)
         if timing is not None:
@@ -1130,6 +1118,22 @@ class CanaryRuntime:
             **tokens,
         )
         self._count(g, store_name)
+
+    def _write_pair(self, g: _Group, step: int, **tokens: torch.Tensor) -> None:
+        """The group's HEAD and TAIL writes in one call (one launch with the kernels: one
+        launch's host time less a step), the expected inputs the HEAD's."""
+        assert g.tail is not None
+        self.stages.write_pair(
+            g.head,
+            g.tail,
+            g.plan,
+            launch_tag=launch_tag(step, g.index, Endpoint.HEAD_WRITE),
+            tail_launch_tag=launch_tag(step, g.index, Endpoint.TAIL_WRITE),
+            real_kv=g.real_kv,
+            **tokens,
+        )
+        self._count(g, "HEAD")
+        self._count(g, "TAIL")
 
     def _count(self, g: _Group, store_name: str) -> None:
         key = (g.index, store_name)

@@ -40,8 +40,9 @@ def test_phases_count_each_phase_per_step_kind_and_are_removed():
         assert phases.calls[(kind, "    Staging.stage")] == count  # one staging a step
         # (inclusive times: a step's preparation lies inside its begin_step)
         assert 0 < phases.seconds[(kind, "  _prepare")] <= phases.seconds[(kind, "begin_step")]
-    # HEAD + TAIL: two writes a step, run through the probe's stand-in stages
-    assert phases.calls[("decode", "  _write")] == 2 * kinds["decode"]
+    # HEAD + TAIL: both writes of a step in one call, through the probe's stand-in stages
+    assert phases.calls[("decode", "  _write_pair")] == kinds["decode"]
+    assert phases.calls[("decode", "  _write")] == 0
     polls = sum(phases.calls[(k, "  poll")] for k in kinds)
     assert polls == len(steps) // args.poll_every
     table = phases.table()
