@@ -373,9 +373,20 @@ def _stamp(
 
 
 def _write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
+    _commit(store, *_checked(store, buffers, args))
+
+
+def _checked(
+    store: CanaryStore, buffers: PlanBuffers, args: WriteArgs
+) -> tuple[_Chain, torch.Tensor]:
+    """The write's chain and real-KV hashes, every data check passed (``ValueError``
+    otherwise), nothing written yet."""
     chain = _chain(store, buffers, args)
-    kv = _real_kv_of(args.real_kv, chain.slots, chain.written, chain.indices)
-    # Everything is checked: from here on the store is written.
+    return chain, _real_kv_of(args.real_kv, chain.slots, chain.written, chain.indices)
+
+
+def _commit(store: CanaryStore, chain: _Chain, kv: torch.Tensor) -> None:
+    """Write what :func:`_checked` computed into ``store``."""
     kept = chain.written.nonzero().squeeze(1)
     columns = (chain.tokens, chain.positions, chain.chain_at, chain.requests)
     _stamp(
@@ -485,7 +496,7 @@ def validate_write_pair_args(
     and no expected inputs; ``tail`` another store than ``head``; and the expected inputs
     outside ``tail``'s arena too (the head's programs read them while the tail's write
     there). ``TypeError`` / ``ValueError`` as :func:`validate_write_args`; reads no data."""
-    h = validate_write_args(head, plan_buffers, **inputs)
+    h = _for_store("head", validate_write_args, head, plan_buffers, **inputs)
     if tail is head:
         raise ValueError(
             "kv-canary: tail must be another CanaryStore than head, got the same store twice "
@@ -496,7 +507,9 @@ def validate_write_pair_args(
         if type(tail_launch_tag) is int and INT64_MIN <= tail_launch_tag <= INT64_MAX
         else check_int64("tail_launch_tag", tail_launch_tag)
     )
-    t = validate_write_args(
+    t = _for_store(
+        "tail",
+        validate_write_args,
         tail,
         plan_buffers,
         input_ids=h.input_ids,
@@ -513,6 +526,18 @@ def validate_write_pair_args(
         if e is not None:
             check_not_aliasing_store(name, e, st)
     return WritePairArgs(h, t)
+
+
+def _for_store(which: str, check: Any, *args: Any, **kwargs: Any) -> Any:
+    """``check(*args, **kwargs)``, its ``kv-canary:`` error saying which store of the pair
+    it is about (``kv-canary: tail: store must be ...``)."""
+    try:
+        return check(*args, **kwargs)
+    except (TypeError, ValueError) as err:
+        text = str(err)
+        if not text.startswith("kv-canary: "):
+            raise
+        raise type(err)(f"kv-canary: {which}: {text[len('kv-canary: ') :]}") from err
 
 
 def write_pair_reference(
@@ -534,8 +559,11 @@ def write_pair_reference(
     for store in (head, tail):
         store.check(views=True)
     plan_buffers.check(views=True)
-    _write(head, plan_buffers, args.head)
-    _write(tail, plan_buffers, args.tail)
+    # both stores' data checked before either is written (the tail's slots may lie past
+    # its num_slots where the head's do not)
+    checked = (_checked(head, plan_buffers, args.head), _checked(tail, plan_buffers, args.tail))
+    _commit(head, *checked[0])
+    _commit(tail, *checked[1])
 
 
 # --- the split write: chain before the forward, stamp after it ------------------------------

@@ -5,6 +5,8 @@ keyword arguments as its torch reference in ``kv_canary_buffers``:
 
 - :func:`launch_plan` (``plan_reference``): fill a :class:`PlanBuffers` from a batch.
 - :func:`launch_write` (``write_reference``): stamp the records of the slots a step wrote.
+- :func:`launch_write_pair` (``write_pair_reference``): a step's HEAD and TAIL writes (two
+  stores) in one launch.
 - :func:`launch_verify` (``verify_reference``): check the records of a plan's entries.
 - :func:`launch_load_token_slots` (``load_token_slots_reference``): an engine's per-token
   slot lists into a ``req_to_token`` table (the engines runtime's table load on CUDA).

@@ -17,7 +17,9 @@ launch_verify  ``verify_reference``        :mod:`.verify` (``dispatch_verify``)
 The split write (the write as two launches: the chain before the forward, the stamp after
 it) has two more, over a :class:`~kv_canary_buffers.WriteWorkspace`:
 ``launch_write_chain`` (``write_chain_reference``) and ``launch_write_stamp``
-(``write_stamp_reference``), both in :mod:`.write_split`.
+(``write_stamp_reference``), both in :mod:`.write_split`. ``launch_write_pair``
+(``write_pair_reference``) is the write of two stores (a step's HEAD and TAIL) in one
+launch; traced, it is two ``launch_write`` operators.
 """
 
 from __future__ import annotations
@@ -114,9 +116,16 @@ def launch_write_pair(
     rejected call writes neither store), then one kernel launch on the current stream of
     twice :func:`launch_write`'s programs. Never allocates, never syncs, never recompiles
     for a new ``n`` or capacity, safe to capture in a CUDA graph. Under ``torch.compile``
-    it is the two writes' operators, one after the other.
+    it is the two writes' operators, one after the other, each refusing its own call (the
+    same store twice is refused as it is traced; a refusal of the tail's write then
+    follows the head's, not before it).
     """
     if is_compiling():
+        if tail is head:
+            raise ValueError(
+                "kv-canary: tail must be another CanaryStore than head, got the same store "
+                "twice (both halves of the launch would write its records)"
+            )
         launch_write(head, plan_buffers, **inputs)
         plain = {k: inputs[k] for k in ("input_ids", "positions", "out_cache_loc")}
         launch_write(

@@ -1,4 +1,6 @@
-"""The write stage: ``canary_write_kernel`` and ``launch_write``, the only door to it.
+"""The write stage: ``canary_write_kernel`` (``launch_write``'s) and
+``canary_write_pair_kernel`` (``launch_write_pair``'s: two stores in one launch), the
+launchers the only doors to them.
 
 Rows run in parallel, one lane each; within a row the chain is serial by definition, so a
 lane walks its row's tokens in order, with the loads of two tokens in flight ahead of the

@@ -127,3 +127,22 @@ def test_an_unknown_keyword_is_refused_by_every_entry_point():
         with pytest.raises(TypeError, match="req_pool_indice"):
             fn(buffers, req_pool_indice=None)  # a misspelt keyword
     assert compiled.plan(buffers, req_pool_indice=None) is False
+
+
+def test_the_pair_write_takes_the_writes_typeddict_and_the_tails_tag():
+    # launch_write_pair, write_pair_reference and their validation: (head, tail,
+    # plan_buffers, *, tail_launch_tag=0, **inputs: Unpack[WriteInputs])
+    from kv_canary_buffers import write_pair_reference
+    from kv_canary_buffers.write import validate_write_pair_args
+    from kv_canary_kernels import launch_write_pair
+
+    for fn in (launch_write_pair, write_pair_reference, validate_write_pair_args):
+        params = list(inspect.signature(fn).parameters.values())
+        assert [p.name for p in params[:3]] == ["head", "tail", "plan_buffers"], fn.__qualname__
+        assert params[3].name == "tail_launch_tag" and params[3].default == 0
+        assert params[3].kind is params[3].KEYWORD_ONLY
+        assert params[4].kind is params[4].VAR_KEYWORD and len(params) == 5
+        assert (
+            typing.get_type_hints(fn)[params[4].name] == typing.Unpack[WriteInputs]
+            or str(params[4].annotation) == "Unpack[WriteInputs]"
+        ), fn.__qualname__

@@ -352,7 +352,7 @@ def simulated_fast_path(monkeypatch):
 
     # Independent of what ran before in the process (_without_instance_patches); the
     # caches are the test's own.
-    launchers = [write_module._WRITE, verify_module._VERIFY]
+    launchers = [write_module._WRITE, write_module._WRITE_PAIR, verify_module._VERIFY]
     launchers += [
         getattr(plan_module, n) for n in ("_SMALL", "_LARGE", "_SUMS", "_OFFSETS", "_ENTRIES")
     ]
@@ -365,6 +365,7 @@ def simulated_fast_path(monkeypatch):
     for name in ("_SMALL", "_LARGE", "_SUMS", "_OFFSETS", "_ENTRIES"):
         monkeypatch.setattr(getattr(plan_module, name), "fixed", FastPath())
     monkeypatch.setattr(write_module, "_FAST", FastPath())
+    monkeypatch.setattr(write_module, "_FAST_PAIR", FastPath())
     monkeypatch.setattr(verify_module, "_FAST", FastPath())
     monkeypatch.setattr(write_module, "current_device", fast_launch.current_device)
     monkeypatch.setattr(verify_module, "current_device", fast_launch.current_device)
@@ -614,3 +615,38 @@ def test_the_plan_fast_path_test_holds_after_plan_launcher_instances_were_patche
     test_a_repeated_plan_launch_passes_the_first_launchs_arguments(
         monkeypatch, 5, None, ["plan_small_batch_kernel"], False, False
     )
+
+
+def test_a_repeated_pair_write_passes_the_first_launchs_arguments(simulated_fast_path):
+    # launch_write_pair's fast path against its full path: the second launch on the same
+    # stores and plan hands the compiled variant the first launch's arguments as
+    # addresses, the tags in their places; another TAIL store is another cache entry
+    from kv_canary_kernels import launch_write_pair
+
+    calls = simulated_fast_path
+    head, tail, other = (
+        CanaryStore.allocate(num_slots=32, violation_capacity=8, device=DEVICE) for _ in range(3)
+    )
+    plan = PlanBuffers.allocate(write_req_capacity=2, verify_capacity=16, device=DEVICE)
+    n = 3
+    inputs = {k: torch.arange(n, device=DEVICE) for k in ("input_ids", "positions")}
+    inputs["out_cache_loc"] = torch.arange(4, 4 + n, device=DEVICE)
+    expected = {
+        "expected_input_ids": torch.arange(n, device=DEVICE),
+        "expected_positions": torch.arange(n, device=DEVICE),
+    }
+    launch_write_pair(head, tail, plan, tail_launch_tag=8, launch_tag=7, **inputs, **expected)
+    launch_write_pair(head, tail, plan, tail_launch_tag=8, launch_tag=7, **inputs, **expected)
+    launch_write_pair(head, tail, plan, tail_launch_tag=9, launch_tag=6, **inputs, **expected)
+    launch_write_pair(head, other, plan, tail_launch_tag=8, launch_tag=7, **inputs, **expected)
+    kinds = [(c[0], c[1]) for c in calls]
+    pair = "canary_write_pair_kernel"
+    assert kinds == [("full", pair), ("fast", pair), ("fast", pair), ("full", pair)]
+    full, fast, retagged = calls[0][2], calls[1][2], calls[2][2]
+    assert fast == full  # every argument, as addresses, in the kernel's order
+    changed = [i for i, (a, b) in enumerate(zip(fast, retagged)) if a != b]
+    assert [fast[i] for i in changed] == [7, 8] and [retagged[i] for i in changed] == [6, 9]
+    # the two stores' nine fields each (no real-KV sources: the head's records stand in
+    # for the source table, a tenth address in its arena, never read)
+    assert (_within(full, head.arena), _within(full, tail.arena)) == (10, 9)
+    assert _within(calls[3][2], other.arena) == 9 and _within(calls[3][2], tail.arena) == 0

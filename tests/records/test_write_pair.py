@@ -12,10 +12,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kv_canary_buffers import write_pair_reference, write_reference
-from kv_canary_kernels import launch_write_pair
+from kv_canary_buffers import RealKV, RealKVMode, write_pair_reference, write_reference
+from kv_canary_kernels import launch_write, launch_write_pair
 from kv_canary_kernels.config import launch_config
 from tests.helpers.canary import (
+    DEVICE,
     assert_store_equal,
     counters,
     kept_rows,
@@ -78,6 +79,41 @@ def test_the_pair_equals_the_two_writes(seed, num_slots, write_cap, chain_tokens
         assert sorted(kept_rows(again, context=True)) == sorted(kept_rows(want, context=True))
 
 
+@settings(max_examples=20, **SETTINGS)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    sizes=st.tuples(st.integers(1, 48), st.integers(1, 48)),
+    write_cap=st.sampled_from([1, 3, 8, 37]),
+    chain_tokens=st.sampled_from([0, 2, 16]),
+    expected=st.booleans(),
+)
+def test_the_pair_equals_two_launches_on_stores_of_their_own_sizes(
+    seed, sizes, write_cap, chain_tokens, expected
+):
+    # the tail's num_slots and ring differ from the head's: each half bounds its slots by
+    # its own store (a slot past the smaller store is skipped and flagged there alone),
+    # as two launch_write calls do (the references raise on such data: kernels only)
+    rng = random.Random(seed)
+    head = gen_store(rng, sizes[0], rng.choice([1, 5, 16]))
+    tail = gen_store(rng, sizes[1], rng.choice([1, 5, 16]))
+    plan = new_plan(write_cap, 4)
+    real_kv = gen_real_kv(rng, max(sizes))  # (covering both stores)
+    kwargs = gen_write(rng, head if sizes[0] >= sizes[1] else tail, plan, hostile=False)
+    if not expected:
+        kwargs.pop("expected_input_ids", None)
+        kwargs.pop("expected_positions", None)
+    kwargs.update(real_kv=real_kv, launch_tag=5)
+    plain = {k: kwargs[k] for k in _PLAIN}
+    two = (copy.deepcopy(head), copy.deepcopy(tail))
+    with launch_config(write_chain_tokens=chain_tokens):  # (0, 2: rows to the chain programs)
+        launch_write(two[0], plan, **kwargs)
+        launch_write(two[1], plan, launch_tag=9, **plain)
+        launch_write_pair(head, tail, plan, tail_launch_tag=9, **kwargs)
+    for got, want in zip((head, tail), two):
+        _same(got, want)
+        assert torch.equal(got.status, want.status)
+
+
 def _step(plan, store):
     """A decode step of two rows writing slots 5 and 9 (the contract's hand case shape)."""
     from tests.helpers.canary import i64, set_write_plan
@@ -113,12 +149,39 @@ def test_a_refused_pair_writes_neither_store(path):
     before = (snapshot_store(head), snapshot_store(tail))
     with pytest.raises(ValueError, match="kv-canary: tail must be another CanaryStore than head"):
         path(head, head, plan, **kwargs)
-    with pytest.raises(TypeError, match="kv-canary: store must be"):
+    with pytest.raises(TypeError, match="kv-canary: tail: store must be"):
         path(head, object(), plan, **kwargs)
+    with pytest.raises(TypeError, match="kv-canary: head: store must be"):
+        path(object(), tail, plan, **kwargs)
+    small = RealKV(  # covers the head's slots, not a larger tail's
+        mode=RealKVMode.PARTIAL,
+        sources=(torch.zeros(4, 64, dtype=torch.float16, device=DEVICE),),
+        page_size=8,
+        bytes_per_token=16,
+    )
+    big_tail = new_store(num_slots=64)
+    with pytest.raises(ValueError, match=r"kv-canary: tail: real_kv\.sources"):
+        path(head, big_tail, plan, **{**kwargs, "real_kv": small})
+    before_big = snapshot_store(big_tail)
     inside = tail.records.view(-1)[:2]  # an expected input inside the tail's arena
     with pytest.raises(ValueError, match="expected_input_ids must not share memory"):
         path(head, tail, plan, **{**kwargs, "expected_input_ids": inside})
     with pytest.raises(ValueError, match="kv-canary: tail_launch_tag must be"):
         path(head, tail, plan, tail_launch_tag=2**63, **kwargs)
+    assert_store_equal(head, before[0])
+    assert_store_equal(tail, before[1])
+    assert_store_equal(big_tail, before_big)
+
+
+def test_the_references_pair_checks_both_stores_data_before_writing_either():
+    # a slot inside the head's store but past the tail's: the reference refuses (as
+    # write_reference does on such data) and writes neither store
+    head, tail = new_store(num_slots=32), new_store(num_slots=8)
+    plan = new_plan()
+    kwargs = _step(plan, head)
+    kwargs["out_cache_loc"] = kwargs["out_cache_loc"] + 10  # slots 15 and 19
+    before = (snapshot_store(head), snapshot_store(tail))
+    with pytest.raises(ValueError, match=r"^kv-canary: out_cache_loc"):
+        write_pair_reference(head, tail, plan, **kwargs)
     assert_store_equal(head, before[0])
     assert_store_equal(tail, before[1])
