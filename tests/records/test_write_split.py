@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import event, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from kv_canary_buffers import (
@@ -141,6 +141,7 @@ def test_a_chain_and_its_stamp_equal_the_write_byte_for_byte(paths, sc):
 @pytest.mark.parametrize("chain_path", sorted(SPLIT_PATHS))
 @settings(max_examples=12, **SETTINGS)
 @given(h=st.integers(0, 2**32 - 1))
+@example(h=22236)  # (the ring overflows: rows compared with a full ring's)
 def test_hostile_data_kernels_skip_and_flag_as_the_write_references_raise(chain_path, h):
     """Hostile data (offsets outside the inputs, seeds and slots past the store, row
     counts out of range): the Triton split leaves the store as ``launch_write`` does
@@ -182,12 +183,16 @@ def test_hostile_data_kernels_skip_and_flag_as_the_write_references_raise(chain_
         return
     want = copy.deepcopy(store)
     WRITES["kernels"](want, plan, **kwargs, real_kv=real_kv)
+    # every row appended, kept by a ring large enough (hostile data can fill the store's
+    # 8 rows: which of them a full ring keeps is then unspecified; found by h=22236)
+    full = copy.deepcopy(store).resize(violation_capacity=4096)
+    WRITES["kernels"](full, plan, **kwargs, real_kv=real_kv)
     split = copy.deepcopy(store)
     split_write("kernels", "kernels", split, plan, workspace, {**kwargs, "real_kv": real_kv})
     for bit in CanaryStatus:
         if bit & int(want.status):
             event(f"status {bit.name}")
-    assert_same_store(split, want, ordered=False)
+    assert_same_store(split, want, ordered=False, full=full)
 
 
 def test_the_workspace_is_sized_by_construction():
