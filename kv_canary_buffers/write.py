@@ -497,11 +497,7 @@ def validate_write_pair_args(
     outside ``tail``'s arena too (the head's programs read them while the tail's write
     there). ``TypeError`` / ``ValueError`` as :func:`validate_write_args`; reads no data."""
     h = _for_store("head", validate_write_args, head, plan_buffers, **inputs)
-    if tail is head:
-        raise ValueError(
-            "kv-canary: tail must be another CanaryStore than head, got the same store twice "
-            "(both halves of the launch would write its records)"
-        )
+    check_two_stores(head, tail)
     tag = (
         tail_launch_tag
         if type(tail_launch_tag) is int and INT64_MIN <= tail_launch_tag <= INT64_MAX
@@ -526,6 +522,17 @@ def validate_write_pair_args(
         if e is not None:
             check_not_aliasing_store(name, e, st)
     return WritePairArgs(h, t)
+
+
+def check_two_stores(head: object, tail: object) -> None:
+    """A pair write's stores are two objects (``ValueError`` for one passed twice: both
+    halves of the launch would write its records); the rest of the pair's checks are
+    :func:`validate_write_pair_args`'."""
+    if tail is head:
+        raise ValueError(
+            "kv-canary: tail must be another CanaryStore than head, got the same store twice "
+            "(both halves of the launch would write its records)"
+        )
 
 
 def _for_store(which: str, check: Any, *args: Any, **kwargs: Any) -> Any:

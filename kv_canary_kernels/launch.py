@@ -36,6 +36,7 @@ from kv_canary_buffers.write import (
     WriteChainInputs,
     WriteInputs,
     WriteStampInputs,
+    check_two_stores,
     record_chain,
     record_stamp,
     validate_write_args,
@@ -121,11 +122,7 @@ def launch_write_pair(
     follows the head's, not before it).
     """
     if is_compiling():
-        if tail is head:
-            raise ValueError(
-                "kv-canary: tail must be another CanaryStore than head, got the same store "
-                "twice (both halves of the launch would write its records)"
-            )
+        check_two_stores(head, tail)
         launch_write(head, plan_buffers, **inputs)
         plain = {k: inputs[k] for k in ("input_ids", "positions", "out_cache_loc")}
         launch_write(

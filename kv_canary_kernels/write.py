@@ -32,6 +32,7 @@ docs/performance.md ("the write split").
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -844,6 +845,50 @@ def slot_limit(num_slots: int, src: SourceArgs) -> int:
     return min(num_slots, src.covers)
 
 
+def _step_inputs(args: WriteArgs) -> tuple[torch.Tensor, ...]:
+    """The kernels' five per-token inputs, in their order (without expected inputs the
+    token's own stand in: validation gives both expected tensors or neither)."""
+    exp_ids = args.input_ids if args.expected_input_ids is None else args.expected_input_ids
+    exp_pos = args.positions if args.expected_positions is None else args.expected_positions
+    return (args.input_ids, args.positions, args.out_cache_loc, exp_ids, exp_pos)
+
+
+def _plan_fields(buffers: PlanBuffers) -> tuple[torch.Tensor, ...]:
+    """The plan's fields the write reads, in the kernels' order."""
+    return (
+        buffers.write_offsets,
+        buffers.write_seed_slot_indices,
+        buffers.write_num_valid_reqs,
+        buffers.row_req_pool_indices,
+    )
+
+
+def _store_fields(store: CanaryStore) -> tuple[torch.Tensor, ...]:
+    """A store's fields the write reads and writes, in the kernels' order."""
+    return (
+        store.records,
+        store.violations,
+        store.violation_count,
+        store.kernel_runs,
+        store.slots_processed,
+        store.chain_position_check,
+        store.status,
+        store.owners,
+        store.violation_context,
+    )
+
+
+def _programs(capacity: int, cfg: config.LaunchConfig) -> tuple[int, int]:
+    """``(chain_programs, side_programs)`` of one store's write."""
+    side_programs = cdiv(capacity, cfg.write_rows)
+    # Chain programs: enough that up to write_chain_programs long rows each walk in a warp
+    # of their own (a long row's time is its chain's latency plus what shares its warp's
+    # issue slots), never more than there are rows.
+    # (Under the interpreter, whose programs each cost host time: one per side program.)
+    fewest = 1 if INTERPRETING else cfg.write_chain_programs
+    return min(capacity, max(side_programs, fewest)), side_programs
+
+
 def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) -> None:
     """Launch the write kernel on validated arguments (no check at all)."""
     variant, cfg = config.active
@@ -867,37 +912,13 @@ def dispatch_write(store: CanaryStore, buffers: PlanBuffers, args: WriteArgs) ->
                 )  # fmt: skip
                 return
     check_views(store, buffers)  # their views go to Triton as tensors below
-    # (validation: both expected tensors are given, or neither)
-    exp_ids = args.input_ids if args.expected_input_ids is None else args.expected_input_ids
-    exp_pos = args.positions if args.expected_positions is None else args.expected_positions
-    inputs = (args.input_ids, args.positions, args.out_cache_loc, exp_ids, exp_pos)
+    inputs = _step_inputs(args)
     src = source_args(args.real_kv, store.records)
     key = (variant, has_expected, src.mode, aligned)
-    fixed = (
-        buffers.write_offsets,
-        buffers.write_seed_slot_indices,
-        buffers.write_num_valid_reqs,
-        buffers.row_req_pool_indices,
-        store.records,
-        store.violations,
-        store.violation_count,
-        store.kernel_runs,
-        store.slots_processed,
-        store.chain_position_check,
-        store.status,
-        store.owners,
-        store.violation_context,
-        src.table,
-    )
+    fixed = (*_plan_fields(buffers), *_store_fields(store), src.table)
     capacity = buffers.write_req_capacity
     sizes = (capacity, store.num_slots, store.violation_capacity)
-    side_programs = cdiv(capacity, cfg.write_rows)
-    # Chain programs: enough that up to write_chain_programs long rows each walk in a warp
-    # of their own (a long row's time is its chain's latency plus what shares its warp's
-    # issue slots), never more than there are rows.
-    # (Under the interpreter, whose programs each cost host time: one per side program.)
-    fewest = 1 if INTERPRETING else cfg.write_chain_programs
-    chain_programs = min(capacity, max(side_programs, fewest))
+    chain_programs, side_programs = _programs(capacity, cfg)
     tail = (
         src.num_sources,
         slot_limit(store.num_slots, src),
@@ -950,33 +971,10 @@ def dispatch_write_pair(
                 )  # fmt: skip
                 return
     check_views(head, tail, buffers)  # their views go to Triton as tensors below
-    exp_ids = h.input_ids if h.expected_input_ids is None else h.expected_input_ids
-    exp_pos = h.positions if h.expected_positions is None else h.expected_positions
-    inputs = (h.input_ids, h.positions, h.out_cache_loc, exp_ids, exp_pos)
+    inputs = _step_inputs(h)
     src = source_args(h.real_kv, head.records)
     key = ("pair", variant, has_expected, src.mode, aligned)
-    plan = (
-        buffers.write_offsets,
-        buffers.write_seed_slot_indices,
-        buffers.write_num_valid_reqs,
-        buffers.row_req_pool_indices,
-    )
-    stores = tuple(
-        field
-        for store in (head, tail)
-        for field in (
-            store.records,
-            store.violations,
-            store.violation_count,
-            store.kernel_runs,
-            store.slots_processed,
-            store.chain_position_check,
-            store.status,
-            store.owners,
-            store.violation_context,
-        )
-    )
-    fixed = (*plan, *stores, src.table)
+    fixed = (*_plan_fields(buffers), *_store_fields(head), *_store_fields(tail), src.table)
     capacity = buffers.write_req_capacity
     sizes = (
         capacity,
@@ -985,9 +983,7 @@ def dispatch_write_pair(
         head.violation_capacity,
         tail.violation_capacity,
     )
-    side_programs = cdiv(capacity, cfg.write_rows)
-    fewest = 1 if INTERPRETING else cfg.write_chain_programs  # (as dispatch_write's)
-    chain_programs = min(capacity, max(side_programs, fewest))
+    chain_programs, side_programs = _programs(capacity, cfg)
     rest = (
         src.num_sources,
         slot_limit(head.num_slots, src),
