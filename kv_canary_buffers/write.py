@@ -559,7 +559,16 @@ def write_pair_reference(
     ``input_ids``, ``positions``, ``out_cache_loc`` and ``real_kv``, ``tail_launch_tag``
     and no expected inputs: a step's HEAD and TAIL writes (what
     ``kv_canary_kernels.launch_write_pair`` does in one launch). Both are checked first
-    (:func:`validate_write_pair_args`): on a rejection neither store is written."""
+    (:func:`validate_write_pair_args`, then both stores' data): on a rejection neither
+    store is written.
+
+    Args:
+        head, tail: two distinct :class:`CanaryStore` objects on one device.
+        plan_buffers: the step's :class:`PlanBuffers`, filled by its plan.
+        tail_launch_tag: int64, written into the TAIL store's violation rows.
+        **inputs: :class:`WriteInputs` (int64 ``[n]`` ``input_ids``, ``positions``,
+            ``out_cache_loc``; the HEAD's ``launch_tag`` and optional int64 ``[n]``
+            expected inputs; ``real_kv``), as :func:`write_reference` takes them."""
     args = validate_write_pair_args(
         head, tail, plan_buffers, tail_launch_tag=tail_launch_tag, **inputs
     )

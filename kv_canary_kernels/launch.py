@@ -116,7 +116,18 @@ def launch_write_pair(
     Validates both first (:func:`kv_canary_buffers.write.validate_write_pair_args`: a
     rejected call writes neither store), then one kernel launch on the current stream of
     twice :func:`launch_write`'s programs. Never allocates, never syncs, never recompiles
-    for a new ``n`` or capacity, safe to capture in a CUDA graph. Under ``torch.compile``
+    for a new ``n`` or capacity, safe to capture in a CUDA graph.
+
+    Args:
+        head, tail: two distinct :class:`CanaryStore` objects on one device.
+        plan_buffers: the step's :class:`PlanBuffers` (its write part), that device.
+        tail_launch_tag: int64, written into the TAIL store's violation rows.
+        **inputs: :class:`WriteInputs`: ``input_ids``, ``positions``, ``out_cache_loc``
+            int64 ``[n]`` contiguous (both stores'), the HEAD's ``launch_tag`` (int64) and
+            optional ``expected_input_ids`` / ``expected_positions`` int64 ``[n]``, and
+            ``real_kv`` (a :class:`RealKV` covering both stores, or None).
+
+    Under ``torch.compile``
     it is the two writes' operators, one after the other, each refusing its own call (the
     same store twice is refused as it is traced; a refusal of the tail's write then
     follows the head's, not before it).
